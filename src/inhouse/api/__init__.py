@@ -1,0 +1,1 @@
+"""OpenAI protocol models and error shapes, shared by server, gateway and bench."""

@@ -1,0 +1,1 @@
+"""Load generator that checks the plan against a live endpoint."""

@@ -1,0 +1,1 @@
+"""Batching inference engine: paged KV cache, continuous batching. Knows nothing of HTTP."""

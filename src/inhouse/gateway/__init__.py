@@ -1,0 +1,1 @@
+"""Authenticated front door: keys, limits, audit, routing, health, fallback."""

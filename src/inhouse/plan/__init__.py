@@ -1,0 +1,1 @@
+"""Memory accounting before deployment: weights + KV cache + overhead. Imports no torch."""
