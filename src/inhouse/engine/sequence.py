@@ -1,0 +1,74 @@
+"""One generation stream's state: its tokens, how many are computed, the blocks it holds.
+
+A request with ``n > 1`` becomes ``n`` sibling sequences that share ``request_id``
+and differ in ``index``. The scheduler decides, the block pool accounts, the runner
+computes; all three read and update this object.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inhouse.engine.sampling import SamplingParams
+
+_seq_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """Prompt plus generated tokens of one choice, and its place in the KV cache.
+
+    ``token_ids[:num_computed_tokens]`` have their K/V written into the blocks of
+    ``block_table`` (block ``i`` holds tokens ``i*block_size .. (i+1)*block_size-1``).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    sampling_params: SamplingParams
+    index: int = 0
+    cache_salt: str | None = None
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    num_prompt_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    generator: Any = None
+    guide: Any = None
+
+    def __post_init__(self) -> None:
+        if not self.num_prompt_tokens:
+            self.num_prompt_tokens = len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
