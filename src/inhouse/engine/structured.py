@@ -1,0 +1,104 @@
+"""Grammar-constrained decoding with xgrammar: the ``Guide`` the sampler consults every token.
+
+A :class:`GrammarCompiler` is built once per tokenizer; it turns a JSON schema (or "any
+JSON object") into a compiled grammar, and :meth:`CompiledGuide.factory` hands the
+engine a ``guide_factory`` that gives every sequence its own matcher. The grammar
+allows no free whitespace, so a tiny model cannot pad forever, and it ends the
+generation by allowing the end-of-sequence token only once the JSON is complete.
+
+Why xgrammar and not llguidance: ``benchmarks/structured_libraries.py`` (numbers in
+``docs/structured-output.md``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+class GrammarError(ValueError):
+    """The schema cannot be compiled into a grammar (unsupported or malformed)."""
+
+
+class XGrammarGuide:
+    """One sequence's grammar state: masks logits, follows accepted tokens, knows when done."""
+
+    __slots__ = ("_bitmask", "_matcher", "_vocab_size")
+
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int) -> None:
+        self._matcher = xgr.GrammarMatcher(compiled)
+        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._vocab_size = vocab_size
+
+    def mask_logits(self, logits_row: torch.Tensor) -> None:
+        """Set the logits of tokens the grammar forbids next to -inf, in place."""
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        row = logits_row.view(1, -1)
+        xgr.apply_token_bitmask_inplace(
+            row, self._bitmask.to(row.device), vocab_size=self._vocab_size
+        )
+        if row.shape[1] > self._vocab_size:
+            row[:, self._vocab_size :] = float("-inf")
+
+    def accept(self, token_id: int) -> None:
+        """Advance the grammar by the sampled token (always one the mask allowed)."""
+        if not self._matcher.accept_token(token_id):
+            raise ValueError(f"token {token_id} is not allowed by the grammar")
+
+    def is_terminated(self) -> bool:
+        """True once the JSON is complete and the stop token was accepted."""
+        return self._matcher.is_terminated()
+
+
+class CompiledGuide:
+    """A compiled grammar; :meth:`factory` is what ``SamplingParams.guide_factory`` takes."""
+
+    __slots__ = ("_compiled", "_vocab_size")
+
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int) -> None:
+        self._compiled = compiled
+        self._vocab_size = vocab_size
+
+    def factory(self) -> Callable[[], XGrammarGuide]:
+        """A zero-argument callable that makes a fresh guide per sequence."""
+        return lambda: XGrammarGuide(self._compiled, self._vocab_size)
+
+
+class GrammarCompiler:
+    """Compiles JSON schemas against one tokenizer (thread-safe; compiled grammars are cached)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int]) -> None:
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)
+        )
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._vocab_size = vocab_size
+
+    def json_schema(self, schema: dict[str, Any], strict: bool = True) -> CompiledGuide:
+        """Grammar of the JSON documents that validate against ``schema``.
+
+        ``strict`` forbids properties the schema does not name (OpenAI's strict mode);
+        without it, extra properties are allowed wherever the schema allows them.
+        """
+        try:
+            compiled = self._compiler.compile_json_schema(
+                json.dumps(schema), any_whitespace=False, strict_mode=strict
+            )
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise GrammarError(f"the JSON schema cannot be enforced: {_first_line(exc)}") from exc
+        return CompiledGuide(compiled, self._vocab_size)
+
+    def json_object(self) -> CompiledGuide:
+        """Grammar of any JSON object (``response_format: json_object``)."""
+        return self.json_schema(ANY_JSON_OBJECT, strict=False)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,108 @@
+"""The xgrammar guide: every walk the mask allows ends in JSON that validates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from inhouse.bundled import default_chat_model
+from inhouse.engine.structured import GrammarCompiler, GrammarError
+
+SCHEMAS = json.loads((Path(__file__).parents[1] / "data" / "json_schemas.json").read_text())
+MAX_STEPS = 300
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    path = default_chat_model()
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer: Any) -> GrammarCompiler:
+    return GrammarCompiler(tokenizer, len(tokenizer), {tokenizer.eos_token_id})
+
+
+@pytest.fixture(scope="module")
+def closing_bias(tokenizer: Any) -> torch.Tensor:
+    """Favour quotes, brackets and the stop token so random walks end."""
+    bias = torch.zeros(len(tokenizer))
+    closers = [i for t, i in tokenizer.get_vocab().items() if any(c in t for c in '"}]')]
+    bias[closers] = 2.5
+    bias[tokenizer.eos_token_id] = 8.0
+    return bias
+
+
+def random_walk(guide: Any, bias: torch.Tensor, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    ids: list[int] = []
+    while not guide.is_terminated() and len(ids) < MAX_STEPS:
+        logits = torch.randn(bias.shape[0], generator=gen) + bias
+        guide.mask_logits(logits)
+        token = int(logits.argmax())
+        guide.accept(token)
+        ids.append(token)
+    return ids
+
+
+@pytest.mark.parametrize("index", range(len(SCHEMAS)))
+def test_random_walks_under_the_mask_end_in_valid_json(
+    index: int, tokenizer: Any, compiler: GrammarCompiler, closing_bias: torch.Tensor
+) -> None:
+    schema = SCHEMAS[index]
+    factory = compiler.json_schema(schema).factory()
+    for seed in range(2):
+        guide = factory()
+        ids = random_walk(guide, closing_bias, seed)
+        assert guide.is_terminated(), "the walk did not end"
+        assert ids[-1] == tokenizer.eos_token_id
+        jsonschema.validate(json.loads(tokenizer.decode(ids[:-1])), schema)
+
+
+def test_json_object_mode_gives_an_object(
+    tokenizer: Any, compiler: GrammarCompiler, closing_bias: torch.Tensor
+) -> None:
+    guide = compiler.json_object().factory()()
+    ids = random_walk(guide, closing_bias, seed=0)
+    assert isinstance(json.loads(tokenizer.decode(ids[:-1])), dict)
+
+
+def test_stop_token_is_masked_until_the_json_is_complete(
+    tokenizer: Any, compiler: GrammarCompiler
+) -> None:
+    guide = compiler.json_schema(SCHEMAS[0]).factory()()
+    logits = torch.zeros(len(tokenizer))
+    guide.mask_logits(logits)
+    assert logits[tokenizer.eos_token_id] == float("-inf")
+    assert torch.isfinite(logits).sum() >= 1
+    allowed = int(torch.isfinite(logits).nonzero()[0])
+    assert tokenizer.decode([allowed]).startswith("{")
+
+
+def test_guides_from_one_factory_are_independent(tokenizer: Any, compiler: GrammarCompiler) -> None:
+    factory = compiler.json_schema(SCHEMAS[0]).factory()
+    first, second = factory(), factory()
+    first.accept(tokenizer.encode("{", add_special_tokens=False)[0])
+    logits = torch.zeros(len(tokenizer))
+    second.mask_logits(logits)
+    assert torch.isfinite(logits[tokenizer.encode("{", add_special_tokens=False)[0]])
+
+
+def test_a_forbidden_token_is_refused(tokenizer: Any, compiler: GrammarCompiler) -> None:
+    guide = compiler.json_schema(SCHEMAS[0]).factory()()
+    with pytest.raises(ValueError, match="not allowed"):
+        guide.accept(tokenizer.encode("hello", add_special_tokens=False)[0])
+
+
+@pytest.mark.parametrize("schema", [{"type": "nonsense"}, {"type": "string", "pattern": "("}])
+def test_schemas_that_cannot_be_compiled_raise_grammar_error(
+    compiler: GrammarCompiler, schema: dict
+) -> None:
+    with pytest.raises(GrammarError):
+        compiler.json_schema(schema)
