@@ -1,0 +1,195 @@
+"""Paged attention over a block-structured KV cache, built from plain torch ops.
+
+Every layer's cache is a flat tensor of ``num_blocks * block_size`` slots, each slot
+holding one token's K (or V) for all KV heads. New K/V are written by slot; a
+sequence's keys are gathered from its slots into a padded batch and attended with
+``scaled_dot_product_attention``, so the same code runs on CPU and CUDA. A fused
+kernel can replace :func:`paged_attention` later without touching the model.
+
+The metadata (slots, gather indices, masks) is built once per step by the runner
+and shared by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class AttentionGroup:
+    """Sequences whose queries are padded together into one attention call.
+
+    ``B`` sequences, ``Q`` = longest query run, ``K`` = longest context.
+    """
+
+    query_index: torch.Tensor | None  # [B*Q] flat token row of each padded query; None = identity
+    kv_slots: torch.Tensor  # [B*K] cache slot of each key position (padding reads slot 0)
+    mask: torch.Tensor | None  # [B, 1, G*Q, K] True = may attend; None = attend to all K
+    output_rows: torch.Tensor | None  # [N] rows of the padded [B*Q] output that are real tokens
+    token_rows: torch.Tensor | None  # [N] flat token rows those outputs belong to
+    batch: int
+    query_len: int
+    context_len: int
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Everything a layer needs to write and read the paged cache for one step."""
+
+    slot_mapping: torch.Tensor  # [T] cache slot for each scheduled token
+    groups: list[AttentionGroup]
+    num_tokens: int
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Store the new tokens' K/V ``[T, kv_heads, head_dim]`` at their cache slots."""
+    k_cache.index_copy_(0, slots, k)
+    v_cache.index_copy_(0, slots, v)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of queries ``[T, heads, head_dim]`` over each sequence's cached K/V.
+
+    Returns ``[T, heads * head_dim]``. Grouped-query attention is handled by folding the
+    query heads that share a KV head into the query-length axis, so K/V are never repeated.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    if len(meta.groups) == 1 and meta.groups[0].token_rows is None:
+        return _attend_group(q, k_cache, v_cache, meta.groups[0], group, scale)
+    out = q.new_empty(num_tokens, num_heads * head_dim)
+    for g in meta.groups:
+        rows = _attend_group(q, k_cache, v_cache, g, group, scale)
+        if g.output_rows is None:
+            out[g.token_rows] = rows
+        else:
+            out[g.token_rows] = rows[g.output_rows]
+    return out
+
+
+def _attend_group(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    g: AttentionGroup,
+    group: int,
+    scale: float,
+) -> torch.Tensor:
+    _, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    b, qlen, klen = g.batch, g.query_len, g.context_len
+    if g.query_index is not None:
+        q = q.index_select(0, g.query_index)
+    # [B*Q, H, D] -> [B, KVH, G*Q, D]: the G query heads of one KV head become extra rows.
+    q = q.view(b, qlen, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    q = q.reshape(b, num_kv_heads, group * qlen, head_dim)
+    k = k_cache.index_select(0, g.kv_slots).view(b, klen, num_kv_heads, head_dim).transpose(1, 2)
+    v = v_cache.index_select(0, g.kv_slots).view(b, klen, num_kv_heads, head_dim).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, scale=scale)
+    o = o.view(b, num_kv_heads, group, qlen, head_dim).permute(0, 3, 1, 2, 4)
+    return o.reshape(b * qlen, num_heads * head_dim)
+
+
+def build_attention_metadata(
+    computed: list[int],
+    counts: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    query_group: int,
+    device: torch.device,
+) -> tuple[AttentionMetadata, torch.Tensor]:
+    """Metadata and token positions for one step.
+
+    Entry ``i`` runs ``counts[i]`` new tokens after ``computed[i]`` cached ones, its
+    tokens laid out contiguously in batch order. Single-token (decode) entries form
+    one group and multi-token (prefill) entries another, so a long prefill does not
+    pad every decode query. ``query_group`` is query heads per KV head.
+    """
+    starts = [0]
+    for n in counts[:-1]:
+        starts.append(starts[-1] + n)
+    num_tokens = starts[-1] + counts[-1]
+    tables = _padded_tables(block_tables, computed, counts, block_size)
+    positions = torch.cat([torch.arange(c, c + n) for c, n in zip(computed, counts, strict=True)])
+    seq_of_token = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    slot_mapping = (
+        tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+    )
+    decode = [i for i, n in enumerate(counts) if n == 1]
+    prefill = [i for i, n in enumerate(counts) if n > 1]
+    groups = [
+        _group(
+            members, starts, computed, counts, tables, block_size, query_group, num_tokens, device
+        )
+        for members in (decode, prefill)
+        if members
+    ]
+    meta = AttentionMetadata(slot_mapping.to(device), groups, num_tokens)
+    return meta, positions.to(device)
+
+
+def _padded_tables(
+    block_tables: list[list[int]], computed: list[int], counts: list[int], block_size: int
+) -> torch.Tensor:
+    needed = [-(-(c + n) // block_size) for c, n in zip(computed, counts, strict=True)]
+    width = max(needed)
+    rows = [table[:k] + [0] * (width - k) for table, k in zip(block_tables, needed, strict=True)]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def _group(
+    members: list[int],
+    starts: list[int],
+    computed: list[int],
+    counts: list[int],
+    tables: torch.Tensor,
+    block_size: int,
+    query_group: int,
+    num_tokens: int,
+    device: torch.device,
+) -> AttentionGroup:
+    start = torch.tensor([starts[i] for i in members])
+    ctx = torch.tensor([computed[i] + counts[i] for i in members])
+    qlen = torch.tensor([counts[i] for i in members])
+    b, q_max, k_max = len(members), int(qlen.max()), int(ctx.max())
+    j = torch.arange(q_max)
+    key_pos = torch.arange(k_max)
+    kv_slots = tables[members][:, key_pos // block_size] * block_size + key_pos % block_size
+    identity = b * q_max == num_tokens and bool((qlen == q_max).all())
+    query_index = (start[:, None] + torch.minimum(j[None, :], qlen[:, None] - 1)).reshape(-1)
+    real = j[None, :] < qlen[:, None]
+    mask = None
+    if not (q_max == 1 and bool((ctx == k_max).all())):
+        # Query j of entry i sits at position computed + j; padded queries see the whole context.
+        limit = torch.minimum(ctx[:, None] - qlen[:, None] + j[None, :], ctx[:, None] - 1)
+        allowed = key_pos[None, None, :] <= limit[:, :, None]  # [B, Q, K]
+        if q_max > 1:
+            allowed = allowed[:, None].expand(b, query_group, q_max, k_max)
+        mask = allowed.reshape(b, 1, -1, k_max).to(device)
+    output_rows = real.reshape(-1).nonzero().squeeze(1)
+    return AttentionGroup(
+        query_index=None if identity else query_index.to(device),
+        kv_slots=kv_slots.reshape(-1).to(device),
+        mask=mask,
+        output_rows=None if identity or bool(real.all()) else output_rows.to(device),
+        token_rows=None if identity else query_index[output_rows].to(device),
+        batch=b,
+        query_len=q_max,
+        context_len=k_max,
+    )

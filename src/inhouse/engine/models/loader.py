@@ -1,0 +1,223 @@
+"""Load a model for the engine: an HF folder, a GGUF file (converted once, then cached), or the
+bundled SmolLM2 when no source is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inhouse.engine.models.gguf_convert import convert_gguf
+from inhouse.engine.models.llama import LlamaArgs, LlamaForCausalLM
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+class ModelSourceError(ValueError):
+    """The model source is missing or is neither an HF folder nor a GGUF file."""
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """A ready model and everything the engine and server need to know about it."""
+
+    model: LlamaForCausalLM
+    hf_config: Any  # transformers.PretrainedConfig
+    config_dict: dict[str, Any]
+    tokenizer: Any  # transformers PreTrainedTokenizerFast
+    chat_template: str | None
+    eos_token_ids: set[int]
+    model_id: str
+    source_path: Path
+    source_sha256: str
+    dtype: torch.dtype
+    device: torch.device
+    hf_folder: Path
+
+
+def default_cache_dir() -> Path:
+    """``$INHOUSE_CACHE``, else ``~/.cache/inhouse``."""
+    return Path(os.environ.get("INHOUSE_CACHE") or Path.home() / ".cache" / "inhouse")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """ "auto" -> bf16 on CUDA with bf16 or a CPU with avx512_bf16/amx_bf16, else fp32."""
+    name = _DTYPE_ALIASES.get(name, name)
+    if name in _DTYPES:
+        return _DTYPES[name]
+    if name != "auto":
+        raise ValueError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if _cpu_has_bf16() else torch.float32
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _folder_fingerprint(folder: Path) -> str:
+    """sha256 over config.json and every safetensors file's name, size and header (not its data)."""
+    digest = hashlib.sha256((folder / "config.json").read_bytes())
+    for f in sorted(folder.glob("*.safetensors")):
+        with f.open("rb") as fh:
+            header_len = int.from_bytes(fh.read(8), "little")
+            digest.update(
+                f.name.encode() + f.stat().st_size.to_bytes(8, "little") + fh.read(header_len)
+            )
+    return digest.hexdigest()
+
+
+def _resolve(source: str | Path | None, cache_dir: Path) -> tuple[Path, Path, str, str]:
+    """-> (hf_folder, source_path, sha256, model_id)."""
+    if source is None:
+        from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
+
+        path = default_chat_model()
+        folder, sha = _cached_gguf(path, cache_dir)
+        return folder, path, sha, DEFAULT_CHAT_MODEL_NAME
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        folder, sha = _cached_gguf(path, cache_dir)
+        return folder, path, sha, path.name.removesuffix(".gguf")
+    if path.is_dir() and (path / "config.json").is_file():
+        if not any(path.glob("*.safetensors")):
+            raise ModelSourceError(f"{path} has a config.json but no *.safetensors weights")
+        return path, path, _folder_fingerprint(path), path.name
+    raise ModelSourceError(
+        f"model source {str(source)!r} is neither a .gguf file nor a folder with config.json"
+    )
+
+
+def _cached_gguf(path: Path, cache_dir: Path) -> tuple[Path, str]:
+    sha = file_sha256(path)
+    folder = cache_dir / "gguf" / sha
+    if not (folder / "model.safetensors").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        convert_gguf(path, folder)
+    return folder, sha
+
+
+def eos_token_ids(config: Any, tokenizer: Any, folder: Path) -> set[int]:
+    """End-of-sequence ids from config.json, generation_config.json and the tokenizer."""
+    ids: set[int] = set()
+    sources = [getattr(config, "eos_token_id", None), tokenizer.eos_token_id]
+    gen_path = folder / "generation_config.json"
+    if gen_path.is_file():
+        sources.append(json.loads(gen_path.read_text()).get("eos_token_id"))
+    for value in sources:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(v for v in value if isinstance(v, int))
+    return ids
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+}
+
+
+def _read_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` from every safetensors file, one tensor in memory at a time.
+
+    Plain reads instead of mmap: a mapped file's touched pages count towards our RSS
+    for as long as it stays open, which would double the peak while loading.
+    """
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(header_len))
+            header.pop("__metadata__", None)
+            for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+                start, end = info["data_offsets"]
+                if info["dtype"] not in _SAFETENSORS_DTYPES:
+                    raise ModelSourceError(
+                        f"{path.name}: {name} has unsupported dtype {info['dtype']}"
+                    )
+                raw = torch.empty(end - start, dtype=torch.uint8)
+                f.seek(8 + header_len + start)
+                if f.readinto(memoryview(raw.numpy())) != end - start:
+                    raise ModelSourceError(f"{path.name}: truncated tensor {name}")
+                yield name, raw.view(_SAFETENSORS_DTYPES[info["dtype"]]).view(info["shape"])
+
+
+def build_model(hf_config: Any, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    """An uninitialised decoder of the config's shape, with rotary tables ready."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    args = LlamaArgs.from_hf_config(hf_config)
+    rope = getattr(hf_config, "rope_parameters", None) or {"rope_type": "default"}
+    rope_type = rope.get("rope_type", "default")
+    if rope_type == "default":
+        dim = args.head_dim
+        theta = rope["rope_theta"]
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        scaling = 1.0
+    else:
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(args)
+    model = model.to_empty(device=device).to(dtype)
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.init_rope(inv_freq, scaling, hf_config.max_position_embeddings)
+    return model.eval()
+
+
+def load_model(
+    source: str | Path | None,
+    dtype: str = "auto",
+    device: str = "cpu",
+    cache_dir: Path | None = None,
+) -> LoadedModel:
+    """Load ``source`` (None = bundled SmolLM2 GGUF, a .gguf file, or an HF folder)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    dev = torch.device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    folder, path, sha, model_id = _resolve(source, cache_dir or default_cache_dir())
+    hf_config = AutoConfig.from_pretrained(folder)
+    model = build_model(hf_config, torch_dtype, dev)
+    with torch.no_grad():
+        model.load_weights(_read_weights(folder))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return LoadedModel(
+        model=model,
+        hf_config=hf_config,
+        config_dict=json.loads((folder / "config.json").read_text()),
+        tokenizer=tokenizer,
+        chat_template=getattr(tokenizer, "chat_template", None),
+        eos_token_ids=eos_token_ids(hf_config, tokenizer, folder),
+        model_id=model_id,
+        source_path=path,
+        source_sha256=sha,
+        dtype=torch_dtype,
+        device=dev,
+        hf_folder=folder,
+    )

@@ -1,0 +1,79 @@
+"""ModelRunner: owns the paged KV cache and turns one scheduled step into logits."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from inhouse.engine.attention import build_attention_metadata
+from inhouse.engine.models.loader import LoadedModel
+from inhouse.engine.sequence import Sequence
+
+
+class ModelRunner:
+    """Runs the model over a batch of sequences, each catching up some of its tokens.
+
+    The KV cache is one tensor ``[layers, 2 (K/V), num_blocks * block_size, kv_heads, head_dim]``
+    in the model's dtype, allocated once. Block ``b`` owns slots ``b*block_size ..
+    (b+1)*block_size - 1``.
+    """
+
+    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(
+                f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
+            )
+        if loaded.device.type == "cpu":
+            torch.set_num_threads(os.cpu_count() or 1)
+        self.model = loaded.model
+        self.device = loaded.device
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        args = loaded.model.args
+        self.query_group = args.num_heads // args.num_kv_heads
+        self.max_positions = loaded.model.rope_cos.shape[0]
+        self.kv_cache = torch.zeros(
+            args.num_layers,
+            2,
+            num_blocks * block_size,
+            args.num_kv_heads,
+            args.head_dim,
+            dtype=loaded.dtype,
+            device=loaded.device,
+        )
+        self.kv_bytes_per_token = (
+            2 * args.num_layers * args.num_kv_heads * args.head_dim * self.kv_cache.element_size()
+        )
+        self.kv_bytes_per_block = self.kv_bytes_per_token * block_size
+
+    @torch.inference_mode()
+    def execute(self, batch: list[tuple[Sequence, int]]) -> torch.Tensor:
+        """Float32 logits ``[len(batch), vocab]`` at each entry's last scheduled token.
+
+        Entry ``(seq, n)`` runs ``seq.token_ids[c:c+n]`` with ``c = seq.num_computed_tokens``,
+        writing their K/V into ``seq.block_table`` and attending over positions ``0..c+n-1``.
+        ``seq`` is not modified.
+        """
+        if not batch:
+            raise ValueError("execute() needs at least one (sequence, num_tokens) entry")
+        computed, counts, tables, tokens = [], [], [], []
+        for seq, n in batch:
+            c = seq.num_computed_tokens
+            if n < 1 or c + n > len(seq.token_ids) or c + n > self.max_positions:
+                raise ValueError(
+                    f"sequence {seq.seq_id}: cannot run {n} tokens after {c} "
+                    f"of {len(seq.token_ids)} (max positions {self.max_positions})"
+                )
+            if len(seq.block_table) * self.block_size < c + n:
+                raise ValueError(f"sequence {seq.seq_id}: block table too short for {c + n} tokens")
+            computed.append(c)
+            counts.append(n)
+            tables.append(seq.block_table)
+            tokens.extend(seq.token_ids[c : c + n])
+        meta, positions = build_attention_metadata(
+            computed, counts, tables, self.block_size, self.query_group, self.device
+        )
+        input_ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
+        last_rows = torch.tensor(counts).cumsum(0).sub_(1).to(self.device)
+        return self.model(input_ids, positions, self.kv_cache, meta, last_rows)
