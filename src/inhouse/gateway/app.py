@@ -1,0 +1,114 @@
+"""The gateway's FastAPI app: wires the key store, limiter, router, health checks,
+audit writer and metrics together and exposes the OpenAI routes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from inhouse.api.errors import APIError
+from inhouse.api.models import ModelCard, ModelList
+from inhouse.gateway.audit import AuditWriter
+from inhouse.gateway.backends import Backend, HealthChecker
+from inhouse.gateway.config import GatewayConfig
+from inhouse.gateway.db import open_database
+from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
+from inhouse.gateway.handler import Gateway, error_response
+from inhouse.gateway.keys import KeyStore, load_pepper
+from inhouse.gateway.limits import KeyLimiter
+from inhouse.gateway.metrics import GatewayMetrics
+from inhouse.gateway.routing import Router
+
+
+def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time) -> Gateway:
+    """Open the database and build the gateway's state objects from a config."""
+    engine = open_database(config.database)
+    keys = KeyStore(engine, load_pepper(config), clock)
+    store = SqlTatStore(engine) if config.shared_limits else MemoryTatStore()
+    limiter = KeyLimiter(Gcra(store, clock), clock)
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(config.request_timeout_s, connect=5.0),
+        limits=httpx.Limits(max_connections=2000, max_keepalive_connections=500),
+    )
+    return Gateway(
+        config,
+        keys,
+        limiter,
+        Router(config.models, config.health.interval_s),
+        AuditWriter(engine, config.audit),
+        GatewayMetrics(config.audit.creep_window),
+        client,
+        limits_block=config.shared_limits,
+    )
+
+
+def create_app(gateway: Gateway) -> FastAPI:
+    """The HTTP app over a built Gateway; background tasks run for the app's lifetime."""
+
+    def on_health_change(backend: Backend) -> None:
+        gateway.router.wake(backend.model)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        checker = HealthChecker(
+            gateway.router.all_backends(), gateway.client, gateway.config.health, on_health_change
+        )
+        tasks = [asyncio.create_task(checker.run()), asyncio.create_task(gateway.audit.run())]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await gateway.drain()
+            await gateway.audit.flush()
+            await gateway.client.aclose()
+
+    app = FastAPI(title="inhouse gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, err: APIError) -> JSONResponse:
+        return error_response(err)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await gateway.handle(request, "chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await gateway.handle(request, "completions")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await gateway.handle(request, "embeddings")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> ModelList:
+        key = await gateway.authenticate(request)
+        now = int(time.time())
+        cards = [
+            ModelCard(id=r.name, created=now, owned_by="inhouse")
+            for r in gateway.config.models
+            if key.may_use(r.name)
+        ]
+        return ModelList(data=cards)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        status, body = gateway.health()
+        return JSONResponse(body, status_code=status)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        gateway.metrics.observe_backends(gateway.router.all_backends())
+        for name in gateway.router.routes:
+            gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
+        return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app

@@ -1,0 +1,186 @@
+"""Backend replicas: their health state, load, and the background checks that set them.
+
+A check asks `/health` first (503 means loading: "starting", not "down"), then makes
+a real 1-token inference call with a timeout; `failures_to_down` consecutive failures
+mark a backend down and `successes_to_up` successes bring it back. For inhouse and
+vLLM backends it also scrapes `/metrics` for the queue length and KV-cache usage the
+router uses to pick the least-loaded replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from inhouse.gateway.config import HealthSettings, Upstream
+
+
+class BackendState(StrEnum):
+    UP = "up"
+    STARTING = "starting"
+    DOWN = "down"
+
+
+@dataclass(slots=True)
+class Backend:
+    """One replica of a model as the router sees it."""
+
+    upstream: Upstream
+    model: str
+    state: BackendState = BackendState.STARTING
+    failures: int = 0
+    successes: int = 0
+    in_flight: int = 0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    last_error: str | None = None
+    last_check: float | None = None
+
+    @property
+    def routable(self) -> bool:
+        return self.state is BackendState.UP and self.in_flight < self.upstream.max_in_flight
+
+    def load(self) -> tuple[float, float]:
+        """Sort key: requests in flight or waiting per unit of weight, then KV usage."""
+        return ((self.in_flight + self.waiting) / self.upstream.weight, self.kv_usage)
+
+    def record_success(self, settings: HealthSettings) -> bool:
+        """Count a good call; returns True if the state changed."""
+        self.failures, self.successes, self.last_error = 0, self.successes + 1, None
+        if self.state is not BackendState.UP and self.successes >= settings.successes_to_up:
+            self.state = BackendState.UP
+            return True
+        return False
+
+    def record_failure(self, settings: HealthSettings, error: str) -> bool:
+        """Count a failed call; returns True if the state changed."""
+        self.failures, self.successes, self.last_error = self.failures + 1, 0, error
+        if self.state is not BackendState.DOWN and self.failures >= settings.failures_to_down:
+            self.state = BackendState.DOWN
+            return True
+        return False
+
+    def record_starting(self) -> bool:
+        """The backend answered but is still loading its model."""
+        self.successes, self.last_error = 0, "loading"
+        changed = self.state is not BackendState.STARTING
+        self.state = BackendState.STARTING
+        return changed
+
+    def describe(self) -> dict[str, object]:
+        """What `GET /health` shows: never the backend key."""
+        return {
+            "name": self.upstream.name,
+            "url": self.upstream.url,
+            "state": self.state.value,
+            "in_flight": self.in_flight,
+            "waiting": self.waiting,
+            "kv_cache_usage_perc": self.kv_usage,
+            "consecutive_failures": self.failures,
+            "last_error": self.last_error,
+            "last_check": self.last_check,
+        }
+
+
+def auth_headers(upstream: Upstream) -> dict[str, str]:
+    """The backend's own key (key exchange: never the client's gateway key)."""
+    return {"Authorization": f"Bearer {upstream.api_key}"} if upstream.api_key else {}
+
+
+def probe_request(upstream: Upstream) -> tuple[str, dict[str, object]]:
+    """The cheapest real inference call the backend supports."""
+    features = upstream.capabilities.features
+    if "chat" in features:
+        messages = [{"role": "user", "content": "ping"}]
+        return "chat/completions", {"model": upstream.model, "messages": messages, "max_tokens": 1}
+    if "completions" in features:
+        return "completions", {"model": upstream.model, "prompt": "ping", "max_tokens": 1}
+    return "embeddings", {"model": upstream.model, "input": "ping"}
+
+
+class HealthChecker:
+    """Checks every backend each interval and tells the router when a state changes."""
+
+    def __init__(
+        self,
+        backends: list[Backend],
+        client: httpx.AsyncClient,
+        settings: HealthSettings,
+        on_change: Callable[[Backend], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._backends = backends
+        self._client = client
+        self._settings = settings
+        self._on_change = on_change
+        self._clock = clock
+
+    async def run(self) -> None:
+        """Check all backends forever, one round per interval."""
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self._settings.interval_s)
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(b) for b in self._backends))
+
+    async def check(self, backend: Backend) -> None:
+        changed = await self._probe(backend)
+        backend.last_check = self._clock()
+        if changed:
+            self._on_change(backend)
+
+    async def _probe(self, backend: Backend) -> bool:
+        upstream = backend.upstream
+        timeout = self._settings.timeout_s
+        try:
+            health = await self._client.get(f"{upstream.url}/health", timeout=timeout)
+            if health.status_code == 503:
+                return backend.record_starting()
+            path, body = probe_request(upstream)
+            reply = await self._client.post(
+                f"{upstream.url}/v1/{path}",
+                json=body,
+                headers=auth_headers(upstream),
+                timeout=timeout,
+            )
+        except httpx.HTTPError as exc:
+            return backend.record_failure(self._settings, f"{type(exc).__name__}: {exc}"[:200])
+        if reply.status_code != 200:
+            return backend.record_failure(
+                self._settings, f"probe answered HTTP {reply.status_code}"
+            )
+        if upstream.saltable:
+            await self._scrape(backend)
+        return backend.record_success(self._settings)
+
+    async def _scrape(self, backend: Backend) -> None:
+        try:
+            reply = await self._client.get(
+                f"{backend.upstream.url}/metrics", timeout=self._settings.timeout_s
+            )
+        except httpx.HTTPError:
+            return
+        if reply.status_code == 200:
+            backend.waiting, backend.kv_usage = read_load(reply.text)
+
+
+def read_load(metrics_text: str) -> tuple[float, float]:
+    """`num_requests_waiting` and `kv_cache_usage_perc` from an inhouse or vLLM /metrics page."""
+    waiting = kv = 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        suffix = family.name.rsplit(":", 1)[-1]
+        if suffix not in ("num_requests_waiting", "kv_cache_usage_perc", "gpu_cache_usage_perc"):
+            continue
+        total = sum(sample.value for sample in family.samples)
+        if suffix == "num_requests_waiting":
+            waiting = total
+        else:
+            kv = max(kv, total)
+    return waiting, kv

@@ -1,0 +1,281 @@
+"""CLI: `inhouse gateway`, `inhouse keys ...` and `inhouse audit`.
+
+Heavy imports (FastAPI, SQLAlchemy, uvicorn) happen inside the commands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from inhouse.gateway.keys import ApiKey, KeyStore
+
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", "-c", help="Gateway TOML file (for its database).")
+]
+DatabaseOption = Annotated[
+    str | None,
+    typer.Option("--database", help="SQLAlchemy URL; overrides the config's gateway.database."),
+]
+
+keys_app = typer.Typer(
+    help="Create, list, update and revoke gateway API keys.", no_args_is_help=True
+)
+
+
+def gateway_command(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Gateway TOML file.")],
+    host: Annotated[str | None, typer.Option(help="Override gateway.host.")] = None,
+    port: Annotated[int | None, typer.Option(help="Override gateway.port.")] = None,
+) -> None:
+    """Run the authenticated gateway (keys, limits, audit, routing, health, fallback)."""
+    import dataclasses
+
+    from inhouse.gateway.config import load_config
+    from inhouse.gateway.serve import run_gateway
+
+    settings = load_config(config)
+    overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    run_gateway(dataclasses.replace(settings, **overrides))
+
+
+def audit_command(
+    config: ConfigOption = None,
+    database: DatabaseOption = None,
+    limit: Annotated[int, typer.Option(help="How many recent rows to print.")] = 20,
+    key: Annotated[str | None, typer.Option(help="Only rows of this key name.")] = None,
+) -> None:
+    """Print recent audit rows and per-key totals."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from inhouse.gateway.audit import recent_rows, totals_by_key
+    from inhouse.gateway.db import open_database
+
+    engine = open_database(_settings(config, database).database)
+    console = Console()
+    recent = Table(title=f"Last {limit} requests")
+    columns = ("time", "key", "model", "backend", "status", "prompt", "completion", "ms", "finish")
+    for column in columns:
+        recent.add_column(column)
+    for row in recent_rows(engine, limit, key):
+        recent.add_row(
+            _time(row["ts"]),
+            str(row["key_name"]),
+            str(row["model"]),
+            str(row["backend"]) + (" (fallback)" if row["fallback_used"] else ""),
+            str(row["status"]),
+            str(row["prompt_tokens"]),
+            str(row["completion_tokens"]),
+            f"{row['latency_ms']:.1f}" if row["latency_ms"] is not None else "",
+            str(row["finish_reason"] or ""),
+        )
+    console.print(recent)
+    totals = Table(title="Totals per key")
+    for column in ("key", "requests", "errors", "prompt tokens", "completion tokens", "fallbacks"):
+        totals.add_column(column)
+    for row in totals_by_key(engine):
+        totals.add_row(*(str(row[c]) for c in row))
+    console.print(totals)
+
+
+@keys_app.command("create")
+def keys_create(
+    name: str,
+    rpm: Annotated[int | None, typer.Option(help="Requests per minute.")] = None,
+    tpm: Annotated[int | None, typer.Option(help="Tokens per minute.")] = None,
+    max_concurrent: Annotated[int | None, typer.Option(help="Concurrent requests.")] = None,
+    quota_tokens: Annotated[int | None, typer.Option(help="Token quota per --period.")] = None,
+    period: Annotated[str, typer.Option(help="Quota period, e.g. 1d, 30d.")] = "30d",
+    expires: Annotated[str | None, typer.Option(help="Lifetime (e.g. 90d) or ISO date.")] = None,
+    models: Annotated[str | None, typer.Option(help="Comma-separated models allowed.")] = None,
+    no_fallback: Annotated[
+        bool, typer.Option(help="Data must not leave: never fall back.")
+    ] = False,
+    log_content: Annotated[
+        bool, typer.Option(help="Store redacted prompt/completion text.")
+    ] = False,
+    config: ConfigOption = None,
+    database: DatabaseOption = None,
+) -> None:
+    """Create a key; its secret is printed once and never stored."""
+    store = _store(config, database)
+    values: dict[str, Any] = {
+        "rpm": rpm,
+        "tpm": tpm,
+        "max_concurrent": max_concurrent,
+        "quota_tokens": quota_tokens,
+        "quota_period_s": _period(period) if quota_tokens is not None else None,
+        "expires_at": _expiry(expires),
+        "models": _models(models),
+        "allow_fallback": not no_fallback,
+        "log_content": log_content,
+    }
+    try:
+        key, secret = store.create(name, **values)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    typer.echo(f"created key {key.name!r}; its secret is shown only now:")
+    typer.echo(secret)
+
+
+@keys_app.command("list")
+def keys_list(config: ConfigOption = None, database: DatabaseOption = None) -> None:
+    """List keys with their limits and state (never their secrets)."""
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table()
+    columns = ("name", "state", "created", "expires", "rpm", "tpm", "concurrent", "quota", "models")
+    for column in columns:
+        table.add_column(column)
+    now = time.time()
+    for key in _store(config, database).list():
+        table.add_row(
+            key.name,
+            _state(key, now),
+            _time(key.created_at),
+            _time(key.expires_at) if key.expires_at else "never",
+            _limit(key.rpm),
+            _limit(key.tpm),
+            _limit(key.max_concurrent),
+            _quota(key, now),
+            ",".join(sorted(key.models)) if key.models else "all",
+        )
+    Console().print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(name: str, config: ConfigOption = None, database: DatabaseOption = None) -> None:
+    """Revoke a key: refused from the very next request, on every replica."""
+    _edit(lambda store: store.revoke(name), config, database)
+    typer.echo(f"revoked key {name!r}")
+
+
+@keys_app.command("update")
+def keys_update(
+    name: str,
+    rpm: Annotated[int | None, typer.Option(help="Requests per minute (0: no limit).")] = None,
+    tpm: Annotated[int | None, typer.Option(help="Tokens per minute (0: no limit).")] = None,
+    max_concurrent: Annotated[int | None, typer.Option(help="Concurrency (0: no limit).")] = None,
+    quota_tokens: Annotated[int | None, typer.Option(help="Token quota (0: no quota).")] = None,
+    period: Annotated[str | None, typer.Option(help="Quota period, e.g. 30d.")] = None,
+    expires: Annotated[str | None, typer.Option(help="Lifetime, ISO date, or 'never'.")] = None,
+    models: Annotated[str | None, typer.Option(help="Comma-separated models, or 'all'.")] = None,
+    fallback: Annotated[bool | None, typer.Option(help="Allow fallback endpoints.")] = None,
+    log_content: Annotated[bool | None, typer.Option(help="Store redacted text.")] = None,
+    config: ConfigOption = None,
+    database: DatabaseOption = None,
+) -> None:
+    """Change a key's limits; applies from its next request."""
+    changes: dict[str, Any] = {}
+    for field, value in (
+        ("rpm", rpm),
+        ("tpm", tpm),
+        ("max_concurrent", max_concurrent),
+        ("quota_tokens", quota_tokens),
+    ):
+        if value is not None:
+            changes[field] = value or None
+    if period is not None:
+        changes["quota_period_s"] = _period(period)
+    if expires is not None:
+        changes["expires_at"] = None if expires == "never" else _expiry(expires)
+    if models is not None:
+        changes["models"] = None if models == "all" else _models(models)
+    if fallback is not None:
+        changes["allow_fallback"] = fallback
+    if log_content is not None:
+        changes["log_content"] = log_content
+    if not changes:
+        raise typer.BadParameter("nothing to update: pass at least one option")
+    _edit(lambda store: store.update(name, **changes), config, database)
+    typer.echo(f"updated key {name!r}: {', '.join(sorted(changes))}")
+
+
+def _settings(config: Path | None, database: str | None) -> Any:
+    from inhouse.gateway.config import GatewayConfig, load_config
+
+    settings = load_config(config) if config else GatewayConfig(models=())
+    if database:
+        import dataclasses
+
+        settings = dataclasses.replace(settings, database=database)
+    return settings
+
+
+def _store(config: Path | None, database: str | None) -> KeyStore:
+    from inhouse.gateway.db import open_database
+    from inhouse.gateway.keys import KeyStore, load_pepper
+
+    settings = _settings(config, database)
+    return KeyStore(open_database(settings.database), load_pepper(settings))
+
+
+def _edit(change: Any, config: Path | None = None, database: str | None = None) -> None:
+    from inhouse.gateway.keys import UnknownKey
+
+    try:
+        change(_store(config, database))
+    except UnknownKey as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(1) from None
+
+
+def _period(text: str) -> float:
+    from inhouse.gateway.durations import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+def _expiry(text: str | None) -> float | None:
+    import time
+    from datetime import datetime
+
+    if text is None:
+        return None
+    try:
+        return time.time() + _period(text)
+    except typer.BadParameter:
+        try:
+            return datetime.fromisoformat(text).astimezone().timestamp()
+        except ValueError:
+            raise typer.BadParameter(f"--expires: not a duration or ISO date: {text!r}") from None
+
+
+def _models(text: str | None) -> frozenset[str] | None:
+    if not text:
+        return None
+    return frozenset(m.strip() for m in text.split(",") if m.strip())
+
+
+def _state(key: ApiKey, now: float) -> str:
+    if key.revoked_at is not None:
+        return "revoked"
+    if key.expires_at is not None and key.expires_at <= now:
+        return "expired"
+    return "active"
+
+
+def _limit(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _quota(key: ApiKey, now: float) -> str:
+    if key.quota_tokens is None:
+        return "-"
+    return f"{key.quota_used_at(now)}/{key.quota_tokens}"
+
+
+def _time(ts: float | None) -> str:
+    from datetime import datetime
+
+    return "" if ts is None else datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")

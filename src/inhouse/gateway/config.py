@@ -1,0 +1,256 @@
+"""Gateway configuration: models, their backends and policies, read from TOML."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
+BACKEND_KINDS = frozenset({"inhouse", "vllm", "openai"})
+# Backends that accept vLLM's `cache_salt` and expose vLLM-style `/metrics`.
+SALTABLE_KINDS = frozenset({"inhouse", "vllm"})
+
+
+class ConfigError(ValueError):
+    """The gateway configuration is invalid; the message says which key and why."""
+
+
+def default_state_dir() -> Path:
+    """Where the gateway keeps its database and pepper unless told otherwise."""
+    return Path(os.environ.get("INHOUSE_HOME", Path.home() / ".inhouse"))
+
+
+def default_database_url() -> str:
+    """SQLite file in the state directory."""
+    return f"sqlite:///{default_state_dir() / 'gateway.db'}"
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can serve; requests needing more are refused with 400."""
+
+    features: frozenset[str] = frozenset({"chat", "completions"})
+    max_context: int | None = None
+    max_output: int | None = None
+
+    def supports(self, feature: str) -> bool:
+        return feature in self.features
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """An OpenAI-compatible endpoint: a replica or a fallback."""
+
+    name: str
+    url: str
+    api_key: str | None
+    model: str
+    kind: str = "inhouse"
+    weight: float = 1.0
+    max_in_flight: int = 64
+    capabilities: Capabilities = field(default_factory=Capabilities)
+
+    @property
+    def saltable(self) -> bool:
+        return self.kind in SALTABLE_KINDS
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoute:
+    """A public model name, the replicas behind it and its overload/outage policy."""
+
+    name: str
+    backends: tuple[Upstream, ...]
+    fallback: Upstream | None = None
+    policy: Literal["queue", "fallback"] = "queue"
+    allow_fallback: bool = True
+    queue_max_depth: int = 64
+    queue_max_wait_s: float = 30.0
+    default_max_tokens: int = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSettings:
+    interval_s: float = 10.0
+    timeout_s: float = 5.0
+    failures_to_down: int = 3
+    successes_to_up: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class AuditSettings:
+    flush_interval_s: float = 0.5
+    batch_size: int = 200
+    redact: tuple[str, ...] = ()
+    creep_window: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything `inhouse gateway` needs; see README "## Gateway" for each key."""
+
+    models: tuple[ModelRoute, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    database: str = field(default_factory=default_database_url)
+    pepper_file: Path | None = None
+    shared_limits: bool = False
+    request_timeout_s: float = 600.0
+    health: HealthSettings = field(default_factory=HealthSettings)
+    audit: AuditSettings = field(default_factory=AuditSettings)
+
+    def model(self, name: str) -> ModelRoute | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """Read and validate a gateway TOML file."""
+    with open(path, "rb") as f:
+        return parse_config(tomllib.load(f))
+
+
+def parse_config(data: dict[str, Any]) -> GatewayConfig:
+    """Validate a parsed TOML document into a GatewayConfig."""
+    gw = _table(data, "gateway")
+    _reject_unknown(gw, "gateway", GATEWAY_KEYS)
+    models = tuple(_model(m, i) for i, m in enumerate(data.get("models", [])))
+    if not models:
+        raise ConfigError("at least one [[models]] entry is required")
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"model names must be unique, got {names}")
+    health = _table(data, "health")
+    _reject_unknown(
+        health, "health", {f.name for f in HealthSettings.__dataclass_fields__.values()}
+    )
+    audit = _table(data, "audit")
+    _reject_unknown(audit, "audit", {f.name for f in AuditSettings.__dataclass_fields__.values()})
+    pepper = gw.get("pepper_file")
+    return GatewayConfig(
+        models=models,
+        host=str(gw.get("host", "127.0.0.1")),
+        port=int(gw.get("port", 8000)),
+        database=str(gw.get("database") or default_database_url()),
+        pepper_file=Path(pepper) if pepper else None,
+        shared_limits=bool(gw.get("shared_limits", False)),
+        request_timeout_s=float(gw.get("request_timeout_s", 600.0)),
+        health=HealthSettings(**health),
+        audit=AuditSettings(**{**audit, "redact": tuple(audit.get("redact", ()))}),
+    )
+
+
+GATEWAY_KEYS = {"host", "port", "database", "pepper_file", "shared_limits", "request_timeout_s"}
+MODEL_KEYS = {
+    "name",
+    "backends",
+    "fallback",
+    "policy",
+    "allow_fallback",
+    "queue_max_depth",
+    "queue_max_wait_s",
+    "default_max_tokens",
+}
+UPSTREAM_KEYS = {
+    "name",
+    "url",
+    "api_key",
+    "api_key_env",
+    "model",
+    "kind",
+    "weight",
+    "max_in_flight",
+    "capabilities",
+    "max_context",
+    "max_output",
+}
+
+
+def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"[{key}] must be a table")
+    return value
+
+
+def _reject_unknown(table: dict[str, Any], where: str, known: set[str]) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in {where}: {', '.join(unknown)}")
+
+
+def _model(raw: dict[str, Any], index: int) -> ModelRoute:
+    where = f"models[{index}]"
+    _reject_unknown(raw, where, MODEL_KEYS)
+    name = raw.get("name")
+    if not name:
+        raise ConfigError(f"{where}.name is required")
+    backends = tuple(
+        _upstream(b, f"{where}.backends[{i}]", name) for i, b in enumerate(raw.get("backends", []))
+    )
+    if not backends:
+        raise ConfigError(f"{where} ({name}) needs at least one [[models.backends]]")
+    fallback = _upstream(raw["fallback"], f"{where}.fallback", name) if "fallback" in raw else None
+    policy = raw.get("policy", "queue")
+    if policy not in ("queue", "fallback"):
+        raise ConfigError(f"{where}.policy must be 'queue' or 'fallback', got {policy!r}")
+    if policy == "fallback" and fallback is None:
+        raise ConfigError(f"{where}.policy = 'fallback' needs a [models.fallback] table")
+    depth = int(raw.get("queue_max_depth", 64))
+    wait = float(raw.get("queue_max_wait_s", 30.0))
+    if depth < 0 or wait < 0:
+        raise ConfigError(f"{where}: queue_max_depth and queue_max_wait_s must be >= 0")
+    return ModelRoute(
+        name=name,
+        backends=backends,
+        fallback=fallback,
+        policy=policy,
+        allow_fallback=bool(raw.get("allow_fallback", True)),
+        queue_max_depth=depth,
+        queue_max_wait_s=wait,
+        default_max_tokens=int(raw.get("default_max_tokens", 1024)),
+    )
+
+
+def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
+    _reject_unknown(raw, where, UPSTREAM_KEYS)
+    url = str(raw.get("url", "")).rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{where}.url must be an http(s) URL, got {url!r}")
+    kind = raw.get("kind", "inhouse")
+    if kind not in BACKEND_KINDS:
+        raise ConfigError(f"{where}.kind must be one of {sorted(BACKEND_KINDS)}, got {kind!r}")
+    features = frozenset(raw.get("capabilities", ("chat", "completions")))
+    if not features <= CAPABILITIES:
+        bad = sorted(features - CAPABILITIES)
+        raise ConfigError(f"{where}.capabilities: unknown {bad}; known {sorted(CAPABILITIES)}")
+    api_key = raw.get("api_key")
+    if "api_key_env" in raw:
+        api_key = os.environ.get(raw["api_key_env"])
+        if api_key is None:
+            raise ConfigError(f"{where}.api_key_env: ${raw['api_key_env']} is not set")
+    weight = float(raw.get("weight", 1.0))
+    if weight <= 0:
+        raise ConfigError(f"{where}.weight must be > 0")
+    return Upstream(
+        name=str(raw.get("name") or parts.netloc),
+        url=url,
+        api_key=api_key,
+        model=str(raw.get("model", model)),
+        kind=kind,
+        weight=weight,
+        max_in_flight=int(raw.get("max_in_flight", 64)),
+        capabilities=Capabilities(
+            features=features,
+            max_context=_optional_int(raw.get("max_context")),
+            max_output=_optional_int(raw.get("max_output")),
+        ),
+    )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -1,0 +1,101 @@
+"""The gateway's database: schema and engine (SQLite with WAL by default, any SQLAlchemy URL)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Engine,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import make_url
+
+metadata = MetaData()
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("key_hash", String(64), nullable=False, unique=True),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float),
+    Column("revoked_at", Float),
+    Column("rpm", Integer),
+    Column("tpm", Integer),
+    Column("max_concurrent", Integer),
+    Column("quota_tokens", Integer),
+    Column("quota_period_s", Float),
+    Column("quota_window", Integer, nullable=False, default=0),
+    Column("quota_used", Integer, nullable=False, default=0),
+    Column("models", Text),
+    Column("allow_fallback", Boolean, nullable=False, default=True),
+    Column("log_content", Boolean, nullable=False, default=False),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("ts", Float, nullable=False, index=True),
+    Column("key_name", String(200), index=True),
+    Column("model", String(200)),
+    Column("endpoint", String(64)),
+    Column("backend", String(200)),
+    Column("status", Integer, nullable=False),
+    Column("error_type", String(64)),
+    Column("stream", Boolean, nullable=False, default=False),
+    Column("prompt_tokens", Integer, nullable=False, default=0),
+    Column("completion_tokens", Integer, nullable=False, default=0),
+    Column("reserved_tokens", Integer, nullable=False, default=0),
+    Column("latency_ms", Float),
+    Column("ttft_ms", Float),
+    Column("finish_reason", String(32)),
+    Column("fallback_used", Boolean, nullable=False, default=False),
+    Column("prompt_text", Text),
+    Column("completion_text", Text),
+)
+
+limiter_state = Table(
+    "limiter_state",
+    metadata,
+    Column("bucket", String(200), primary_key=True),
+    Column("tat", Float, nullable=False),
+)
+
+
+def open_database(url: str) -> Engine:
+    """Create the engine and tables; SQLite files get WAL and a busy timeout."""
+    parsed = make_url(url)
+    is_sqlite = parsed.get_backend_name() == "sqlite"
+    if is_sqlite and parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": 30} if is_sqlite else {})
+    if is_sqlite:
+        event.listen(engine, "connect", _sqlite_pragmas)
+    metadata.create_all(engine)
+    return engine
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file behind a SQLite URL, or None for other databases."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()

@@ -1,0 +1,349 @@
+"""One request through the gateway: authenticate, check, admit, route, forward, settle, audit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from inhouse.api.errors import APIError, authentication_error, invalid_request, not_found
+from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
+from inhouse.gateway.backends import BackendState
+from inhouse.gateway.config import GatewayConfig, ModelRoute
+from inhouse.gateway.keys import ApiKey, AuthError, KeyStore
+from inhouse.gateway.limits import KeyLimiter
+from inhouse.gateway.metrics import GatewayMetrics
+from inhouse.gateway.needs import BadRequest, Needs, read_needs
+from inhouse.gateway.proxy import (
+    Outcome,
+    RelayResponse,
+    open_upstream,
+    prepare,
+    read_answer,
+    relay_events,
+)
+from inhouse.gateway.routing import Lease, Overloaded, Router
+
+T = TypeVar("T")
+AUTH_MESSAGES = {
+    "missing": "Missing API key: send it as 'Authorization: Bearer <key>'.",
+    "invalid": "Incorrect API key provided.",
+    "revoked": "This API key has been revoked.",
+    "expired": "This API key has expired.",
+}
+
+
+@dataclass(slots=True)
+class Call:
+    """A request that passed admission, carried to its settlement."""
+
+    key: ApiKey
+    route: ModelRoute
+    endpoint: str
+    needs: Needs
+    reserve: int
+    stream: bool
+    ts: float
+    started: float
+    headers: dict[str, str]
+    prompt_text: str | None
+    lease: Lease | None = None
+
+
+class Gateway:
+    """The request flow, over the objects that hold the gateway's state."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        keys: KeyStore,
+        limiter: KeyLimiter,
+        router: Router,
+        audit: AuditWriter,
+        metrics: GatewayMetrics,
+        client: httpx.AsyncClient,
+        limits_block: bool,
+    ) -> None:
+        self.config = config
+        self.keys = keys
+        self.limiter = limiter
+        self.router = router
+        self.audit = audit
+        self.metrics = metrics
+        self.client = client
+        self._limits_block = limits_block
+        self._redact = Redactor(config.audit.redact)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def authenticate(self, request: Request) -> ApiKey:
+        header = request.headers.get("authorization", "")
+        scheme, _, secret = header.partition(" ")
+        try:
+            return await asyncio.to_thread(
+                self.keys.authenticate, secret.strip() if scheme.lower() == "bearer" else None
+            )
+        except AuthError as err:
+            raise authentication_error(AUTH_MESSAGES[err.reason]) from None
+
+    async def handle(self, request: Request, endpoint: str) -> Response:
+        """Answer one OpenAI API call on behalf of a key."""
+        ts, started = time.time(), time.perf_counter()
+        key: ApiKey | None = None
+        model: str | None = None
+        try:
+            key = await self.authenticate(request)
+            body = await _json_body(request)
+            model = body.get("model") if isinstance(body.get("model"), str) else None
+            route = self._route(key, model)
+            needs = read_needs(endpoint, body)
+            why = self.router.refusal(route, needs, key.allow_fallback)
+            if why is not None:
+                raise invalid_request(
+                    f"{why} (model {route.name!r})", code="unsupported_capability"
+                )
+        except BadRequest as err:
+            return self._refuse(
+                invalid_request(str(err), err.param), key, model, endpoint, ts, started
+            )
+        except APIError as err:
+            return self._refuse(err, key, model, endpoint, ts, started)
+        reserve = needs.reserve(route.default_max_tokens)
+        admission = await self._limits(self.limiter.admit, key, reserve)
+        if not admission.allowed:
+            err = _limit_error(admission.reason or "requests", admission.message)
+            return self._refuse(
+                err, key, model, endpoint, ts, started, admission.headers, admission.retry_after_s
+            )
+        self.metrics.observe_prompt(route.name, needs.prompt_tokens)
+        call = Call(
+            key, route, endpoint, needs, reserve, bool(body.get("stream")), ts, started,
+            admission.headers, self._prompt_text(key, body),
+        )  # fmt: skip
+        return await self._forward(call, body, request)
+
+    async def _forward(self, call: Call, body: dict[str, Any], request: Request) -> Response:
+        tried: set[int] = set()
+        outcome = Outcome()
+        while True:
+            try:
+                call.lease = await self.router.acquire(
+                    call.route, call.needs, call.key.allow_fallback, frozenset(tried)
+                )
+            except Overloaded as err:
+                return await self._fail(call, outcome, err, err.retry_after_s)
+            lease = call.lease
+            if lease.fallback:
+                self.metrics.fallbacks.labels(call.route.name).inc()
+            salt = self.keys.cache_salt(call.key)
+            forward = prepare(lease.upstream, call.endpoint, body, dict(request.headers), salt)
+            try:
+                upstream = await open_upstream(self.client, forward)
+                break
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if lease.backend is not None:
+                    tried.add(id(lease.backend))
+                    if lease.backend.record_failure(self.config.health, f"proxy: {exc}"[:200]):
+                        self.router.wake(call.route.name)
+                self.router.release(lease)
+                call.lease = None
+            except httpx.HTTPError as exc:
+                err = APIError(502, f"upstream error: {type(exc).__name__}", type="server_error")
+                return await self._fail(call, outcome, err, None)
+        outcome.status = upstream.status_code
+        if outcome.status == 200 and call.stream:
+            if call.key.log_content:
+                outcome.text = []
+            strip = not forward.client_wants_usage
+            chunks = relay_events(upstream, outcome, strip)
+            return RelayResponse(
+                chunks, upstream, lambda: self._settle(call, outcome), call.headers
+            )
+        try:
+            answer = await upstream.aread()
+        except httpx.HTTPError as exc:
+            err = APIError(502, f"upstream error: {type(exc).__name__}", type="server_error")
+            return await self._fail(call, outcome, err, None)
+        finally:
+            await upstream.aclose()
+        read_answer(answer, outcome, call.key.log_content)
+        outcome.completed = True
+        self._spawn(self._settle(call, outcome))
+        media = upstream.headers.get("content-type", "application/json")
+        return Response(answer, outcome.status, headers=call.headers, media_type=media)
+
+    async def _settle(self, call: Call, outcome: Outcome) -> None:
+        """Charge real usage, free the slots, write metrics and the audit row."""
+        reached = outcome.status != 0
+        prompt = outcome.prompt_tokens
+        if prompt is None:
+            prompt = call.needs.prompt_tokens if reached else 0
+        completion = outcome.completion_tokens
+        if completion is None:
+            completion = outcome.content_chunks
+        charged = prompt + completion
+        if call.lease is not None:
+            self.router.release(call.lease)
+        end = time.perf_counter()
+        name, model = call.key.name, call.route.name
+        status = outcome.status if outcome.completed or not reached else 499
+        self.metrics.requests.labels(name, model, str(status)).inc()
+        self.metrics.tokens.labels(name, model, "prompt").inc(prompt)
+        self.metrics.tokens.labels(name, model, "completion").inc(completion)
+        self.metrics.latency.labels(model).observe(end - call.started)
+        ttft = None if outcome.first_token_at is None else outcome.first_token_at - call.started
+        if ttft is not None:
+            self.metrics.ttft.labels(model).observe(ttft)
+        lease = call.lease
+        self.audit.record(
+            AuditRecord(
+                ts=call.ts,
+                key_name=name,
+                model=model,
+                endpoint=call.endpoint,
+                status=status,
+                backend=None if lease is None else lease.upstream.name,
+                error_type=outcome.error_type,
+                stream=call.stream,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                reserved_tokens=call.reserve,
+                latency_ms=(end - call.started) * 1000,
+                ttft_ms=None if ttft is None else ttft * 1000,
+                finish_reason=outcome.finish_reason,
+                fallback_used=lease is not None and lease.fallback,
+                prompt_text=call.prompt_text,
+                completion_text=None
+                if outcome.text is None
+                else self._redact("".join(outcome.text)),
+            )
+        )
+        await self._limits(self.limiter.settle, call.key, call.reserve, charged)
+        if call.key.quota_tokens is not None and charged:
+            await asyncio.to_thread(self.keys.charge_quota, call.key, charged, call.ts)
+        self.limiter.release(call.key, call.reserve)
+
+    async def _fail(
+        self, call: Call, outcome: Outcome, err: APIError, retry_after: float | None
+    ) -> Response:
+        outcome.status, outcome.completed = err.status_code, True
+        outcome.error_type = err.type
+        reason = "no_backend" if err.status_code == 503 else (err.code or err.type)
+        self.metrics.rejections.labels(call.key.name, call.route.name, reason).inc()
+        await self._settle(call, outcome)
+        return error_response(err, call.headers, retry_after)
+
+    def _refuse(
+        self,
+        err: APIError,
+        key: ApiKey | None,
+        model: str | None,
+        endpoint: str,
+        ts: float,
+        started: float,
+        headers: dict[str, str] | None = None,
+        retry_after: float | None = None,
+    ) -> Response:
+        name = None if key is None else key.name
+        reason = err.code or err.type
+        self.metrics.rejections.labels(name or "", model or "", reason).inc()
+        self.metrics.requests.labels(name or "", model or "", str(err.status_code)).inc()
+        self.audit.record(
+            AuditRecord(
+                ts=ts,
+                key_name=name,
+                model=model,
+                endpoint=endpoint,
+                status=err.status_code,
+                error_type=err.type,
+                latency_ms=(time.perf_counter() - started) * 1000,
+            )
+        )
+        if key is not None and headers is None:
+            headers = self.limiter.headers(key)
+        return error_response(err, headers, retry_after)
+
+    def _route(self, key: ApiKey, model: str | None) -> ModelRoute:
+        if model is None:
+            raise invalid_request("'model' is required", "model")
+        route = self.config.model(model)
+        if route is None or not key.may_use(model):
+            raise not_found(
+                f"The model '{model}' does not exist or you do not have access to it.",
+                "model",
+                "model_not_found",
+            )
+        return route
+
+    def _prompt_text(self, key: ApiKey, body: dict[str, Any]) -> str | None:
+        if not key.log_content:
+            return None
+        content = body.get("messages", body.get("prompt", body.get("input")))
+        return self._redact(content if isinstance(content, str) else json.dumps(content))
+
+    async def _limits(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._limits_block:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for settlements still running (on shutdown)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """Per-model backend states; 503 when some model has neither a replica up nor a fallback."""
+        models: dict[str, Any] = {}
+        ok = True
+        for name, backends in self.router.backends.items():
+            route = self.router.routes[name]
+            up = any(b.state is BackendState.UP for b in backends)
+            ok = ok and (up or route.fallback is not None)
+            models[name] = {
+                "status": "up" if up else "down",
+                "queue_depth": self.router.queue_depth(name),
+                "fallback": None if route.fallback is None else route.fallback.name,
+                "backends": [b.describe() for b in backends],
+            }
+        return (200 if ok else 503), {"status": "ok" if ok else "degraded", "models": models}
+
+
+def error_response(
+    err: APIError, headers: dict[str, str] | None = None, retry_after: float | None = None
+) -> JSONResponse:
+    """OpenAI's error body with rate-limit headers and, when known, Retry-After."""
+    out = dict(headers or {})
+    if retry_after is not None and math.isfinite(retry_after):
+        out["retry-after"] = str(max(1, math.ceil(retry_after)))
+        out["retry-after-ms"] = str(max(1, math.ceil(retry_after * 1000)))
+    return JSONResponse(err.body().model_dump(), status_code=err.status_code, headers=out)
+
+
+def _limit_error(reason: str, message: str) -> APIError:
+    if reason == "insufficient_quota":
+        return APIError(429, message, type="insufficient_quota", code="insufficient_quota")
+    code = "concurrency_limit_exceeded" if reason == "concurrency" else "rate_limit_exceeded"
+    return APIError(429, message, type=reason, code=code)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise invalid_request("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise invalid_request("the request body must be a JSON object")
+    return body

@@ -1,0 +1,233 @@
+"""API keys: created once, stored as a peppered SHA-256 hash, checked on every request.
+
+There is no auth cache: every request looks its key up by hash, so a revoke or an
+expiry applies on the very next request on every replica sharing the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, case, insert, select, update
+
+from inhouse.gateway.config import ConfigError, GatewayConfig
+from inhouse.gateway.db import api_keys, sqlite_path
+
+KEY_PREFIX = "ih-"
+PEPPER_ENV = "INHOUSE_GATEWAY_PEPPER"
+
+
+class UnknownKey(LookupError):
+    """No key with that name."""
+
+
+class AuthError(Exception):
+    """A request's key is missing, unknown, revoked or expired (all answered with 401)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """One key's record; never holds the secret."""
+
+    id: int
+    name: str
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+    rpm: int | None
+    tpm: int | None
+    max_concurrent: int | None
+    quota_tokens: int | None
+    quota_period_s: float | None
+    quota_window: int
+    quota_used: int
+    models: frozenset[str] | None
+    allow_fallback: bool
+    log_content: bool
+
+    def window_at(self, now: float) -> int:
+        """Index of the quota period containing `now` (periods start at key creation)."""
+        if not self.quota_period_s:
+            return 0
+        return int((now - self.created_at) // self.quota_period_s)
+
+    def quota_used_at(self, now: float) -> int:
+        """Tokens charged in the current quota period."""
+        return self.quota_used if self.quota_window == self.window_at(now) else 0
+
+    def quota_reset_at(self, now: float) -> float | None:
+        if not self.quota_period_s:
+            return None
+        return self.created_at + (self.window_at(now) + 1) * self.quota_period_s
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+EDITABLE = frozenset(
+    {
+        "rpm",
+        "tpm",
+        "max_concurrent",
+        "quota_tokens",
+        "quota_period_s",
+        "expires_at",
+        "models",
+        "allow_fallback",
+        "log_content",
+    }
+)
+
+
+class KeyStore:
+    """Create, look up, revoke and update keys in the gateway database."""
+
+    def __init__(self, engine: Engine, pepper: bytes, clock: Callable[[], float] = time.time):
+        self._engine = engine
+        self._pepper = pepper
+        self._clock = clock
+
+    def hash(self, secret: str) -> str:
+        return hmac.new(self._pepper, secret.encode(), hashlib.sha256).hexdigest()
+
+    def cache_salt(self, key: ApiKey) -> str:
+        """A per-key salt so tenants never share prefix-cache entries on a backend."""
+        return hmac.new(self._pepper, f"cache-salt:{key.id}".encode(), hashlib.sha256).hexdigest()
+
+    def create(self, name: str, **limits: Any) -> tuple[ApiKey, str]:
+        """Store a new key; returns the record and the secret, which is never stored."""
+        _check_editable(limits)
+        if self._find(name) is not None:
+            raise ValueError(f"a key named {name!r} already exists")
+        secret = KEY_PREFIX + secrets.token_urlsafe(32)
+        values = {**_encode(limits), "name": name, "key_hash": self.hash(secret)}
+        values.setdefault("allow_fallback", True)
+        values.setdefault("log_content", False)
+        with self._engine.begin() as conn:
+            conn.execute(
+                insert(api_keys).values(
+                    **values, created_at=self._clock(), quota_window=0, quota_used=0
+                )
+            )
+        return self.get(name), secret
+
+    def authenticate(self, secret: str | None) -> ApiKey:
+        """The live key for a presented secret, or AuthError."""
+        if not secret:
+            raise AuthError("missing")
+        digest = self.hash(secret)
+        with self._engine.connect() as conn:
+            row = conn.execute(select(api_keys).where(api_keys.c.key_hash == digest)).first()
+        if row is None or not hmac.compare_digest(row.key_hash, digest):
+            raise AuthError("invalid")
+        key = _decode(row._mapping)
+        now = self._clock()
+        if key.revoked_at is not None:
+            raise AuthError("revoked")
+        if key.expires_at is not None and key.expires_at <= now:
+            raise AuthError("expired")
+        return key
+
+    def get(self, name: str) -> ApiKey:
+        key = self._find(name)
+        if key is None:
+            raise UnknownKey(f"no key named {name!r}")
+        return key
+
+    def list(self) -> list[ApiKey]:
+        with self._engine.connect() as conn:
+            rows = conn.execute(select(api_keys).order_by(api_keys.c.id)).all()
+        return [_decode(r._mapping) for r in rows]
+
+    def revoke(self, name: str) -> ApiKey:
+        return self._update(name, {"revoked_at": self._clock()})
+
+    def update(self, name: str, **changes: Any) -> ApiKey:
+        _check_editable(changes)
+        return self._update(name, _encode(changes))
+
+    def charge_quota(self, key: ApiKey, tokens: int, at: float) -> None:
+        """Add tokens to the key's quota period containing `at`, atomically in SQL."""
+        window = key.window_at(at)
+        same = api_keys.c.quota_window == window
+        with self._engine.begin() as conn:
+            conn.execute(
+                update(api_keys)
+                .where(api_keys.c.id == key.id)
+                .values(
+                    quota_used=case((same, api_keys.c.quota_used + tokens), else_=tokens),
+                    quota_window=window,
+                )
+            )
+
+    def _find(self, name: str) -> ApiKey | None:
+        with self._engine.connect() as conn:
+            row = conn.execute(select(api_keys).where(api_keys.c.name == name)).first()
+        return None if row is None else _decode(row._mapping)
+
+    def _update(self, name: str, values: dict[str, Any]) -> ApiKey:
+        with self._engine.begin() as conn:
+            done = conn.execute(update(api_keys).where(api_keys.c.name == name).values(**values))
+        if done.rowcount == 0:
+            raise UnknownKey(f"no key named {name!r}")
+        return self.get(name)
+
+
+def load_pepper(config: GatewayConfig) -> bytes:
+    """The server-side pepper: $INHOUSE_GATEWAY_PEPPER, `pepper_file`, or a file beside SQLite."""
+    if os.environ.get(PEPPER_ENV):
+        return os.environ[PEPPER_ENV].encode()
+    path = config.pepper_file
+    if path is None:
+        db_file = sqlite_path(config.database)
+        if db_file is None:
+            raise ConfigError(
+                f"gateway.pepper_file (or ${PEPPER_ENV}) is required for a non-SQLite database,"
+                " and every replica must share it"
+            )
+        path = db_file.with_name(db_file.name + ".pepper")
+    return _read_or_create_pepper(Path(path))
+
+
+def _read_or_create_pepper(path: Path) -> bytes:
+    if path.exists():
+        return path.read_bytes().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pepper = secrets.token_hex(32).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pepper)
+    return pepper
+
+
+def _check_editable(values: dict[str, Any]) -> None:
+    unknown = set(values) - EDITABLE
+    if unknown:
+        raise TypeError(f"not a key setting: {sorted(unknown)}")
+
+
+def _encode(values: dict[str, Any]) -> dict[str, Any]:
+    out = dict(values)
+    if "models" in out:
+        models = out["models"]
+        out["models"] = None if not models else ",".join(sorted(models))
+    return out
+
+
+def _decode(row: Any) -> ApiKey:
+    values = {f.name: row[f.name] for f in fields(ApiKey)}
+    models = values["models"]
+    values["models"] = frozenset(models.split(",")) if models else None
+    return ApiKey(**values)

@@ -1,0 +1,156 @@
+"""Per-key admission: concurrency, token quota, requests/minute and tokens/minute.
+
+Tokens are reserved at admission (prompt estimate + max_tokens, as OpenAI counts)
+and reconciled with the backend's usage when the response ends. Requests/minute
+and tokens/minute use GCRA; concurrency and in-flight quota reservations are
+counted in this process.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from inhouse.gateway.durations import format_reset
+from inhouse.gateway.gcra import Gcra, RateState
+from inhouse.gateway.keys import ApiKey
+
+CONCURRENCY_RETRY_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The limiter's answer: allowed or why not, with the headers to send either way."""
+
+    allowed: bool
+    reason: str | None = None
+    retry_after_s: float | None = None
+    message: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class KeyLimiter:
+    """Admits and settles requests against one key's limits."""
+
+    def __init__(self, gcra: Gcra, clock: Callable[[], float]) -> None:
+        self._gcra = gcra
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._in_flight: dict[int, int] = {}
+        self._quota_reserved: dict[int, int] = {}
+
+    def admit(self, key: ApiKey, reserve: int) -> Admission:
+        """Reserve one request slot and `reserve` tokens, or say why not and for how long."""
+        with self._lock:
+            if (
+                key.max_concurrent is not None
+                and self._in_flight.get(key.id, 0) >= key.max_concurrent
+            ):
+                return Admission(
+                    False,
+                    "concurrency",
+                    CONCURRENCY_RETRY_S,
+                    f"too many concurrent requests for this key (limit {key.max_concurrent})",
+                    self.headers(key),
+                )
+            quota = self._quota_check(key, reserve)
+            if quota is not None:
+                return quota
+            self._in_flight[key.id] = self._in_flight.get(key.id, 0) + 1
+            self._quota_reserved[key.id] = self._quota_reserved.get(key.id, 0) + reserve
+        requests = self._acquire(key, "rpm", key.rpm, 1)
+        tokens = self._acquire(key, "tpm", key.tpm, reserve) if _passed(requests) else None
+        if not _passed(requests) or not _passed(tokens):
+            self._finish(key, reserve)
+            if _passed(requests) and key.rpm is not None:
+                self._gcra.adjust(f"rpm:{key.id}", key.rpm, -1)
+            failed, what, limit = (
+                (requests, "requests", key.rpm)
+                if not _passed(requests)
+                else (tokens, "tokens", key.tpm)
+            )
+            assert failed is not None
+            return Admission(
+                False,
+                what,
+                failed.retry_after_s,
+                _rate_message(what, limit, reserve, failed),
+                _headers(requests, tokens, key, self._gcra),
+            )
+        return Admission(True, headers=_headers(requests, tokens, key, self._gcra))
+
+    def settle(self, key: ApiKey, reserved: int, charged: int) -> None:
+        """Correct tokens/minute by what the response really used (usage, or what was sent)."""
+        if key.tpm is not None:
+            self._gcra.adjust(f"tpm:{key.id}", key.tpm, charged - reserved)
+
+    def release(self, key: ApiKey, reserved: int) -> None:
+        """End a request: free its concurrency slot and quota reservation (after charging)."""
+        self._finish(key, reserved)
+
+    def headers(self, key: ApiKey) -> dict[str, str]:
+        return _headers(None, None, key, self._gcra)
+
+    def in_flight(self, key: ApiKey) -> int:
+        return self._in_flight.get(key.id, 0)
+
+    def _finish(self, key: ApiKey, reserved: int) -> None:
+        with self._lock:
+            self._in_flight[key.id] = self._in_flight.get(key.id, 1) - 1
+            self._quota_reserved[key.id] = self._quota_reserved.get(key.id, reserved) - reserved
+
+    def _quota_check(self, key: ApiKey, reserve: int) -> Admission | None:
+        if key.quota_tokens is None:
+            return None
+        now = self._clock()
+        used = key.quota_used_at(now) + self._quota_reserved.get(key.id, 0)
+        if used + reserve <= key.quota_tokens:
+            return None
+        reset_at = key.quota_reset_at(now)
+        wait = None if reset_at is None or reserve > key.quota_tokens else reset_at - now
+        return Admission(
+            False,
+            "insufficient_quota",
+            wait,
+            f"token quota exhausted for this key: {used} of {key.quota_tokens} used,"
+            f" this request reserves {reserve}",
+            self.headers(key),
+        )
+
+    def _acquire(
+        self, key: ApiKey, dimension: str, limit: int | None, cost: int
+    ) -> RateState | None:
+        if limit is None:
+            return None
+        return self._gcra.acquire(f"{dimension}:{key.id}", limit, cost)
+
+
+def _passed(state: RateState | None) -> bool:
+    return state is None or state.allowed
+
+
+def _rate_message(what: str, limit: int | None, cost: int, state: RateState) -> str:
+    per = "requests per minute" if what == "requests" else "tokens per minute"
+    asked = "1 request" if what == "requests" else f"{cost} tokens"
+    if math.isinf(state.retry_after_s):
+        return f"request too large: {asked} can never fit the limit of {limit} {per}"
+    return f"rate limit of {limit} {per} reached ({asked}); retry in {state.retry_after_s:.3f}s"
+
+
+def _headers(
+    requests: RateState | None, tokens: RateState | None, key: ApiKey, gcra: Gcra
+) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for name, limit, state, bucket in (
+        ("requests", key.rpm, requests, f"rpm:{key.id}"),
+        ("tokens", key.tpm, tokens, f"tpm:{key.id}"),
+    ):
+        if limit is None:
+            continue
+        state = state or gcra.peek(bucket, limit)
+        headers[f"x-ratelimit-limit-{name}"] = str(limit)
+        headers[f"x-ratelimit-remaining-{name}"] = str(state.remaining)
+        headers[f"x-ratelimit-reset-{name}"] = format_reset(state.reset_s)
+    return headers

@@ -1,0 +1,219 @@
+"""Forwarding to an upstream: rewrite the body, exchange the key, relay the answer.
+
+Streams pass through event by event with no buffering. The gateway forces
+`stream_options.include_usage` upstream so it can charge real usage, and drops the
+usage chunk again when the client did not ask for it. What passes is recorded in an
+Outcome, so a stream cut off early is charged what was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from inhouse.gateway.backends import auth_headers
+from inhouse.gateway.config import Upstream
+
+FORWARDED_HEADERS = ("accept", "user-agent", "x-request-id", "openai-organization")
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What came back from upstream, filled in as it passes."""
+
+    status: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    first_token_at: float | None = None
+    content_chunks: int = 0
+    text: list[str] | None = None
+    completed: bool = False
+    error_type: str | None = None
+
+    def read_usage(self, usage: Any) -> None:
+        if isinstance(usage, dict):
+            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
+            self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """One request as it will be sent upstream."""
+
+    upstream: Upstream
+    endpoint: str
+    body: dict[str, Any]
+    client_wants_usage: bool
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def prepare(
+    upstream: Upstream,
+    endpoint: str,
+    body: dict[str, Any],
+    request_headers: dict[str, str],
+    cache_salt: str | None,
+) -> Forward:
+    """The upstream body (model renamed, usage forced on streams, tenant salt) and headers."""
+    out = dict(body)
+    out["model"] = upstream.model
+    wants_usage = False
+    if out.get("stream"):
+        options = dict(out.get("stream_options") or {})
+        wants_usage = bool(options.get("include_usage"))
+        options["include_usage"] = True
+        out["stream_options"] = options
+    if upstream.saltable and cache_salt is not None and endpoint != "embeddings":
+        out["cache_salt"] = cache_salt
+    else:
+        out.pop("cache_salt", None)
+    headers = {k: v for k, v in request_headers.items() if k in FORWARDED_HEADERS}
+    headers.update(auth_headers(upstream))
+    return Forward(upstream, endpoint, out, wants_usage, headers)
+
+
+async def open_upstream(client: httpx.AsyncClient, forward: Forward) -> httpx.Response:
+    """Send the request and return the response with its body still unread."""
+    request = client.build_request(
+        "POST",
+        f"{forward.upstream.url}/v1/{forward.endpoint}",
+        content=json.dumps(forward.body).encode(),
+        headers={**forward.headers, "content-type": "application/json"},
+    )
+    return await client.send(request, stream=True)
+
+
+def read_answer(body: bytes, outcome: Outcome, keep_text: bool) -> None:
+    """Usage, finish reason and (optionally) text of a non-streamed answer."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return
+    if not isinstance(data, dict):
+        return
+    outcome.read_usage(data.get("usage"))
+    if "error" in data and isinstance(data["error"], dict):
+        outcome.error_type = str(data["error"].get("type"))
+    choices = data.get("choices") or []
+    if choices and isinstance(choices[0], dict):
+        outcome.finish_reason = choices[0].get("finish_reason")
+    if keep_text:
+        outcome.text = [_choice_text(c) for c in choices if isinstance(c, dict)]
+
+
+async def relay_events(
+    upstream: httpx.Response,
+    outcome: Outcome,
+    strip_usage: bool,
+    clock: Callable[[], float] = time.perf_counter,
+) -> AsyncGenerator[bytes, None]:
+    """Yield SSE events as soon as each is complete, noting usage and first content."""
+    buffer = b""
+    async for raw in upstream.aiter_raw():
+        buffer += raw.replace(b"\r\n", b"\n") if b"\r" in raw else raw
+        *events, buffer = buffer.split(b"\n\n")
+        out = [e for e in events if _note_event(e, outcome, strip_usage, clock)]
+        if out:
+            yield b"\n\n".join(out) + b"\n\n"
+    if buffer.strip():
+        yield buffer
+    outcome.completed = True
+
+
+def _note_event(
+    event: bytes, outcome: Outcome, strip_usage: bool, clock: Callable[[], float]
+) -> bool:
+    """Record what the event says; False if it must not reach the client."""
+    if not event.startswith(b"data:"):
+        return bool(event.strip())
+    payload = event[5:].strip()
+    if payload == b"[DONE]":
+        return True
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        return True
+    if not isinstance(chunk, dict):
+        return True
+    choices = chunk.get("choices") or []
+    if chunk.get("usage"):
+        outcome.read_usage(chunk["usage"])
+        if not choices and strip_usage:
+            return False
+    if "error" in chunk and isinstance(chunk["error"], dict):
+        outcome.error_type = str(chunk["error"].get("type"))
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        text = _choice_text(choice)
+        if text or (choice.get("delta") or {}).get("tool_calls"):
+            if outcome.first_token_at is None:
+                outcome.first_token_at = clock()
+            outcome.content_chunks += 1
+            if outcome.text is not None:
+                outcome.text.append(text)
+        if choice.get("finish_reason"):
+            outcome.finish_reason = choice["finish_reason"]
+    return True
+
+
+def _choice_text(choice: dict[str, Any]) -> str:
+    if "text" in choice:
+        return str(choice.get("text") or "")
+    part = choice.get("delta") or choice.get("message") or {}
+    return str(part.get("content") or "") if isinstance(part, dict) else ""
+
+
+class RelayResponse(Response):
+    """An SSE response that stops and closes upstream the moment the client leaves,
+    then always runs `on_close` (which settles limits and writes the audit row)."""
+
+    def __init__(
+        self,
+        chunks: AsyncGenerator[bytes, None],
+        upstream: httpx.Response,
+        on_close: Callable[[], Awaitable[None]],
+        headers: dict[str, str],
+    ) -> None:
+        self._chunks = chunks
+        self._upstream = upstream
+        self._on_close = on_close
+        self.status_code = upstream.status_code
+        self.background = None
+        self.media_type = "text/event-stream"
+        self.init_headers({**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._stream, send, group.cancel_scope)
+                group.start_soon(self._watch_disconnect, receive, group.cancel_scope)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._chunks.aclose()
+                await self._upstream.aclose()
+                await self._on_close()
+
+    async def _stream(self, send: Send, scope: anyio.CancelScope) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        async for chunk in self._chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        scope.cancel()
+
+    @staticmethod
+    async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
