@@ -5,6 +5,9 @@ from __future__ import annotations
 import typer
 
 from inhouse import __version__
+from inhouse.bench.command import bench_app
+from inhouse.gateway.command import audit_command, gateway_command, keys_app
+from inhouse.plan.command import plan
 
 app = typer.Typer(
     name="inhouse",
@@ -18,6 +21,13 @@ app = typer.Typer(
 @app.callback()
 def root() -> None:
     """plan · serve · gateway · bench: an open-weight LLM as your own OpenAI-compatible service."""
+
+
+app.add_typer(bench_app, name="bench")
+app.command("gateway")(gateway_command)
+app.add_typer(keys_app, name="keys")
+app.command("audit")(audit_command)
+app.command("plan")(plan)
 
 
 @app.command()

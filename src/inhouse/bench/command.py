@@ -1,0 +1,225 @@
+"""`inhouse bench run` and `inhouse bench sweep`: options in, a session out.
+
+Only typer is imported at module level; httpx, rich and matplotlib load when a command runs.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+bench_app = typer.Typer(
+    help="Check the plan against reality: drive an OpenAI-compatible endpoint and measure it.",
+    no_args_is_help=True,
+)
+
+
+class DatasetChoice(StrEnum):
+    random = "random"
+    jsonl = "jsonl"
+    shared_prefix = "shared-prefix"
+
+
+class EndpointChoice(StrEnum):
+    chat = "chat"
+    completions = "completions"
+
+
+BaseUrl = Annotated[
+    str, typer.Option(help="Server root or its /v1 URL, any OpenAI-compatible host.")
+]
+Model = Annotated[str, typer.Option(help="Model name as the server lists it in /v1/models.")]
+ApiKey = Annotated[
+    str | None, typer.Option(envvar="INHOUSE_API_KEY", help="Bearer key, if the server wants one.")
+]
+Dataset = Annotated[
+    DatasetChoice, typer.Option(help="random, jsonl (real prompts) or shared-prefix.")
+]
+DatasetPath = Annotated[
+    Path | None, typer.Option(help="JSONL file: {messages} or {prompt} per line.")
+]
+EndpointOpt = Annotated[EndpointChoice, typer.Option(help="API for random/shared-prefix prompts.")]
+InputLen = Annotated[
+    int, typer.Option(help="Mean prompt tokens (the question, for shared-prefix).")
+]
+OutputLen = Annotated[int, typer.Option(help="Mean max_tokens per request.")]
+LenSpread = Annotated[float, typer.Option(help="Lengths uniform in mean·(1±spread).")]
+PrefixLen = Annotated[int, typer.Option(help="shared-prefix: tokens of the common system prompt.")]
+NumQuestions = Annotated[int, typer.Option(help="shared-prefix: distinct questions behind it.")]
+Warmup = Annotated[int, typer.Option(help="Unmeasured requests first (cold p99 TTFT misleads).")]
+Timeout = Annotated[float, typer.Option(help="Seconds one request may take before it fails.")]
+Seed = Annotated[int, typer.Option(help="Seed for prompts and arrivals, so runs repeat.")]
+Temperature = Annotated[float, typer.Option(help="Sampling temperature sent with each request.")]
+IgnoreEos = Annotated[
+    bool, typer.Option(help="Send ignore_eos (vLLM extension) so answers run to max_tokens.")
+]
+Out = Annotated[Path | None, typer.Option(help="Folder for results.json (and a sweep's PNGs).")]
+
+
+def _settings(**options: object):  # type: ignore[no-untyped-def]
+    from inhouse.bench.metrics import parse_slo
+    from inhouse.bench.settings import (
+        DatasetSettings,
+        EndpointSettings,
+        SessionSettings,
+        SettingsError,
+    )
+
+    try:
+        slo = parse_slo(str(options["slo"] or ""))
+        return SessionSettings(
+            endpoint=EndpointSettings(
+                base_url=options["base_url"],
+                model=options["model"],
+                api_key=options["api_key"],
+                timeout=options["timeout"],
+                temperature=options["temperature"],
+                ignore_eos=options["ignore_eos"],
+            ),
+            dataset=DatasetSettings(
+                kind=str(options["dataset"]),
+                path=options["dataset_path"],
+                endpoint=str(options["endpoint"]),
+                input_len=options["input_len"],
+                output_len=options["output_len"],
+                len_spread=options["len_spread"],
+                prefix_len=options["prefix_len"],
+                num_questions=options["num_questions"],
+            ),
+            slo=slo,
+            seed=options["seed"],
+            warmup=options["warmup"],
+            out=options["out"],
+        )
+    except (SettingsError, ValueError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _session(coroutine_factory) -> None:  # type: ignore[no-untyped-def]
+    """Run a session; endpoint and dataset problems end it with one clear line and exit 2."""
+    import asyncio
+
+    from inhouse.bench.datasets import DatasetError
+    from inhouse.bench.preflight import EndpointError
+
+    try:
+        asyncio.run(coroutine_factory())
+    except (EndpointError, DatasetError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@bench_app.command("run")
+def run(
+    base_url: BaseUrl,
+    model: Model,
+    api_key: ApiKey = None,
+    dataset: Dataset = DatasetChoice.random,
+    dataset_path: DatasetPath = None,
+    endpoint: EndpointOpt = EndpointChoice.chat,
+    input_len: InputLen = 256,
+    output_len: OutputLen = 128,
+    len_spread: LenSpread = 0.0,
+    prefix_len: PrefixLen = 1024,
+    num_questions: NumQuestions = 16,
+    num_prompts: Annotated[int | None, typer.Option(help="Requests to send (default 100).")] = None,
+    max_concurrency: Annotated[
+        int | None, typer.Option(help="Closed loop: this many in flight (caps --request-rate).")
+    ] = None,
+    request_rate: Annotated[
+        float | None, typer.Option(help="Open loop: Poisson arrivals per second.")
+    ] = None,
+    burstiness: Annotated[float, typer.Option(help="Gamma shape of arrivals: 1 Poisson.")] = 1.0,
+    duration: Annotated[float | None, typer.Option(help="Stop issuing after seconds.")] = None,
+    warmup: Warmup = 2,
+    timeout: Timeout = 300.0,
+    seed: Seed = 0,
+    slo: Annotated[
+        str | None, typer.Option(help="Goodput objectives: ttft=500ms,tpot=50ms.")
+    ] = None,
+    temperature: Temperature = 0.0,
+    ignore_eos: IgnoreEos = False,
+    out: Out = None,
+) -> None:
+    """Drive the endpoint once and report TTFT, TPOT, ITL, E2E, throughput and goodput."""
+    from rich.console import Console
+
+    from inhouse.bench.loadgen import LoadShape
+    from inhouse.bench.session import bench_run
+
+    settings = _settings(**locals())
+    if max_concurrency is None and request_rate is None:
+        raise typer.BadParameter("give --max-concurrency (closed loop) or --request-rate (open)")
+    if num_prompts is None and duration is None:
+        num_prompts = 100
+    try:
+        shape = LoadShape(
+            max_concurrency=max_concurrency,
+            request_rate=request_rate,
+            burstiness=burstiness,
+            num_prompts=num_prompts,
+            duration=duration,
+            seed=seed,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    _session(lambda: bench_run(settings, shape, Console()))
+
+
+@bench_app.command("sweep")
+def sweep(
+    base_url: BaseUrl,
+    model: Model,
+    api_key: ApiKey = None,
+    dataset: Dataset = DatasetChoice.random,
+    dataset_path: DatasetPath = None,
+    endpoint: EndpointOpt = EndpointChoice.chat,
+    input_len: InputLen = 256,
+    output_len: OutputLen = 128,
+    len_spread: LenSpread = 0.0,
+    prefix_len: PrefixLen = 1024,
+    num_questions: NumQuestions = 16,
+    steps: Annotated[str | None, typer.Option(help="Concurrency steps, e.g. 1,2,4,8.")] = None,
+    max_concurrency: Annotated[
+        int | None, typer.Option(help="Double from 1 until at least this (and 2× the plan).")
+    ] = None,
+    plan: Annotated[
+        str | None,
+        typer.Option(help="`inhouse plan --json` output file, or a model name to plan with --gpu."),
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="GPU to plan for when --plan names a model.")
+    ] = None,
+    prompts_per_slot: Annotated[int, typer.Option(help="Requests per concurrent slot.")] = 4,
+    min_prompts: Annotated[int, typer.Option(help="Fewest requests at any step.")] = 8,
+    warmup: Warmup = 2,
+    timeout: Timeout = 300.0,
+    seed: Seed = 0,
+    slo: Annotated[
+        str, typer.Option(help="The knee is where p99 TTFT exceeds ttft=….")
+    ] = "ttft=2s",
+    temperature: Temperature = 0.0,
+    ignore_eos: IgnoreEos = False,
+    out: Out = None,
+) -> None:
+    """Step concurrency up past the plan's prediction and name the knee: the real capacity."""
+    from rich.console import Console
+
+    from inhouse.bench.planref import PlanReferenceError, plan_prediction
+    from inhouse.bench.session import bench_sweep
+    from inhouse.bench.sweep import concurrency_steps, parse_steps
+
+    settings = _settings(**locals())
+    try:
+        predicted = None if plan is None else plan_prediction(plan, gpu)
+        chosen = parse_steps(steps) if steps else concurrency_steps(predicted, max_concurrency)
+    except (PlanReferenceError, ValueError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    if settings.slo.ttft is None:
+        raise typer.BadParameter("--slo needs a ttft objective, e.g. ttft=2s")
+    _session(
+        lambda: bench_sweep(settings, chosen, predicted, prompts_per_slot, min_prompts, Console())
+    )

@@ -1,0 +1,109 @@
+"""PNG plots of a sweep: latency percentiles and throughput against concurrency (matplotlib Agg)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from inhouse.bench.metrics import Slo
+from inhouse.bench.run import RunResult
+from inhouse.bench.sweep import Verdict
+
+LATENCY_PNG = "latency_vs_concurrency.png"
+THROUGHPUT_PNG = "throughput_vs_concurrency.png"
+
+
+def _pyplot():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _ms(values: Sequence[float | None]) -> list[float]:
+    return [float("nan") if v is None else v * 1000 for v in values]
+
+
+def _mark_plan_and_knee(axis, verdict: Verdict) -> None:  # type: ignore[no-untyped-def]
+    if verdict.predicted is not None:
+        axis.axvline(
+            verdict.predicted,
+            color="tab:green",
+            linestyle="--",
+            label=f"plan's prediction ({verdict.predicted:g})",
+        )
+    if verdict.knee is not None:
+        axis.axvline(verdict.knee, color="tab:red", linestyle=":", label=f"knee ({verdict.knee})")
+
+
+def _concurrency_axis(axis, steps: Sequence[int]) -> None:  # type: ignore[no-untyped-def]
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(list(steps), [str(s) for s in steps])
+    axis.set_xlabel("concurrency (requests in flight)")
+    axis.grid(True, which="major", alpha=0.3)
+
+
+def plot_latency(runs: Sequence[RunResult], slo: Slo, verdict: Verdict, path: Path) -> Path:
+    """p50/p99 TTFT and TPOT against concurrency, with the SLO lines, the plan and the knee."""
+    plt = _pyplot()
+    steps = [run.shape.max_concurrency or 0 for run in runs]
+    figure, (ttft_axis, tpot_axis) = plt.subplots(1, 2, figsize=(12, 4.8))
+    panels = ((ttft_axis, "ttft", "TTFT", slo.ttft), (tpot_axis, "tpot", "TPOT", slo.tpot))
+    for axis, key, name, limit in panels:
+        for quantile, style in (("p50", "o-"), ("p99", "s-")):
+            values = [getattr(getattr(run.summary, key), quantile) for run in runs]
+            axis.plot(steps, _ms(values), style, label=f"{name} {quantile}")
+        if limit is not None:
+            axis.axhline(limit * 1000, color="black", linewidth=1, label=f"SLO {limit * 1000:g} ms")
+        _mark_plan_and_knee(axis, verdict)
+        _concurrency_axis(axis, steps)
+        axis.set_ylabel(f"{name} (ms)")
+        axis.set_title(f"{name} vs concurrency")
+        axis.legend(loc="upper left", fontsize="small")
+    ttft_axis.set_title("TTFT vs concurrency")
+    tpot_axis.set_title("TPOT (excl. first token) vs concurrency")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_throughput(runs: Sequence[RunResult], verdict: Verdict, path: Path) -> Path:
+    """Output tokens/s and requests/s against concurrency, with the plan and the knee."""
+    plt = _pyplot()
+    steps = [run.shape.max_concurrency or 0 for run in runs]
+    figure, token_axis = plt.subplots(figsize=(7.5, 4.8))
+    token_axis.plot(
+        steps, [r.summary.output_throughput for r in runs], "o-", label="output tokens/s"
+    )
+    token_axis.set_ylabel("output tokens/s")
+    request_axis = token_axis.twinx()
+    request_axis.plot(
+        steps,
+        [r.summary.request_throughput for r in runs],
+        "s--",
+        color="tab:orange",
+        label="requests/s",
+    )
+    request_axis.set_ylabel("requests/s")
+    _mark_plan_and_knee(token_axis, verdict)
+    _concurrency_axis(token_axis, steps)
+    token_axis.set_title("Throughput vs concurrency")
+    lines = token_axis.get_legend_handles_labels()
+    more = request_axis.get_legend_handles_labels()
+    token_axis.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_sweep(runs: Sequence[RunResult], slo: Slo, verdict: Verdict, out_dir: Path) -> list[Path]:
+    """Both PNGs into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        plot_latency(runs, slo, verdict, out_dir / LATENCY_PNG),
+        plot_throughput(runs, verdict, out_dir / THROUGHPUT_PNG),
+    ]

@@ -1,0 +1,124 @@
+"""Console report: a rich table for a run, one row per step for a sweep, and the verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from inhouse.bench.metrics import Distribution, RunSummary
+from inhouse.bench.run import RunResult
+from inhouse.bench.sweep import Verdict
+
+
+def _ms(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.0f}%"
+
+
+def failures_text(summary: RunSummary) -> str:
+    """`3 (http_429: 2, timeout: 1)` or `0`."""
+    if not summary.failed:
+        return "0"
+    parts = ", ".join(f"{kind}: {count}" for kind, count in summary.failures.items())
+    return f"{summary.failed} ({parts})"
+
+
+def run_table(result: RunResult, title: str = "inhouse bench") -> Table:
+    """Totals first, then latency percentiles in milliseconds."""
+    s = result.summary
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    for column in ("mean", "p50", "p90", "p95", "p99"):
+        table.add_column(column, justify="right")
+    latencies: list[tuple[str, Distribution]] = [
+        ("TTFT (ms)", s.ttft),
+        ("TPOT (ms, excl. 1st token)", s.tpot),
+        ("ITL (ms)", s.itl),
+        ("E2E (ms)", s.e2e),
+    ]
+    for name, dist in latencies:
+        table.add_row(name, *(_ms(v) for v in (dist.mean, dist.p50, dist.p90, dist.p95, dist.p99)))
+    table.caption = "\n".join(
+        [
+            f"successful {s.completed} · failed {failures_text(s)} · duration {s.duration:.2f} s",
+            f"input tokens {s.total_input_tokens} · output tokens {s.total_output_tokens}"
+            f" (from {', '.join(f'{k}: {v}' for k, v in s.token_sources.items()) or '—'})",
+            f"requests/s {s.request_throughput:.2f} · output tok/s {s.output_throughput:.1f}"
+            f" · total tok/s {s.total_token_throughput:.1f}"
+            + (
+                ""
+                if s.goodput is None
+                else f" · goodput {s.goodput:.2f} req/s ({s.slo_met} met SLO)"
+            ),
+            f"server peaks: KV cache {_percent(result.server.kv_cache_usage_peak)}"
+            f" · waiting {_num(result.server.waiting_peak, 0)}"
+            + (f" ({result.server.error})" if result.server.error else ""),
+        ]
+    )
+    return table
+
+
+def sweep_table(runs: Sequence[RunResult], verdict: Verdict) -> Table:
+    """One row per concurrency step; the plan's prediction and the knee are marked."""
+    table = Table(title="inhouse bench sweep", header_style="bold")
+    headers = (
+        "concurrency",
+        "ok",
+        "failed",
+        "req/s",
+        "out tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "goodput",
+        "KV peak",
+        "waiting peak",
+    )
+    for header in headers:
+        table.add_column(header, justify="right")
+    for run in runs:
+        s = run.summary
+        concurrency = run.shape.max_concurrency or 0
+        marks = []
+        if verdict.knee == concurrency:
+            marks.append("knee")
+        if verdict.predicted is not None and concurrency == _nearest(runs, verdict.predicted):
+            marks.append("≈plan")
+        label = f"{concurrency}" + (f" ({', '.join(marks)})" if marks else "")
+        table.add_row(
+            label,
+            str(s.completed),
+            failures_text(s),
+            _num(s.request_throughput),
+            _num(s.output_throughput, 1),
+            _ms(s.ttft.p50),
+            _ms(s.ttft.p99),
+            _ms(s.tpot.p50),
+            _ms(s.tpot.p99),
+            _num(s.goodput),
+            _percent(run.server.kv_cache_usage_peak),
+            _num(run.server.waiting_peak, 0),
+        )
+    table.caption = "latencies in ms · " + verdict.sentence
+    return table
+
+
+def _nearest(runs: Sequence[RunResult], predicted: float) -> int:
+    steps = [run.shape.max_concurrency or 0 for run in runs]
+    return min(steps, key=lambda step: abs(step - predicted))
+
+
+def print_notes(console: Console, notes: Sequence[str]) -> None:
+    """Notes about how numbers were obtained (fallbacks, missing endpoints)."""
+    for note in notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
