@@ -1,0 +1,84 @@
+"""Per-key admission: concurrency, quota, RPM/TPM reservations and their reconciliation."""
+
+from __future__ import annotations
+
+import pytest
+
+from inhouse.gateway.gcra import Gcra, MemoryTatStore
+from inhouse.gateway.keys import KeyStore
+from inhouse.gateway.limits import KeyLimiter
+
+
+@pytest.fixture
+def limiter(clock) -> KeyLimiter:
+    return KeyLimiter(Gcra(MemoryTatStore(), clock), clock)
+
+
+def test_concurrency_cap_frees_on_release(store: KeyStore, limiter: KeyLimiter) -> None:
+    key, _ = store.create("c", max_concurrent=2)
+    assert limiter.admit(key, 10).allowed and limiter.admit(key, 10).allowed
+    refused = limiter.admit(key, 10)
+    assert not refused.allowed and refused.reason == "concurrency" and refused.retry_after_s
+    limiter.release(key, 10)
+    assert limiter.admit(key, 10).allowed
+
+
+def test_tokens_are_reserved_then_settled_to_real_usage(
+    store: KeyStore, limiter: KeyLimiter
+) -> None:
+    key, _ = store.create("t", tpm=1000)
+    first = limiter.admit(key, 600)
+    assert first.allowed and first.headers["x-ratelimit-remaining-tokens"] == "400"
+    refused = limiter.admit(key, 600)
+    assert not refused.allowed and refused.reason == "tokens"
+    assert refused.retry_after_s == pytest.approx(12.0)
+    limiter.settle(key, reserved=600, charged=100)
+    limiter.release(key, 600)
+    assert limiter.headers(key)["x-ratelimit-remaining-tokens"] == "900"
+    assert limiter.admit(key, 600).allowed
+
+
+def test_a_token_refusal_does_not_use_up_a_request(store: KeyStore, limiter: KeyLimiter) -> None:
+    key, _ = store.create("rt", rpm=2, tpm=100)
+    assert not limiter.admit(key, 500).allowed
+    assert limiter.admit(key, 10).allowed and limiter.admit(key, 10).allowed
+    assert limiter.admit(key, 10).reason == "requests"
+    assert limiter.in_flight(key) == 2
+
+
+def test_headers_use_openai_names(store: KeyStore, limiter: KeyLimiter) -> None:
+    key, _ = store.create("h", rpm=60, tpm=6000)
+    headers = limiter.admit(key, 100).headers
+    assert headers == {
+        "x-ratelimit-limit-requests": "60",
+        "x-ratelimit-remaining-requests": "59",
+        "x-ratelimit-reset-requests": "1s",
+        "x-ratelimit-limit-tokens": "6000",
+        "x-ratelimit-remaining-tokens": "5900",
+        "x-ratelimit-reset-tokens": "1s",
+    }
+
+
+def test_unlimited_keys_send_no_rate_headers(store: KeyStore, limiter: KeyLimiter) -> None:
+    key, _ = store.create("free")
+    admission = limiter.admit(key, 10**6)
+    assert admission.allowed and admission.headers == {}
+
+
+def test_quota_counts_charged_and_in_flight_tokens(
+    store: KeyStore, limiter: KeyLimiter, clock
+) -> None:
+    key, _ = store.create("q", quota_tokens=1000, quota_period_s=86400)
+    store.charge_quota(key, 700, clock.now)
+    key = store.get("q")
+    assert limiter.admit(key, 200).allowed
+    refused = limiter.admit(key, 200)
+    assert not refused.allowed and refused.reason == "insufficient_quota"
+    assert refused.retry_after_s == pytest.approx(86400)
+    store.charge_quota(key, 50, clock.now)
+    limiter.release(key, 200)
+    key = store.get("q")
+    assert limiter.admit(key, 200).allowed
+    limiter.release(key, 200)
+    clock.advance(86400)
+    assert limiter.admit(store.get("q"), 900).allowed

@@ -1,0 +1,71 @@
+"""Reading a request's needs, and refusing what a backend's capabilities cannot serve."""
+
+from __future__ import annotations
+
+import pytest
+
+from inhouse.gateway.config import Capabilities, Upstream
+from inhouse.gateway.needs import BadRequest, read_needs, refusal
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+
+
+def _upstream(*features: str, context: int | None = None, output: int | None = None) -> Upstream:
+    caps = Capabilities(frozenset(features), context, output)
+    return Upstream("b", "http://127.0.0.1:1", None, "m", capabilities=caps)
+
+
+def test_chat_features_and_estimate() -> None:
+    body = {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 40}, IMAGE]}],
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {}}},
+        "max_completion_tokens": 20,
+        "n": 2,
+    }
+    needs = read_needs("chat/completions", body)
+    assert needs.features == {"chat", "vision", "tools", "json_schema"}
+    assert needs.prompt_tokens >= 10 + 4
+    assert needs.reserve(999) == needs.prompt_tokens + 40
+
+
+def test_completions_with_token_ids_and_default_max_tokens() -> None:
+    needs = read_needs("completions", {"prompt": [1, 2, 3, 4, 5]})
+    assert needs.features == {"completions"} and needs.prompt_tokens == 5
+    assert needs.reserve(100) == 105
+
+
+def test_embeddings_reserve_only_the_input() -> None:
+    needs = read_needs("embeddings", {"input": ["abcd", "efgh"]})
+    assert needs.reserve(1000) == 2
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "param"),
+    [
+        ("chat/completions", {"messages": []}, "messages"),
+        ("chat/completions", {"messages": ["hi"]}, "messages"),
+        ("completions", {"prompt": 5}, "prompt"),
+        ("chat/completions", {"messages": [{"content": "x"}], "max_tokens": -1}, "max_tokens"),
+        ("chat/completions", {"messages": [{"content": "x"}], "n": 0}, "n"),
+    ],
+)
+def test_malformed_bodies(endpoint: str, body: dict, param: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        read_needs(endpoint, body)
+    assert err.value.param == param
+
+
+def test_refusals_name_the_reason() -> None:
+    image = read_needs("chat/completions", {"messages": [{"content": [IMAGE]}]})
+    assert refusal(_upstream("chat"), image) == "model does not support vision"
+    assert refusal(_upstream("chat", "vision"), image) is None
+    long = read_needs("chat/completions", {"messages": [{"content": "x" * 8000}], "max_tokens": 10})
+    assert "exceeds the model's context of 1024" in str(
+        refusal(_upstream("chat", context=1024), long)
+    )
+    big = read_needs("chat/completions", {"messages": [{"content": "x"}], "max_tokens": 600})
+    assert "output limit 512" in str(refusal(_upstream("chat", output=512), big))
+    assert refusal(_upstream("chat"), read_needs("embeddings", {"input": "x"})) == (
+        "model does not support embeddings"
+    )
