@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/inhouse plan smollm2 --explain
+	$(VENV)/bin/inhouse plan --explain
 
 test: $(STAMP)
 	$(PY) -m pytest
