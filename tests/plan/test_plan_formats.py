@@ -44,7 +44,7 @@ def test_moe_weights_include_every_expert_but_decode_reads_only_active_ones() ->
     spec = catalogue_spec("Qwen3-30B-A3B")
     weights = weight_bytes(spec, weight_format("bf16"))
     assert weights.total == 2 * spec.total_params
-    read = weights.read_per_token(spec)
+    read = weights.read_per_step(spec)
     # active params less the input embedding table (one row is read per token)
     assert read == 2 * (spec.active_params - spec.param_counts().embedding)
 
@@ -52,7 +52,7 @@ def test_moe_weights_include_every_expert_but_decode_reads_only_active_ones() ->
 def test_tied_embedding_table_is_read_in_full_as_the_lm_head() -> None:
     spec = catalogue_spec("SmolLM2-135M")
     weights = weight_bytes(spec, weight_format("bf16"))
-    assert weights.read_per_token(spec) == weights.total
+    assert weights.read_per_step(spec) == weights.total
 
 
 @pytest.mark.parametrize("alias", ["BF16", "bfloat16", "Q4_K_M", "q4-k-m", "int4"])
@@ -63,3 +63,12 @@ def test_format_names_are_forgiving(alias: str) -> None:
 def test_unknown_format_lists_the_known_ones() -> None:
     with pytest.raises(PlanError, match="unknown weight format 'nf3'; known formats: bf16"):
         weight_format("nf3")
+
+
+def test_a_moe_batch_touches_more_experts_than_one_token() -> None:
+    spec = catalogue_spec("Qwen3-30B-A3B")  # 8 of 128 experts per token
+    weights = weight_bytes(spec, weight_format("bf16"))
+    one, many = weights.read_per_step(spec, 1), weights.read_per_step(spec, 64)
+    untouched = (1 - 8 / 128) ** 64 * weights.routed_experts
+    assert many == weights.total - weights.embedding - int(untouched)
+    assert one < many < weights.total

@@ -154,14 +154,20 @@ def roofline(
     bandwidth_bytes_per_s: float,
     tflops: float,
     weight_bytes_read: int,
+    weight_bytes_read_at_batch: int,
     kv_bytes_read: int,
     active_params: int,
     batch: int,
 ) -> Roofline:
-    """Decode tokens/s bounds: each step streams the weights once plus every sequence's KV."""
+    """Decode tokens/s bounds: each step streams the weights once plus every sequence's KV.
+
+    `weight_bytes_read_at_batch` is what a step of `batch` sequences reads (more
+    than at batch 1 for MoE, whose batch touches more experts).
+    """
     single = bandwidth_bytes_per_s / (weight_bytes_read + kv_bytes_read)
     batch = max(batch, 1)
-    memory_bound = batch * bandwidth_bytes_per_s / (weight_bytes_read + batch * kv_bytes_read)
+    step_bytes = weight_bytes_read_at_batch + batch * kv_bytes_read
+    memory_bound = batch * bandwidth_bytes_per_s / step_bytes
     compute_bound = tflops * 1e12 / (2 * active_params)
     return Roofline(
         batch1_tokens_per_s=single,

@@ -42,7 +42,7 @@ def plan_as_dict(plan: Plan) -> dict[str, Any]:
             "description": plan.weights.description,
             "total_bytes": plan.weights.total,
             "per_gpu_bytes": plan.weights_per_gpu,
-            "read_per_token_bytes": plan.weights.read_per_token(spec),
+            "read_per_token_bytes": plan.weights.read_per_step(spec),
         },
         "memory": {
             "usable_bytes": int(plan.vram_bytes * plan.inputs.util),

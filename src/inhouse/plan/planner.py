@@ -196,13 +196,15 @@ def make_plan(model: ModelSource, inputs: PlanInputs) -> Plan:
     )
     roof = None
     if gpu is not None:
+        batch = max(1, int(concurrent * MAX_NUM_SEQS_SHARE))
         roof = capacity.roofline(
             bandwidth_bytes_per_s=gpu.bandwidth_bytes_per_s * inputs.tp,
             tflops=gpu.bf16_tflops * inputs.tp,
-            weight_bytes_read=weights.read_per_token(spec),
+            weight_bytes_read=weights.read_per_step(spec),
+            weight_bytes_read_at_batch=weights.read_per_step(spec, batch),
             kv_bytes_read=kv_seq * inputs.tp,
             active_params=spec.active_params,
-            batch=max(1, int(concurrent * MAX_NUM_SEQS_SHARE)),
+            batch=batch,
         )
     return Plan(
         model=model,

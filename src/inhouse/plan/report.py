@@ -109,7 +109,7 @@ def _roofline_lines(plan: Plan) -> list[str]:
     if roof is None:
         return ["Decode roofline: give --gpu for its bandwidth and TFLOPS."]
     tp = plan.inputs.tp
-    read = binary(plan.weights.read_per_token(plan.model.spec))
+    read = binary(plan.weights.read_per_step(plan.model.spec))
     kv = binary(plan.kv_bytes_per_sequence * tp)
     where = f" across {tp} GPUs" if tp > 1 else ""
     typical = roof.batch1_tokens_per_s * TYPICAL_ROOFLINE_SHARE
@@ -156,21 +156,22 @@ def render(plan: Plan, console: Console, *, explain: bool = False) -> None:
     spec = plan.model.spec
     console.print(f"[bold]inhouse plan[/] · {spec.name}")
     console.print(f"[dim]From the {plan.model.origin}[/]", soft_wrap=True)
-    console.print(f"Model: {_model_line(plan)}")
-    console.print(f"GPU:   {_gpu_line(plan)}")
+    console.print(f"Model: {_model_line(plan)}", soft_wrap=True)
+    console.print(f"GPU:   {_gpu_line(plan)}", soft_wrap=True)
     console.print("[dim]Units: GiB/MiB/KiB are binary (2^30…), GB is decimal (10^9).[/]")
     console.print(_memory_table(plan))
     verdict = "[green]fits[/]" if plan.fits else "[red]does not fit[/]"
     console.print(f"Verdict: {verdict}: {plan.reason}.", soft_wrap=True)
     console.print(_context_table(plan))
     for line in _roofline_lines(plan):
-        console.print(line)
+        console.print(line, soft_wrap=True)
     if explain:
         console.print(_explanation(plan), highlight=False, soft_wrap=True)
     if plan.fits:
         model = plan.model.reference
         console.print("\n[bold]Recommended flags[/] (max-num-seqs ≈ 80% of capacity):")
-        console.print(
-            command_line("inhouse serve", model, inhouse_serve_flags(plan)), highlight=False
-        )
-        console.print(command_line("vllm serve", model, vllm_serve_flags(plan)), highlight=False)
+        for program, flags in (
+            ("inhouse serve", inhouse_serve_flags(plan)),
+            ("vllm serve", vllm_serve_flags(plan)),
+        ):
+            console.file.write(command_line(program, model, flags) + "\n")  # never wrapped

@@ -19,12 +19,17 @@ class WeightBytes:
     format_name: str
     description: str
 
-    def read_per_token(self, spec: ModelSpec) -> int:
-        """Bytes one decode step streams from memory: all but idle experts and the input table."""
+    def read_per_step(self, spec: ModelSpec, batch: int = 1) -> int:
+        """Bytes one decode step of `batch` sequences streams from memory.
+
+        Everything but the input table (one row per token, unless tied to lm_head) and
+        the experts no token in the batch routes to: each token picks k of E, so a
+        batch touches a share 1 − (1 − k/E)^batch of them.
+        """
         skipped = 0 if spec.tie_word_embeddings else self.embedding
         if spec.is_moe:
-            idle = spec.num_experts - spec.experts_per_token
-            skipped += self.routed_experts * idle // spec.num_experts
+            idle_share = (1 - spec.experts_per_token / spec.num_experts) ** max(batch, 1)
+            skipped += int(self.routed_experts * idle_share)
         return self.total - skipped
 
 
