@@ -88,6 +88,9 @@ async def _serve_connection(
 def _server_main(sock: socket.socket, gap: float) -> None:
     async def main() -> None:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            # asyncio sets TCP_NODELAY only when the listening socket's proto is IPPROTO_TCP;
+            # socket.socket() leaves it 0, and Nagle would then hold small chunks ~40 ms.
+            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 await _serve_connection(reader, writer, gap)
             except (asyncio.IncompleteReadError, ConnectionError):

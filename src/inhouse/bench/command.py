@@ -214,7 +214,8 @@ def sweep(
 
     settings = _settings(**locals())
     try:
-        predicted = None if plan is None else plan_prediction(plan, gpu)
+        average = input_len + output_len + (prefix_len if dataset == "shared-prefix" else 0)
+        predicted = None if plan is None else plan_prediction(plan, gpu, average)
         chosen = parse_steps(steps) if steps else concurrency_steps(predicted, max_concurrency)
     except (PlanReferenceError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc

@@ -32,7 +32,14 @@ def _find(document: Any, key: str) -> float | None:
 
 
 def predicted_concurrency(document: Any) -> float:
-    """The max concurrent sequences a plan document predicts (first capacity key found)."""
+    """The max concurrent sequences a plan document predicts.
+
+    `memory.max_concurrent_sequences` of `inhouse plan --json`; for other tools' documents, the
+    first capacity key found anywhere.
+    """
+    memory = document.get("memory") if isinstance(document, dict) else None
+    if isinstance(memory, dict) and isinstance(memory.get("max_concurrent_sequences"), int):
+        return float(memory["max_concurrent_sequences"])
     for key in CAPACITY_KEYS:
         value = _find(document, key)
         if value is not None:
@@ -53,18 +60,27 @@ def read_plan_file(path: Path) -> float:
     return predicted_concurrency(document)
 
 
-def plan_prediction(source: str, gpu: str | None) -> float:
-    """`source` is a plan JSON file, or a model the planner knows, planned for `gpu`."""
+def plan_prediction(source: str, gpu: str | None, avg_context: int) -> float:
+    """`source` is a plan JSON file, or a model the planner reads, planned for `gpu` at the
+    average context (prompt + output tokens) this benchmark sends."""
     path = Path(source)
-    if path.is_file():
+    if path.is_file() and path.suffix == ".json" and path.name != "config.json":
         return read_plan_file(path)
     if gpu is None:
         raise PlanReferenceError(
-            f"--plan {source!r} is not a file; to run the planner for a model, give --gpu too"
+            f"--plan {source!r} is not a plan JSON file; to run the planner on it, give --gpu"
         )
-    return run_planner(source, gpu)
+    return run_planner(source, gpu, avg_context)
 
 
-def run_planner(model: str, gpu: str) -> float:
-    """Plan `model` on `gpu` with the defaults of `inhouse plan` and return its capacity."""
-    raise PlanReferenceError("running the planner from bench needs inhouse.plan (not yet here)")
+def run_planner(model: str, gpu: str, avg_context: int) -> float:
+    """Plan `model` (config.json, folder, GGUF or catalogue name) on `gpu`; its max concurrency."""
+    from inhouse.plan.errors import PlanError
+    from inhouse.plan.planner import PlanInputs, make_plan
+    from inhouse.plan.source import load_model
+
+    try:
+        plan = make_plan(load_model(model), PlanInputs(gpu=gpu, avg_context=avg_context))
+    except PlanError as exc:
+        raise PlanReferenceError(f"inhouse plan: {exc}") from exc
+    return float(plan.max_concurrent)

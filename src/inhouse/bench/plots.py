@@ -71,29 +71,30 @@ def plot_latency(runs: Sequence[RunResult], slo: Slo, verdict: Verdict, path: Pa
 
 
 def plot_throughput(runs: Sequence[RunResult], verdict: Verdict, path: Path) -> Path:
-    """Output tokens/s and requests/s against concurrency, with the plan and the knee."""
+    """Token and request throughput (and goodput) against concurrency, with plan and knee."""
     plt = _pyplot()
     steps = [run.shape.max_concurrency or 0 for run in runs]
-    figure, token_axis = plt.subplots(figsize=(7.5, 4.8))
-    token_axis.plot(
-        steps, [r.summary.output_throughput for r in runs], "o-", label="output tokens/s"
-    )
-    token_axis.set_ylabel("output tokens/s")
-    request_axis = token_axis.twinx()
-    request_axis.plot(
-        steps,
-        [r.summary.request_throughput for r in runs],
-        "s--",
-        color="tab:orange",
-        label="requests/s",
-    )
+    figure, (token_axis, request_axis) = plt.subplots(1, 2, figsize=(12, 4.8))
+    token_axis.plot(steps, [r.summary.output_throughput for r in runs], "o-", label="output")
+    token_axis.plot(steps, [r.summary.total_token_throughput for r in runs], "s-", label="total")
+    token_axis.set_ylabel("tokens/s")
+    token_axis.set_title("Token throughput vs concurrency")
+    request_axis.plot(steps, [r.summary.request_throughput for r in runs], "o-", label="requests/s")
+    goodput = [r.summary.goodput for r in runs]
+    if any(g is not None for g in goodput):
+        request_axis.plot(
+            steps,
+            [float("nan") if g is None else g for g in goodput],
+            "s--",
+            label="goodput (met every SLO)",
+        )
     request_axis.set_ylabel("requests/s")
-    _mark_plan_and_knee(token_axis, verdict)
-    _concurrency_axis(token_axis, steps)
-    token_axis.set_title("Throughput vs concurrency")
-    lines = token_axis.get_legend_handles_labels()
-    more = request_axis.get_legend_handles_labels()
-    token_axis.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", fontsize="small")
+    request_axis.set_title("Request throughput vs concurrency")
+    for axis in (token_axis, request_axis):
+        _mark_plan_and_knee(axis, verdict)
+        _concurrency_axis(axis, steps)
+        axis.set_ylim(bottom=0)
+        axis.legend(loc="upper left", fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
