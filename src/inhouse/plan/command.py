@@ -42,7 +42,9 @@ def plan(
         "Default: the checkpoint's own (a GGUF file's real tensor types).",
     ),
     kv_dtype: str = typer.Option(
-        "bf16", "--kv-dtype", help="KV cache dtype: bf16, fp16, fp8, int8."
+        "auto",
+        "--kv-dtype",
+        help="KV cache dtype: bf16, fp16, fp8, int8; auto follows --dtype (bf16 or fp16).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the numbers as JSON."),
     explain: bool = typer.Option(False, "--explain", help="Spell out the arithmetic."),
@@ -71,7 +73,7 @@ def plan(
             avg_context=avg_context,
             max_model_len=max_model_len,
             weights=weights,
-            kv_dtype=kv_dtype.strip().lower(),
+            kv_dtype=kv_dtype,
         )
         result = make_plan(load_model(model), inputs)
     except (PlanError, BundledModelMissing) as error:

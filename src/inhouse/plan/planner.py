@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from inhouse.plan import capacity
@@ -31,7 +32,7 @@ class PlanInputs:
     avg_context: int | None = None
     max_model_len: int | None = None
     weights: str | None = None  # a format name; None keeps the checkpoint's own
-    kv_dtype: str = "bf16"
+    kv_dtype: str = "auto"  # auto: the activation dtype, as vLLM's --kv-cache-dtype auto
     block_size: int = capacity.DEFAULT_BLOCK_SIZE
 
 
@@ -156,8 +157,19 @@ def _verdict(
     return ""
 
 
+def _kv_dtype(model: ModelSource, inputs: PlanInputs) -> str:
+    chosen = inputs.kv_dtype.strip().lower()
+    if chosen != "auto":
+        return chosen
+    name = inputs.weights or model.weights_format
+    if name == "gguf":
+        return "bf16"
+    return "fp16" if weight_format(name).activation_dtype == "float16" else "bf16"
+
+
 def make_plan(model: ModelSource, inputs: PlanInputs) -> Plan:
     """Compute the plan; a model that does not fit gives fits=False and a reason."""
+    inputs = dataclasses.replace(inputs, kv_dtype=_kv_dtype(model, inputs))
     _check(inputs)
     spec = model.spec
     gpu = find_gpu(inputs.gpu or DEFAULT_GPU) if inputs.gpu or not inputs.vram_bytes else None
