@@ -148,15 +148,14 @@ def test_does_not_fit_still_prints_json_for_machines() -> None:
     assert "DeepSeek-V3 does not fit" in result.stderr
 
 
-def test_planning_never_imports_torch() -> None:
+def test_inhouse_plan_never_imports_torch() -> None:
     code = (
-        "import sys, typer\n"
-        "from inhouse.plan.command import plan\n"
-        "app = typer.Typer(); app.command()(plan)\n"
+        "import sys\n"
+        "from inhouse.cli import app\n"
         "try:\n"
-        "    app(['llama-3.1-8b', '--json'])\n"
+        "    app(['plan', 'llama-3.1-8b', '--json'])\n"
         "except SystemExit as exit:\n"
         "    assert exit.code in (0, None), exit.code\n"
-        "assert 'torch' not in sys.modules\n"
+        "assert 'torch' not in sys.modules, 'inhouse plan imported torch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
