@@ -129,6 +129,11 @@ def test_tp_not_dividing_kv_heads(tmp_path: Path) -> None:
     assert_one_sentence_error(result, EXIT_BAD_INPUT, "does not divide the 8 KV heads")
 
 
+def test_average_context_beyond_the_model() -> None:
+    result = run("llama-2-70b", "--avg-context", "8000")
+    assert_one_sentence_error(result, EXIT_BAD_INPUT, "longer than the 4,096 positions")
+
+
 def test_model_that_does_not_fit() -> None:
     result = run("llama-3.1-70b", "--gpu", "rtx4090")
     assert_one_sentence_error(

@@ -188,10 +188,13 @@ def make_plan(model: ModelSource, inputs: PlanInputs) -> Plan:
             f"{spec.name} supports"
         )
     avg = inputs.avg_context or min(DEFAULT_AVG_CONTEXT, inputs.max_model_len or model_max)
-    if inputs.max_model_len and avg > inputs.max_model_len:
-        raise PlanError(
-            f"--avg-context {avg:,} is longer than --max-model-len {inputs.max_model_len:,}"
+    if avg > (inputs.max_model_len or model_max):
+        limit = (
+            f"--max-model-len {inputs.max_model_len:,}"
+            if inputs.max_model_len
+            else (f"the {model_max:,} positions {spec.name} supports")
         )
+        raise PlanError(f"--avg-context {avg:,} is longer than {limit}")
     longest = min(capacity.largest_context(spec, kv_budget, inputs.kv_dtype, inputs.tp), model_max)
     max_model_len = inputs.max_model_len or _default_max_model_len(model_max, avg, longest)
     kv_seq = capacity.kv_bytes_per_sequence(spec, avg, inputs.kv_dtype, inputs.tp)
