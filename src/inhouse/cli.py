@@ -7,6 +7,7 @@ import typer
 from inhouse import __version__
 from inhouse.bench.command import bench_app
 from inhouse.gateway.command import audit_command, gateway_command, keys_app
+from inhouse.gateway.up import up_command
 from inhouse.plan.command import plan
 
 app = typer.Typer(
@@ -27,6 +28,7 @@ app.add_typer(bench_app, name="bench")
 app.command("gateway")(gateway_command)
 app.add_typer(keys_app, name="keys")
 app.command("audit")(audit_command)
+app.command("up")(up_command)
 app.command("plan")(plan)
 
 

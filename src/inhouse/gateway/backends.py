@@ -131,7 +131,10 @@ class HealthChecker:
         await asyncio.gather(*(self.check(b) for b in self._backends))
 
     async def check(self, backend: Backend) -> None:
-        changed = await self._probe(backend)
+        try:
+            changed = await self._probe(backend)
+        except Exception as exc:  # a check must never kill the loop that runs them all
+            changed = backend.record_failure(self._settings, f"check failed: {exc!r}"[:200])
         backend.last_check = self._clock()
         if changed:
             self._on_change(backend)
@@ -168,7 +171,10 @@ class HealthChecker:
         except httpx.HTTPError:
             return
         if reply.status_code == 200:
-            backend.waiting, backend.kv_usage = read_load(reply.text)
+            try:
+                backend.waiting, backend.kv_usage = read_load(reply.text)
+            except ValueError:
+                backend.last_error = "unreadable /metrics"
 
 
 def read_load(metrics_text: str) -> tuple[float, float]:

@@ -86,10 +86,11 @@ class Gateway:
     async def authenticate(self, request: Request) -> ApiKey:
         header = request.headers.get("authorization", "")
         scheme, _, secret = header.partition(" ")
+        presented = secret.strip() if scheme.lower() == "bearer" else None
         try:
-            return await asyncio.to_thread(
-                self.keys.authenticate, secret.strip() if scheme.lower() == "bearer" else None
-            )
+            if self.keys.lookup_is_local:
+                return self.keys.authenticate(presented)
+            return await asyncio.to_thread(self.keys.authenticate, presented)
         except AuthError as err:
             raise authentication_error(AUTH_MESSAGES[err.reason]) from None
 

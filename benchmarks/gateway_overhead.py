@@ -1,0 +1,243 @@
+"""Gateway overhead: the same requests direct to a backend and through `inhouse gateway`.
+
+Method (everything on 127.0.0.1, each server its own process):
+- upstreams: a static OpenAI-shaped responder (a bare ASGI app that answers every
+  chat completion with the same 1-token reply, so the upstream is never the
+  bottleneck), and with --real also `inhouse serve` on the bundled model with
+  max_tokens=1;
+- latency: N sequential non-streamed requests, direct and through the gateway
+  interleaved one by one so both see the same machine noise; added latency is the
+  difference of the percentiles;
+- rate: a closed loop of C concurrent keep-alive clients for D seconds against the
+  static upstream, direct and through the gateway; the gateway key has no limits,
+  so every request does the full path (key lookup in SQLite, limits, routing,
+  proxying, audit row, metrics).
+
+    .venv/bin/python benchmarks/gateway_overhead.py [--real] [--requests 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from inhouse.gateway.config import load_config
+from inhouse.gateway.db import open_database
+from inhouse.gateway.keys import KeyStore, load_pepper
+from inhouse.gateway.up import free_port, inhouse_command
+
+REPLY = json.dumps(
+    {
+        "id": "cmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "static",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hi"},
+                "finish_reason": "length",
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
+    }
+).encode()
+BODY = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 1}
+
+
+async def static_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    """A bare ASGI OpenAI-shaped responder: health and a fixed 1-token completion."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    body = b'{"status":"ok"}' if scope["path"] == "/health" else REPLY
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def run_static(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(static_app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def wait_ready(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(url)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def latencies(
+    targets: dict[str, tuple[str, dict[str, str], str]], n: int
+) -> dict[str, list[float]]:
+    """Interleaved sequential requests; seconds per request per target."""
+    out: dict[str, list[float]] = {name: [] for name in targets}
+    with httpx.Client(timeout=60) as client:
+        for i in range(n + 20):
+            for name, (url, headers, model) in targets.items():
+                start = time.perf_counter()
+                reply = client.post(url, json={**BODY, "model": model}, headers=headers)
+                took = time.perf_counter() - start
+                reply.raise_for_status()
+                if i >= 20:  # warm-up
+                    out[name].append(took)
+    return out
+
+
+async def closed_loop(
+    url: str, headers: dict[str, str], model: str, clients: int, seconds: float
+) -> float:
+    """Requests per second sustained by `clients` concurrent keep-alive loops."""
+    done = 0
+    errors = 0
+    stop = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+
+        async def loop() -> None:
+            nonlocal done, errors
+            while time.perf_counter() < stop:
+                reply = await client.post(url, json={**BODY, "model": model}, headers=headers)
+                if reply.status_code == 200:
+                    done += 1
+                else:
+                    errors += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(clients)))
+        elapsed = time.perf_counter() - start
+    if errors:
+        print(f"  ({errors} non-200 answers from {url})")
+    return done / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=500, help="sequential requests per target")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent clients for the rate")
+    parser.add_argument("--seconds", type=float, default=8.0, help="duration of each rate run")
+    parser.add_argument("--real", action="store_true", help="also measure against inhouse serve")
+    parser.add_argument("--static-port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.static_port:
+        run_static(args.static_port)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        bench(args, Path(tmp))
+
+
+def bench(args: argparse.Namespace, tmp: Path) -> None:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        static_port, gateway_port, serve_port = free_port(), free_port(), free_port()
+        procs.append(
+            subprocess.Popen([sys.executable, __file__, "--static-port", str(static_port)])
+        )
+        static_url = f"http://127.0.0.1:{static_port}"
+        models = [
+            f'[[models]]\nname = "static"\n[[models.backends]]\nurl = "{static_url}"\n'
+            'kind = "openai"\n'
+        ]
+        if args.real:
+            serve = [*inhouse_command(), "serve", "--port", str(serve_port)]
+            procs.append(subprocess.Popen([*serve, "--embedding-model", "none"]))
+            serve_url = f"http://127.0.0.1:{serve_port}"
+            models.append(
+                f'[[models]]\nname = "smol"\n[[models.backends]]\nurl = "{serve_url}"\n'
+                'model = "SmolLM2-135M-Instruct"\n'
+            )
+        config_path = tmp / "gateway.toml"
+        config_path.write_text(
+            f'[gateway]\nport = {gateway_port}\ndatabase = "sqlite:///{tmp / "gw.db"}"\n'
+            "[health]\ninterval_s = 30\n" + "".join(models)
+        )
+        config = load_config(config_path)
+        _, secret = KeyStore(open_database(config.database), load_pepper(config)).create("bench")
+        gateway = [*inhouse_command(), "gateway", "--config", str(config_path)]
+        procs.append(
+            subprocess.Popen(gateway, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        )
+        gateway_url = f"http://127.0.0.1:{gateway_port}"
+        wait_ready(f"{static_url}/health", 30)
+        if args.real:
+            wait_ready(f"{serve_url}/health", 300)
+        wait_until_routable(gateway_url, secret, ["static"] + (["smol"] if args.real else []))
+        report(args, static_url, gateway_url, secret, serve_url if args.real else None)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=20)
+
+
+def wait_until_routable(gateway_url: str, secret: str, models: list[str]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            health = httpx.get(f"{gateway_url}/health", timeout=2).json()
+            if all(health["models"][m]["status"] == "up" for m in models):
+                return
+        except (httpx.HTTPError, KeyError, ValueError):
+            pass
+        time.sleep(0.3)
+    raise TimeoutError("gateway backends never came up")
+
+
+def report(
+    args: argparse.Namespace, static_url: str, gateway_url: str, secret: str, serve_url: str | None
+) -> None:
+    auth = {"Authorization": f"Bearer {secret}"}
+    chat = "/v1/chat/completions"
+    pairs = [("static", static_url, "static")]
+    if serve_url:
+        pairs.append(("inhouse serve", serve_url, "SmolLM2-135M-Instruct"))
+    print(f"Added latency, {args.requests} sequential non-streamed requests each (max_tokens=1):")
+    print(
+        f"{'upstream':<15}{'direct p50':>12}{'gateway p50':>13}{'added p50':>11}{'added p99':>11}"
+    )
+    for label, url, upstream_model in pairs:
+        model = "static" if label == "static" else "smol"
+        times = latencies(
+            {
+                "direct": (url + chat, {}, upstream_model),
+                "gateway": (gateway_url + chat, auth, model),
+            },
+            args.requests,
+        )
+        d50, g50 = statistics.median(times["direct"]), statistics.median(times["gateway"])
+        added99 = percentile(times["gateway"], 0.99) - percentile(times["direct"], 0.99)
+        print(
+            f"{label:<15}{d50 * 1e3:>10.2f}ms{g50 * 1e3:>11.2f}ms"
+            f"{(g50 - d50) * 1e3:>9.2f}ms{added99 * 1e3:>9.2f}ms"
+        )
+    direct = asyncio.run(closed_loop(static_url + chat, {}, "static", args.clients, args.seconds))
+    via = asyncio.run(closed_loop(gateway_url + chat, auth, "static", args.clients, args.seconds))
+    print(f"\nRate, {args.clients} concurrent clients for {args.seconds:.0f}s, static upstream:")
+    print(f"  direct   {direct:8.0f} req/s")
+    print(f"  gateway  {via:8.0f} req/s   ({via / direct:.2f}x of direct)")
+
+
+if __name__ == "__main__":
+    main()
