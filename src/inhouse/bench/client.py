@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from typing import Any
 
-import httpx
-
+from inhouse.bench.http1 import Http1Client
 from inhouse.bench.requests import ENDPOINT_PATHS, BenchRequest, RequestRecord
-
-# httpx writes a request's headers and body in separate sends; with Nagle's algorithm on, the
-# body then waits for the server's delayed ACK (~40 ms on Linux), which would land in TTFT.
-NO_DELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
 def normalize_base_url(url: str) -> str:
@@ -98,7 +92,8 @@ def _choice_text(choice: dict[str, Any]) -> str:
 
 
 class StreamingClient:
-    """Sends benchmark requests to an OpenAI-compatible server over one pooled connection set."""
+    """Sends benchmark requests to an OpenAI-compatible server over pooled keep-alive
+    connections, timestamping every chunk as its bytes arrive."""
 
     def __init__(
         self,
@@ -112,12 +107,10 @@ class StreamingClient:
         self.model = model
         self.timeout = timeout
         self.sampling = dict(sampling or {})
-        self._http = httpx.AsyncClient(
-            base_url=normalize_base_url(base_url),
-            headers=auth_headers(api_key),
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-            transport=httpx.AsyncHTTPTransport(socket_options=NO_DELAY),
+        self._http = Http1Client(
+            normalize_base_url(base_url),
+            {"accept": "text/event-stream", **auth_headers(api_key)},
+            connect_timeout=min(timeout, 10.0),
         )
 
     async def __aenter__(self) -> StreamingClient:
@@ -127,7 +120,7 @@ class StreamingClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
+        """Close the idle connections."""
         await self._http.aclose()
 
     def body(self, request: BenchRequest) -> dict[str, Any]:
@@ -150,6 +143,8 @@ class StreamingClient:
 
         `start` is seconds since `clock_zero`; TTFT, E2E and chunk times are seconds since start.
         """
+        payload = json.dumps(self.body(request)).encode()
+        path = ENDPOINT_PATHS[request.endpoint]
         sent_at = time.perf_counter()
         record = RequestRecord(
             index=request.index,
@@ -159,26 +154,21 @@ class StreamingClient:
         state = _StreamState(record, sent_at)
         last_byte = sent_at
         try:
-            async with asyncio.timeout(self.timeout):
-                path = ENDPOINT_PATHS[request.endpoint]
-                async with self._http.stream("POST", path, json=self.body(request)) as response:
-                    record.status = response.status_code
-                    if response.status_code != 200:
-                        message = error_message(await response.aread())
-                        record.error = f"http: {message}"
-                    else:
-                        async for data in response.aiter_bytes():
-                            last_byte = time.perf_counter()
-                            state.feed(data, last_byte)
-                    last_byte = time.perf_counter()
+            async with asyncio.timeout(self.timeout), self._http.post(path, payload) as response:
+                record.status = response.status
+                if response.status != 200:
+                    record.error = f"http: {error_message(await response.read())}"
+                else:
+                    async for data in response.iter_body():
+                        last_byte = time.perf_counter()
+                        state.feed(data, last_byte)
+                last_byte = time.perf_counter()
         except TimeoutError:
             record.error = f"timeout: no complete answer within {self.timeout:g} s"
-        except httpx.TimeoutException as exc:
-            record.error = f"timeout: {type(exc).__name__}"
-        except httpx.TransportError as exc:
+        except OSError as exc:
             record.error = f"connection: {type(exc).__name__}: {exc}"
         except ValueError as exc:
-            record.error = f"stream: unreadable event ({exc})"
+            record.error = f"stream: unreadable response ({exc})"
         record.e2e = last_byte - sent_at
         if record.ok and not state.done:
             record.error = "stream: ended before data: [DONE]"
