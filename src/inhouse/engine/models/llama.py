@@ -208,7 +208,7 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         logit_rows: torch.Tensor,
     ) -> torch.Tensor:
-        """Float32 logits at ``logit_rows``; ``kv_caches``: ``[layers, 2, slots, kv_heads, dim]``."""
+        """Float32 logits at ``logit_rows``; ``kv_caches``: ``[layers, 2, slots, heads, dim]``."""
         h = self.embed_tokens(input_ids)
         cos = self.rope_cos[positions].to(h.dtype)[:, None, :]
         sin = self.rope_sin[positions].to(h.dtype)[:, None, :]
