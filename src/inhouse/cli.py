@@ -9,6 +9,7 @@ from inhouse.bench.command import bench_app
 from inhouse.gateway.command import audit_command, gateway_command, keys_app
 from inhouse.gateway.up import up_command
 from inhouse.plan.command import plan
+from inhouse.server.serve import serve_command
 
 app = typer.Typer(
     name="inhouse",
@@ -30,6 +31,7 @@ app.add_typer(keys_app, name="keys")
 app.command("audit")(audit_command)
 app.command("up")(up_command)
 app.command("plan")(plan)
+app.command("serve")(serve_command)
 
 
 @app.command()

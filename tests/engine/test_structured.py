@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer
 
 from inhouse.bundled import default_chat_model
-from inhouse.engine.structured import GrammarCompiler, GrammarError
+from inhouse.engine.structured import GrammarCompiler, GrammarError, bounded
 
 SCHEMAS = json.loads((Path(__file__).parents[1] / "data" / "json_schemas.json").read_text())
 MAX_STEPS = 300
@@ -106,3 +106,25 @@ def test_schemas_that_cannot_be_compiled_raise_grammar_error(
 ) -> None:
     with pytest.raises(GrammarError):
         compiler.json_schema(schema)
+
+
+def test_bounded_closes_open_strings_and_arrays_only() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "free": {"type": "string"},
+            "long": {"type": "string", "minLength": 500},
+            "code": {"type": "string", "pattern": "^[A-Z]+$"},
+            "tags": {"type": "array", "items": {"type": ["string", "null"]}},
+            "fixed": {"const": {"type": "string"}},
+        },
+    }
+    out = bounded(schema, max_string_length=10, max_items=4)
+    props = out["properties"]
+    assert props["free"]["maxLength"] == 10
+    assert props["long"]["maxLength"] == 500
+    assert "maxLength" not in props["code"]
+    assert props["tags"]["maxItems"] == 4
+    assert props["tags"]["items"]["maxLength"] == 10
+    assert props["fixed"] == {"const": {"type": "string"}}
+    assert "maxLength" not in schema["properties"]["free"]  # the input is not modified

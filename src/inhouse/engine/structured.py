@@ -19,7 +19,32 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
-ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+_KEY = {"maxLength": 64}
+_SCALAR = {"type": ["string", "number", "boolean", "null"]}
+# ``json_object`` mode: an object up to two levels deep, at most 16 keys per object.
+ANY_JSON_OBJECT: dict[str, Any] = {
+    "type": "object",
+    "maxProperties": 16,
+    "propertyNames": _KEY,
+    "additionalProperties": {
+        "anyOf": [
+            _SCALAR,
+            {"type": "array", "items": _SCALAR},
+            {
+                "type": "object",
+                "maxProperties": 16,
+                "propertyNames": _KEY,
+                "additionalProperties": _SCALAR,
+            },
+        ]
+    },
+}
+# Bounds added where a schema leaves strings or arrays open, so a small model that
+# repeats itself still has to close the JSON; anything within them validates.
+DEFAULT_MAX_STRING_LENGTH = 256
+DEFAULT_MAX_ITEMS = 64
+_LITERAL_KEYS = frozenset({"const", "enum", "default", "examples"})
+_STRING_LIMITS = ("maxLength", "enum", "const", "pattern", "format")
 
 
 class GrammarError(ValueError):
@@ -73,19 +98,30 @@ class CompiledGuide:
 class GrammarCompiler:
     """Compiles JSON schemas against one tokenizer (thread-safe; compiled grammars are cached)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Iterable[int],
+        max_string_length: int = DEFAULT_MAX_STRING_LENGTH,
+        max_items: int = DEFAULT_MAX_ITEMS,
+    ) -> None:
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)
         )
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         self._vocab_size = vocab_size
+        self._max_string_length = max_string_length
+        self._max_items = max_items
 
     def json_schema(self, schema: dict[str, Any], strict: bool = True) -> CompiledGuide:
         """Grammar of the JSON documents that validate against ``schema``.
 
         ``strict`` forbids properties the schema does not name (OpenAI's strict mode);
         without it, extra properties are allowed wherever the schema allows them.
+        Open strings and arrays get the compiler's bounds (see :func:`bounded`).
         """
+        schema = bounded(schema, self._max_string_length, self._max_items)
         try:
             compiled = self._compiler.compile_json_schema(
                 json.dumps(schema), any_whitespace=False, strict_mode=strict
@@ -97,6 +133,29 @@ class GrammarCompiler:
     def json_object(self) -> CompiledGuide:
         """Grammar of any JSON object (``response_format: json_object``)."""
         return self.json_schema(ANY_JSON_OBJECT, strict=False)
+
+
+def bounded(schema: Any, max_string_length: int, max_items: int) -> Any:
+    """A copy of ``schema`` where unbounded strings get ``maxLength`` and arrays ``maxItems``.
+
+    Strings already limited by length, enum, const, pattern or format keep their
+    limits; a ``minLength``/``minItems`` above the default raises the bound to it.
+    """
+    if isinstance(schema, list):
+        return [bounded(item, max_string_length, max_items) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {
+        key: value if key in _LITERAL_KEYS else bounded(value, max_string_length, max_items)
+        for key, value in schema.items()
+    }
+    types = out.get("type")
+    types = types if isinstance(types, list) else [types]
+    if "string" in types and not any(k in out for k in _STRING_LIMITS):
+        out["maxLength"] = max(max_string_length, int(out.get("minLength", 0)))
+    if "array" in types and "maxItems" not in out:
+        out["maxItems"] = max(max_items, int(out.get("minItems", 0)))
+    return out
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,58 @@
+"""The FastAPI app factory: routes, error handlers, body limit, background model loading."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI
+
+from inhouse.server.context import ServerContext
+from inhouse.server.errors import BodySizeLimit, install_error_handlers
+from inhouse.server.routes import chat, completions, embeddings, info
+
+log = logging.getLogger(__name__)
+
+Loader = Callable[[ServerContext], None]
+
+
+def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
+    """An app over ``ctx``. ``load`` fills ``ctx`` in a thread after start-up; until it
+    finishes, /health says 503 and model routes answer 503."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_load(ctx, load)) if load else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+            if ctx.engine is not None:
+                await ctx.engine.shutdown()
+
+    app = FastAPI(
+        title="inhouse",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.context = ctx
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=ctx.config.max_body_bytes)
+    for module in (chat, completions, embeddings):
+        app.include_router(module.router)
+    app.include_router(info.router)
+    app.include_router(info.authorized)
+    return app
+
+
+async def _load(ctx: ServerContext, load: Loader) -> None:
+    try:
+        await asyncio.to_thread(load, ctx)
+    except Exception as exc:
+        log.exception("loading the model failed")
+        ctx.load_error = f"Loading the model failed: {exc}"

@@ -1,0 +1,83 @@
+"""What the routes need, in one object per app: config, engine (once loaded), helpers."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from inhouse.api.errors import APIError, not_found, service_unavailable
+from inhouse.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from inhouse.engine.async_engine import AsyncEngine
+    from inhouse.engine.structured import GrammarCompiler
+    from inhouse.server.chat_template import ChatRenderer
+    from inhouse.server.embeddings import Embedder
+
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    """The server's own settings (the engine's are in ``EngineConfig``)."""
+
+    served_model_name: str | None = None
+    api_key: str | None = None
+    chat_template: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    embedding_model: Path | None = None
+    embedding_model_name: str | None = None
+
+
+@dataclass(slots=True)
+class ServerContext:
+    """Shared state of one app. ``engine`` is None until loading finishes."""
+
+    config: ServerConfig
+    metrics: ServerMetrics
+    model_name: str
+    engine: AsyncEngine | None = None
+    renderer: ChatRenderer | None = None
+    grammars: GrammarCompiler | None = None
+    embedder: Embedder | None = None
+    load_error: str | None = None
+    started_at: int = field(default_factory=lambda: int(time.time()))
+
+    @classmethod
+    def create(cls, config: ServerConfig, model_name: str) -> ServerContext:
+        """A context whose metrics read the engine's stats once it is loaded."""
+        ctx = cls(config=config, metrics=None, model_name=model_name)  # type: ignore[arg-type]
+        ctx.metrics = ServerMetrics(model_name, lambda: ctx.engine.stats() if ctx.engine else None)
+        return ctx
+
+    def require_engine(self) -> AsyncEngine:
+        """The engine, or a 503 while it is still loading (or failed to load)."""
+        if self.engine is None:
+            raise service_unavailable(self.load_error or "The model is still loading; retry soon.")
+        return self.engine
+
+    def check_model(self, requested: str | None) -> None:
+        """404 when the request names a model this server does not serve."""
+        if requested is not None and requested != self.model_name:
+            raise not_found(
+                f"The model {requested!r} does not exist; this server serves {self.model_name!r}.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def check_embedding_model(self, requested: str | None) -> Embedder:
+        """The embedder for ``requested`` (or the default), or a 404/400."""
+        if self.embedder is None:
+            raise APIError(
+                400, "This server has no embedding model (started with --embedding-model none)."
+            )
+        if requested is not None and requested != self.embedder.name:
+            raise not_found(
+                f"The model {requested!r} does not exist; embeddings are served by "
+                f"{self.embedder.name!r}.",
+                param="model",
+                code="model_not_found",
+            )
+        return self.embedder

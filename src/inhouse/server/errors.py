@@ -1,0 +1,112 @@
+"""Every failure as OpenAI's error body: exception handlers and the body-size limit."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inhouse.api.errors import APIError, invalid_request, not_found, payload_too_large, server_error
+
+log = logging.getLogger(__name__)
+
+
+def error_response(error: APIError) -> JSONResponse:
+    """The JSON response for an :class:`APIError`."""
+    return JSONResponse(error.body().model_dump(), status_code=error.status_code)
+
+
+def validation_error(exc: RequestValidationError) -> APIError:
+    """A 400 naming the first offending field in plain words, without pydantic's internals."""
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return invalid_request("The request body is not valid JSON.")
+    if kind == "missing" and not loc:
+        return invalid_request("The request needs a JSON body.")
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    param = ".".join(loc) or None
+    if kind == "missing":
+        message = f"'{param}' is a required property."
+    elif param:
+        message = f"Invalid value for '{param}': {message}"
+    return invalid_request(message, param=loc[0] if loc else None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every exception type to an OpenAI error body; unknown ones become a logged 500."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return error_response(not_found(f"Route {request.url.path} not found."))
+        if exc.status_code == 405:
+            error = APIError(405, f"Method {request.method} is not allowed on {request.url.path}.")
+            return error_response(error)
+        return error_response(APIError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(server_error())
+
+
+class BodySizeLimit:
+    """ASGI middleware: answer 413 once a request body passes ``max_bytes``."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.max_bytes:
+                await self._reject(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        # No trustworthy length (chunked upload): read the body here, then replay it.
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                await self._reject(scope, receive, send)
+                return
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await error_response(payload_too_large(self.max_bytes))(scope, receive, send)

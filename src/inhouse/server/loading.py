@@ -1,0 +1,43 @@
+"""Building what a ``ServerContext`` serves: engine, chat renderer, grammars, embedder."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from inhouse.engine.async_engine import AsyncEngine
+from inhouse.engine.config import EngineConfig
+from inhouse.engine.structured import GrammarCompiler
+from inhouse.server.chat_template import ChatRenderer
+from inhouse.server.context import ServerContext
+from inhouse.server.embeddings import Embedder
+
+log = logging.getLogger(__name__)
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """``--chat-template``: a file path, or the Jinja template text itself."""
+    if value is None:
+        return None
+    path = Path(value)
+    return path.read_text() if path.is_file() else value
+
+
+class ContextLoader:
+    """Loads the model and helpers into a context (run in a thread by the app)."""
+
+    def __init__(self, engine_config: EngineConfig) -> None:
+        self.engine_config = engine_config
+
+    def __call__(self, ctx: ServerContext) -> None:
+        engine = AsyncEngine(self.engine_config)
+        loaded = engine.loaded
+        template = read_chat_template(ctx.config.chat_template) or loaded.chat_template
+        ctx.renderer = ChatRenderer(loaded.tokenizer, template, ctx.model_name)
+        ctx.grammars = GrammarCompiler(
+            loaded.tokenizer, int(loaded.hf_config.vocab_size), loaded.eos_token_ids
+        )
+        if ctx.config.embedding_model is not None:
+            ctx.embedder = Embedder(ctx.config.embedding_model, ctx.config.embedding_model_name)
+        engine.start()
+        ctx.engine = engine

@@ -1,0 +1,160 @@
+"""``POST /v1/completions``: the legacy text-completion endpoint, whole and streamed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from inhouse.api.common import PromptTokensDetails, Usage
+from inhouse.api.completions import Completion, CompletionChoice, CompletionRequest
+from inhouse.engine.outputs import RequestOutput
+from inhouse.engine.sampling import SamplingParams
+from inhouse.server.context import ServerContext
+from inhouse.server.generation import collect, generate, request_id
+from inhouse.server.logprobs import completion_logprobs
+from inhouse.server.routes.deps import context, require_api_key
+from inhouse.server.sampling import sampling_params
+from inhouse.server.sse import sse_response
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+@router.post("/v1/completions", response_model=None)
+async def create_completion(
+    body: CompletionRequest, ctx: ServerContext = Depends(context)
+) -> JSONResponse | StreamingResponse:
+    """OpenAI's legacy completions; a batch of prompts gives ``len(prompts) * n`` choices."""
+    ctx.check_model(body.model)
+    engine = ctx.require_engine()
+    prompts = [
+        p if isinstance(p, list) else engine.tokenizer.encode(p, add_special_tokens=True)
+        for p in body.prompts()
+    ]
+    params = sampling_params(body, max_tokens=body.max_tokens, logprobs=body.logprobs)
+    rid = request_id("cmpl")
+    rids = [f"{rid}-{k}" for k in range(len(prompts))]
+    echoes = [engine.tokenizer.decode(p) if body.echo else "" for p in prompts]
+    if body.stream:
+        streams = [
+            generate(ctx, r, p, params, body.cache_salt) for r, p in zip(rids, prompts, strict=True)
+        ]
+        try:  # bad input fails here, as a 400 before any byte is sent
+            firsts = [await anext(s) for s in streams]
+        except BaseException:
+            for stream in streams:
+                await stream.aclose()
+            raise
+        return sse_response(_chunks(ctx, body, params, rid, echoes, firsts, streams))
+    results = await asyncio.gather(
+        *(collect(ctx, r, p, params, body.cache_salt) for r, p in zip(rids, prompts, strict=True))
+    )
+    choices = []
+    for k, result in enumerate(results):
+        for i, choice in enumerate(result.choices):
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = completion_logprobs(choice.logprobs, len(echoes[k]))
+            choices.append(
+                CompletionChoice(
+                    index=k * params.n + i,
+                    text=echoes[k] + choice.text,
+                    logprobs=logprobs,
+                    finish_reason=choice.finish_reason,
+                )
+            )
+    prompt_tokens = sum(r.num_prompt_tokens for r in results)
+    generated = sum(r.num_generated_tokens for r in results)
+    cached = sum(r.num_cached_tokens for r in results)
+    response = Completion(
+        id=rid,
+        created=int(time.time()),
+        model=ctx.model_name,
+        choices=choices,
+        usage=_usage(prompt_tokens, generated, cached),
+    )
+    return JSONResponse(response.model_dump(exclude_none=True))
+
+
+def _usage(prompt: int, generated: int, cached: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=generated,
+        total_tokens=prompt + generated,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
+
+
+async def _merged(
+    firsts: list[RequestOutput], streams: list[AsyncIterator[RequestOutput]]
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of several requests as they come, tagged with the request's position."""
+    queue: asyncio.Queue[tuple[int, RequestOutput | None]] = asyncio.Queue()
+
+    async def pump(k: int, first: RequestOutput, stream: AsyncIterator[RequestOutput]) -> None:
+        await queue.put((k, first))
+        if not first.finished:
+            async for output in stream:
+                await queue.put((k, output))
+        await queue.put((k, None))
+
+    tasks = [
+        asyncio.create_task(pump(k, f, s))
+        for k, (f, s) in enumerate(zip(firsts, streams, strict=True))
+    ]
+    try:
+        running = len(tasks)
+        while running:
+            k, output = await queue.get()
+            if output is None:
+                running -= 1
+                continue
+            yield k, output
+        for task in tasks:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            await stream.aclose()
+
+
+async def _chunks(
+    ctx: ServerContext,
+    body: CompletionRequest,
+    params: SamplingParams,
+    rid: str,
+    echoes: list[str],
+    firsts: list[RequestOutput],
+    streams: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[Completion]:
+    created = int(time.time())
+    offsets = {(k, i): len(echoes[k]) for k in range(len(echoes)) for i in range(params.n)}
+    echoed: set[tuple[int, int]] = set()
+    prompt_tokens = {k: f.num_prompt_tokens for k, f in enumerate(firsts)}
+    cached = {k: f.num_cached_tokens for k, f in enumerate(firsts)}
+    generated = 0
+    async for k, output in _merged(firsts, streams):
+        for delta in output.outputs:
+            generated += len(delta.token_ids)
+            key = (k, delta.index)
+            echo = "" if key in echoed else echoes[k]
+            echoed.add(key)
+            logprobs = None
+            if body.logprobs is not None and delta.logprobs:
+                logprobs = completion_logprobs(delta.logprobs, offsets[key])
+            offsets[key] += len(delta.text)
+            choice = CompletionChoice(
+                index=k * params.n + delta.index,
+                text=echo + delta.text,
+                logprobs=logprobs,
+                finish_reason=delta.finish_reason,
+            )
+            yield Completion(id=rid, created=created, model=ctx.model_name, choices=[choice])
+    options = body.stream_options
+    if options is not None and options.include_usage:
+        usage = _usage(sum(prompt_tokens.values()), generated, sum(cached.values()))
+        yield Completion(id=rid, created=created, model=ctx.model_name, choices=[], usage=usage)

@@ -1,0 +1,26 @@
+"""FastAPI dependencies shared by the routes: the app's context and the API key check."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request
+
+from inhouse.api.errors import authentication_error
+from inhouse.server.context import ServerContext
+
+
+def context(request: Request) -> ServerContext:
+    """The app's :class:`ServerContext`."""
+    return request.app.state.context
+
+
+def require_api_key(request: Request) -> None:
+    """401 unless ``Authorization: Bearer <key>`` matches ``--api-key`` (when one is set)."""
+    expected = context(request).config.api_key
+    if expected is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), expected):
+        raise authentication_error()

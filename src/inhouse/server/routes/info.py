@@ -1,0 +1,117 @@
+"""Operational endpoints: models, health, version, metrics, tokenize and detokenize."""
+
+from __future__ import annotations
+
+import hashlib
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from inhouse import __version__
+from inhouse.api.errors import invalid_request
+from inhouse.api.models import ModelCard, ModelList
+from inhouse.api.tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from inhouse.server.chat_template import template_sha256
+from inhouse.server.context import ServerContext
+from inhouse.server.routes.deps import context, require_api_key
+
+router = APIRouter()
+authorized = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+@router.get("/health")
+async def health(ctx: ServerContext = Depends(context)) -> JSONResponse:
+    """200 when the model is loaded, 503 while it loads (or if loading failed)."""
+    if ctx.engine is None:
+        status = "failed" if ctx.load_error else "loading"
+        return JSONResponse({"status": status, "detail": ctx.load_error}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/metrics")
+async def metrics(ctx: ServerContext = Depends(context)) -> Response:
+    """Prometheus exposition of the engine and request metrics."""
+    return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/version")
+async def version(ctx: ServerContext = Depends(context)) -> dict:
+    """inhouse version, model identity and hashes of tokenizer and chat template."""
+    info: dict = {"version": __version__, "served_model_name": ctx.model_name}
+    engine = ctx.engine
+    if engine is not None:
+        loaded = engine.loaded
+        tokenizer_file = loaded.hf_folder / "tokenizer.json"
+        info |= {
+            "model_id": loaded.model_id,
+            "model_source": str(loaded.source_path),
+            "model_sha256": loaded.source_sha256,
+            "tokenizer_sha256": _file_sha256(tokenizer_file) if tokenizer_file.is_file() else None,
+            "chat_template_sha256": template_sha256(
+                ctx.renderer.template if ctx.renderer else None
+            ),
+            "dtype": str(loaded.dtype).removeprefix("torch."),
+            "device": str(loaded.device),
+            "max_model_len": engine.max_model_len,
+        }
+    if ctx.embedder is not None:
+        info["embedding_model"] = ctx.embedder.name
+    return info
+
+
+def _file_sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@authorized.get("/v1/models")
+async def list_models(ctx: ServerContext = Depends(context)) -> ModelList:
+    """The chat model (and the embedding model, when there is one)."""
+    engine = ctx.require_engine()
+    cards = [
+        ModelCard(
+            id=ctx.model_name,
+            created=ctx.started_at,
+            root=engine.model_id,
+            max_model_len=engine.max_model_len,
+        )
+    ]
+    if ctx.embedder is not None:
+        cards.append(ModelCard(id=ctx.embedder.name, created=ctx.started_at))
+    return ModelList(data=cards)
+
+
+@authorized.post("/tokenize")
+async def tokenize(
+    body: TokenizeRequest, ctx: ServerContext = Depends(context)
+) -> TokenizeResponse:
+    """Token ids of a prompt, or of chat messages rendered through the template."""
+    ctx.check_model(body.model)
+    engine = ctx.require_engine()
+    if (body.prompt is None) == (body.messages is None):
+        raise invalid_request("Give exactly one of 'prompt' and 'messages'.", param="prompt")
+    if body.messages is not None:
+        assert ctx.renderer is not None
+        text = ctx.renderer.render(body.messages, add_generation_prompt=body.add_generation_prompt)
+        tokens = engine.tokenizer.encode(text, add_special_tokens=False)
+    else:
+        tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    return TokenizeResponse(count=len(tokens), max_model_len=engine.max_model_len, tokens=tokens)
+
+
+@authorized.post("/detokenize")
+async def detokenize(
+    body: DetokenizeRequest, ctx: ServerContext = Depends(context)
+) -> DetokenizeResponse:
+    """The text of token ids."""
+    ctx.check_model(body.model)
+    engine = ctx.require_engine()
+    vocab = len(engine.tokenizer)
+    if any(t >= vocab for t in body.tokens):
+        raise invalid_request(f"Token ids must be in [0, {vocab}).", param="tokens")
+    return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens))

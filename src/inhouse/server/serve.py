@@ -1,0 +1,128 @@
+"""``inhouse serve``: the OpenAI-compatible server over the engine, flags in vLLM's spelling.
+
+Heavy imports (torch, the engine, uvicorn) happen inside the command, so the CLI stays
+fast for other subcommands.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from inhouse.server.context import DEFAULT_MAX_BODY_BYTES
+
+DEFAULT_EMBEDDING_NAME = "all-MiniLM-L6-v2"
+
+
+def serve_command(
+    model: Annotated[
+        str | None, typer.Argument(help="HF folder or GGUF file; omit for bundled SmolLM2.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="Model name clients use (default: the model id).")
+    ] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Longest prompt + output.")] = None,
+    max_num_seqs: Annotated[int, typer.Option(help="Most sequences per batch.")] = 64,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Token budget per step.")] = 2048,
+    kv_cache_memory: Annotated[
+        str | None, typer.Option(help="KV cache budget, e.g. 256MiB (default: share of free).")
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    enable_prefix_caching: Annotated[
+        bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")
+    ] = True,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="INHOUSE_API_KEY", help="Require this bearer key.")
+    ] = None,
+    chat_template: Annotated[
+        str | None, typer.Option(help="Chat template: a Jinja file or the template text.")
+    ] = None,
+    embedding_model: Annotated[
+        str | None, typer.Option(help="Embedding model folder, or 'none' (default: MiniLM).")
+    ] = None,
+    max_request_body: Annotated[
+        int, typer.Option(help="Largest request body in bytes (413 above).")
+    ] = DEFAULT_MAX_BODY_BYTES,
+    seed: Annotated[int | None, typer.Option(help="Engine seed for unseeded requests.")] = None,
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API."""
+    import uvicorn
+
+    from inhouse.bundled import default_embedding_model
+    from inhouse.engine.config import EngineConfig
+    from inhouse.plan.units import parse_bytes
+    from inhouse.server.app import build_app
+    from inhouse.server.context import ServerConfig, ServerContext
+    from inhouse.server.loading import ContextLoader
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    engine_config = EngineConfig(
+        model=model,
+        dtype=dtype,
+        device=device,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        kv_cache_memory=parse_bytes(kv_cache_memory) if kv_cache_memory else None,
+        enable_prefix_caching=enable_prefix_caching,
+        seed=seed,
+    )
+    if embedding_model == "none":
+        embedding_path, embedding_name = None, None
+    elif embedding_model is None:
+        embedding_path, embedding_name = default_embedding_model(), DEFAULT_EMBEDDING_NAME
+    else:
+        embedding_path, embedding_name = Path(embedding_model), Path(embedding_model).name
+    name = served_model_name or _default_model_name(model)
+    config = ServerConfig(
+        served_model_name=name,
+        api_key=api_key,
+        chat_template=chat_template,
+        max_body_bytes=max_request_body,
+        embedding_model=embedding_path,
+        embedding_model_name=embedding_name,
+    )
+    ctx = ServerContext.create(config, name)
+    app = build_app(ctx, ContextLoader(engine_config))
+    threading.Thread(target=_announce, args=(ctx, host, port), daemon=True).start()
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+
+
+def _default_model_name(model: str | None) -> str:
+    from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME
+
+    if model is None:
+        return DEFAULT_CHAT_MODEL_NAME
+    path = Path(model)
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
+def _announce(ctx, host: str, port: int) -> None:
+    """Print the capacity table and the URL once the model is loaded."""
+    typer.echo(f"inhouse serve: loading {ctx.model_name} ... (/health answers 503 until ready)")
+    while ctx.engine is None and ctx.load_error is None:
+        time.sleep(0.2)
+    if ctx.load_error:
+        typer.echo(ctx.load_error, err=True)
+        return
+    budget = ctx.engine.engine.budget
+    rows = [
+        ("model", ctx.model_name),
+        ("max model len", f"{budget.max_model_len} tokens"),
+        ("KV cache", f"{budget.kv_cache_memory / 2**20:.1f} MiB"),
+        ("KV blocks", f"{budget.num_blocks} x {budget.block_size} tokens"),
+        ("KV tokens", f"{budget.num_tokens}"),
+        ("max concurrency", f"{budget.max_concurrency:.2f}x at {budget.max_model_len} tokens"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        typer.echo(f"  {key:<{width}}  {value}")
+    typer.echo(f"Serving on http://{host}:{port}/v1  (OpenAI-compatible; Ctrl-C to stop)")
