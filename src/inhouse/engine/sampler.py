@@ -34,6 +34,7 @@ class Sampler:
         self._seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
 
+    @torch.inference_mode()
     def __call__(
         self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: Collection[int]
     ) -> list[SampledToken]:

@@ -1,0 +1,83 @@
+"""What the KV budget buys: blocks, tokens, concurrency at max_model_len, logged at start."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from inhouse.engine.config import MAX_DEFAULT_MODEL_LEN, EngineConfig, default_kv_cache_memory
+from inhouse.engine.errors import EngineConfigError
+from inhouse.plan.capacity import kv_bytes_per_token as plan_kv_bytes_per_token
+from inhouse.plan.capacity import kv_cache_capacity
+from inhouse.plan.spec import spec_from_hf_config
+
+if TYPE_CHECKING:
+    from inhouse.engine.models.loader import LoadedModel
+
+log = logging.getLogger(__name__)
+
+BF16_BYTES = 2
+
+
+@dataclass(slots=True, frozen=True)
+class KVBudget:
+    """The KV cache the engine allocates and the max_model_len it can always serve."""
+
+    kv_cache_memory: int
+    kv_bytes_per_token: int
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_concurrency(self) -> float:
+        return self.num_blocks / -(-self.max_model_len // self.block_size)
+
+
+def kv_bytes_per_token(config_dict: dict, element_size: int) -> int:
+    """K and V of every layer for one token, from ``inhouse.plan`` (which knows 16-bit
+    and smaller KV dtypes; a float32 cache costs twice bf16)."""
+    bf16 = plan_kv_bytes_per_token(spec_from_hf_config(config_dict), "bf16")
+    return bf16 // BF16_BYTES * element_size
+
+
+def plan_kv_budget(config: EngineConfig, loaded: LoadedModel) -> KVBudget:
+    """Size the KV cache from the config; lower a defaulted max_model_len to what fits."""
+    model_max = int(loaded.config_dict.get("max_position_embeddings") or MAX_DEFAULT_MODEL_LEN)
+    if config.max_model_len is not None and config.max_model_len > model_max:
+        raise EngineConfigError(
+            f"max_model_len {config.max_model_len} exceeds the model's "
+            f"max_position_embeddings {model_max}"
+        )
+    max_model_len = config.max_model_len or min(model_max, MAX_DEFAULT_MODEL_LEN)
+    memory = config.kv_cache_memory or default_kv_cache_memory(config.device)
+    per_token = kv_bytes_per_token(loaded.config_dict, loaded.dtype.itemsize)
+    block_size = config.block_size
+    num_blocks = kv_cache_capacity(memory, per_token, block_size, max_model_len).num_blocks
+    if num_blocks * block_size < max_model_len:
+        fits = num_blocks * block_size
+        message = (
+            f"the KV cache budget of {memory} bytes holds {fits} tokens "
+            f"({num_blocks} blocks of {block_size}), fewer than max_model_len {max_model_len}"
+        )
+        if config.max_model_len is not None or fits < 2:
+            raise EngineConfigError(message + "; raise kv_cache_memory or lower max_model_len")
+        log.warning("%s; lowering max_model_len to %d", message, fits)
+        max_model_len = fits
+    budget = KVBudget(memory, per_token, num_blocks, block_size, max_model_len)
+    log.info(
+        "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB); "
+        "maximum concurrency for %d tokens per request: %.2fx",
+        budget.num_blocks,
+        block_size,
+        budget.num_tokens,
+        memory / 2**20,
+        max_model_len,
+        budget.max_concurrency,
+    )
+    return budget

@@ -1,0 +1,53 @@
+"""Engine counters and per-request timings, read by the server's /metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True, frozen=True)
+class EngineStats:
+    """A snapshot of the engine's gauges and monotonically increasing counters."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_blocks: int
+    block_size: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    num_steps: int
+    finished_requests: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class RequestTiming:
+    """Monotonic timestamps of one finished request, for TTFT/queue/e2e histograms."""
+
+    request_id: str
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    finish_reason: str
+
+    @property
+    def queue_time(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_latency(self) -> float:
+        return self.finished_time - self.arrival_time

@@ -1,0 +1,104 @@
+"""Driving an LLMEngine to completion in tests, and checking it gave every block back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inhouse.engine.config import EngineConfig
+from inhouse.engine.engine import LLMEngine
+from inhouse.engine.models.loader import LoadedModel
+from inhouse.engine.outputs import RequestOutput
+from inhouse.engine.sampling import SamplingParams
+
+TINY_BLOCK = 4
+TINY_BLOCK_BYTES = 2 * 3 * 2 * 16 * 4 * TINY_BLOCK  # K+V, 3 layers, 2 kv heads, dim 16, fp32
+
+
+def tiny_engine(loaded: LoadedModel, num_blocks: int = 256, **config: object) -> LLMEngine:
+    """An engine over a tiny test model with a KV cache of exactly ``num_blocks`` blocks."""
+    settings = {
+        "max_model_len": 128,
+        "block_size": TINY_BLOCK,
+        "kv_cache_memory": num_blocks * TINY_BLOCK_BYTES,
+        "seed": 0,
+        **config,
+    }
+    engine = LLMEngine(EngineConfig(**settings), loaded=loaded)
+    assert engine.budget.num_blocks == num_blocks
+    return engine
+
+
+@dataclass
+class Choice:
+    """One choice's deltas joined up."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    deltas: list[str] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class Result:
+    choices: dict[int, Choice] = field(default_factory=dict)
+    num_cached_tokens: int = 0
+    finished: bool = False
+    outputs: list[RequestOutput] = field(default_factory=list)
+
+
+def absorb(results: dict[str, Result], out: RequestOutput) -> None:
+    result = results.setdefault(out.request_id, Result())
+    assert not result.finished, f"{out.request_id} sent output after finishing"
+    result.outputs.append(out)
+    result.num_cached_tokens = out.num_cached_tokens
+    result.finished = out.finished
+    for delta in out.outputs:
+        choice = result.choices.setdefault(delta.index, Choice())
+        assert choice.finish_reason is None, "a choice sent output after finishing"
+        choice.token_ids += delta.token_ids
+        choice.text += delta.text
+        choice.deltas.append(delta.text)
+        choice.logprobs += delta.logprobs or []
+        choice.finish_reason = delta.finish_reason
+        choice.stop_reason = delta.stop_reason
+
+
+def step_into(engine: LLMEngine, results: dict[str, Result]) -> None:
+    for out in engine.step():
+        absorb(results, out)
+
+
+def run_to_end(
+    engine: LLMEngine, results: dict[str, Result] | None = None, max_steps: int = 10_000
+) -> dict[str, Result]:
+    """Step until every request finished; then every block must be free again."""
+    results = {} if results is None else results
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            break
+        for out in engine.step():
+            absorb(results, out)
+    assert not engine.has_unfinished()
+    assert_all_blocks_free(engine)
+    return results
+
+
+def assert_all_blocks_free(engine: LLMEngine) -> None:
+    pool = engine.kv_cache.pool
+    assert pool.num_free == pool.num_blocks
+    assert all(block.ref_cnt == 0 for block in pool.blocks)
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def greedy(max_tokens: int, **kwargs: object) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kwargs)
+
+
+def generate(
+    engine: LLMEngine, prompts: dict[str, list[int]], params: SamplingParams, **kwargs: object
+) -> dict[str, Result]:
+    for request_id, prompt in prompts.items():
+        engine.add_request(request_id, prompt, params, **kwargs)
+    return run_to_end(engine)
