@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/inhouse plan --explain
+	$(VENV)/bin/inhouse serve
 
 test: $(STAMP)
 	$(PY) -m pytest
