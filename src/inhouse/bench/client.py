@@ -169,6 +169,8 @@ class StreamingClient:
             record.error = f"connection: {type(exc).__name__}: {exc}"
         except ValueError as exc:
             record.error = f"stream: unreadable response ({exc})"
+        if record.error is not None:
+            last_byte = time.perf_counter()  # a failed request's E2E lasts until it failed
         record.e2e = last_byte - sent_at
         if record.ok and not state.done:
             record.error = "stream: ended before data: [DONE]"

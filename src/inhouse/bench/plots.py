@@ -56,7 +56,9 @@ def plot_latency(runs: Sequence[RunResult], slo: Slo, verdict: Verdict, path: Pa
             values = [getattr(getattr(run.summary, key), quantile) for run in runs]
             axis.plot(steps, _ms(values), style, label=f"{name} {quantile}")
         if limit is not None:
-            axis.axhline(limit * 1000, color="black", linewidth=1, label=f"SLO {limit * 1000:g} ms")
+            axis.axhline(
+                limit * 1000, color="black", linewidth=1, label=f"SLO: {name} ≤ {limit * 1000:g} ms"
+            )
         _mark_plan_and_knee(axis, verdict)
         _concurrency_axis(axis, steps)
         axis.set_ylabel(f"{name} (ms)")

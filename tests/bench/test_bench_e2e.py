@@ -1,0 +1,297 @@
+"""`inhouse bench` against a real `inhouse serve` on loopback: metrics, sweep, failures, input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from bench_serving import API_KEY, Served, free_port
+from typer.testing import CliRunner
+
+from inhouse.bench.schema import RESULTS_SCHEMA
+from inhouse.bench.sweep import find_knee
+from inhouse.cli import app
+
+pytest.importorskip("inhouse.server")
+pytestmark = pytest.mark.slow
+
+
+def bench(*args: str) -> Any:
+    """Run `inhouse bench …` in process; returns click's result (stdout, stderr, exit code)."""
+    return CliRunner().invoke(app, ["bench", *args], catch_exceptions=False)
+
+
+def endpoint(served: Served) -> list[str]:
+    return ["--base-url", served.url, "--model", served.model, "--api-key", API_KEY]
+
+
+def load(out: Path) -> dict[str, Any]:
+    document = json.loads((out / "results.json").read_text())
+    jsonschema.validate(document, RESULTS_SCHEMA)
+    return document
+
+
+def test_short_run_yields_every_metric_with_sane_relations(served: Served, tmp_path: Path) -> None:
+    result = bench(
+        "run",
+        *endpoint(served),
+        "--max-concurrency",
+        "2",
+        "--num-prompts",
+        "6",
+        "--input-len",
+        "64",
+        "--output-len",
+        "12",
+        "--ignore-eos",
+        "--slo",
+        "ttft=60s",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.exit_code == 0, result.output
+    assert "TTFT" in result.stdout and "TPOT" in result.stdout and "goodput" in result.stdout
+    document = load(tmp_path)
+    run = document["runs"][0]
+    summary, records = run["summary"], run["requests"]
+    assert summary["completed"] == 6 and summary["failed"] == 0 and len(records) == 6
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        dist = summary[name]
+        assert dist["count"] > 0, name
+        assert 0 < dist["p50"] <= dist["p90"] <= dist["p95"] <= dist["p99"] <= dist["max"], name
+    for record in records:
+        assert record["ok"] and record["token_source"] == "usage"
+        assert 0 < record["ttft"] <= record["e2e"]
+        assert record["output_tokens"] == 12  # ignore_eos: exactly max_tokens, from usage
+        assert record["tpot"] == pytest.approx((record["e2e"] - record["ttft"]) / 11)
+        assert abs(record["prompt_tokens"] - record["intended_input_tokens"]) <= 2  # /tokenize
+    assert summary["total_output_tokens"] == 72
+    assert summary["total_input_tokens"] == sum(r["prompt_tokens"] for r in records)
+    assert summary["goodput"] == pytest.approx(6 / summary["duration"])
+    assert run["server_metrics"]["samples"] > 0
+    assert run["server_metrics"]["kv_cache_usage_peak"] is not None
+    assert "api_key" not in document["config"] and API_KEY not in json.dumps(document)
+
+
+def test_usage_matches_the_official_client_on_the_same_prompt(
+    served: Served, tmp_path: Path
+) -> None:
+    prompt = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 20}
+    dataset = tmp_path / "one.jsonl"
+    dataset.write_text(json.dumps(prompt) + "\n")
+    result = bench(
+        "run",
+        *endpoint(served),
+        "--dataset",
+        "jsonl",
+        "--dataset-path",
+        str(dataset),
+        "--max-concurrency",
+        "1",
+        "--num-prompts",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.exit_code == 0, result.output
+    record = load(tmp_path)["runs"][0]["requests"][0]
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=API_KEY, max_retries=0)
+    answer = client.chat.completions.create(model=served.model, temperature=0, **prompt)
+    assert record["prompt_tokens"] == answer.usage.prompt_tokens
+    assert record["output_tokens"] == answer.usage.completion_tokens
+    assert record["finish_reason"] == answer.choices[0].finish_reason
+
+
+def _calibrate(served: Served, tmp_path: Path) -> float:
+    """An SLO halfway between one request's TTFT and its E2E when it runs alone.
+
+    The server runs two sequences at a time, so with 4 or 8 in flight the rest wait about a
+    whole answer for a slot: their TTFT passes this SLO however fast or loaded the machine is.
+    """
+    out = tmp_path / "alone"
+    result = bench(
+        "run",
+        *endpoint(served),
+        "--max-concurrency",
+        "1",
+        "--num-prompts",
+        "2",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--ignore-eos",
+        "--out",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    summary = load(out)["runs"][0]["summary"]
+    return (summary["ttft"]["max"] + summary["e2e"]["p50"]) / 2
+
+
+def test_sweep_names_the_knee_beside_the_plan_and_draws_both_plots(
+    served: Served, tmp_path: Path
+) -> None:
+    slo = _calibrate(served, tmp_path)
+    # A real plan whose KV budget buys about five sequences of this benchmark's size; the
+    # server's --max-num-seqs 2 makes the real knee lower: the mismatch a bench is for.
+    planned = CliRunner().invoke(
+        app, ["plan", "--vram", "1GiB", "--overhead", "823MiB", "--avg-context", "56", "--json"]
+    )
+    assert planned.exit_code == 0, planned.output
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(planned.stdout)
+    predicted = json.loads(planned.stdout)["memory"]["max_concurrent_sequences"]
+    out = tmp_path / "sweep"
+    result = bench(
+        "sweep",
+        *endpoint(served),
+        "--steps",
+        "1,2,4,8",
+        "--plan",
+        str(plan_file),
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--ignore-eos",
+        "--prompts-per-slot",
+        "1",
+        "--min-prompts",
+        "2",
+        "--slo",
+        f"ttft={slo:.3f}s",
+        "--out",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    document = load(out)
+    verdict = document["sweep"]
+    steps = [(run["max_concurrency"], run["summary"]["ttft"]["p99"]) for run in document["runs"]]
+    assert [c for c, _ in steps] == [1, 2, 4, 8]
+    assert all(run["summary"]["failed"] == 0 for run in document["runs"])
+    assert verdict["knee"] in (2, 4)
+    assert verdict["knee"] == find_knee(steps, float(f"{slo:.3f}"))
+    assert verdict["predicted_max_concurrency"] == predicted
+    assert verdict["knee_over_predicted"] == pytest.approx(verdict["knee"] / predicted)
+    assert f"knee is at concurrency {verdict['knee']}" in " ".join(result.stdout.split())
+    top = document["runs"][-1]["server_metrics"]
+    assert top["waiting_peak"] >= 1 and top["running_peak"] <= 2
+    for name in ("latency_vs_concurrency.png", "throughput_vs_concurrency.png"):
+        png = (out / name).read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 20_000
+
+
+def test_400s_are_counted_and_the_run_still_reports(served: Served, tmp_path: Path) -> None:
+    dataset = tmp_path / "mixed.jsonl"
+    lines = [{"prompt": "Hello there", "max_tokens": 4}] * 3
+    lines.append({"prompt": "word " * 2000, "max_tokens": 4})  # longer than --max-model-len 512
+    dataset.write_text("\n".join(json.dumps(line) for line in lines))
+    result = bench(
+        "run",
+        *endpoint(served),
+        "--dataset",
+        "jsonl",
+        "--dataset-path",
+        str(dataset),
+        "--max-concurrency",
+        "2",
+        "--num-prompts",
+        "4",
+        "--warmup",
+        "0",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.exit_code == 0, result.output
+    summary = load(tmp_path)["runs"][0]["summary"]
+    assert summary["completed"] == 3 and summary["failures"] == {"http_400": 1}
+    assert "http_400: 1" in result.stdout
+
+
+def test_timeouts_are_counted_and_the_run_still_reports(served: Served, tmp_path: Path) -> None:
+    result = bench(
+        "run",
+        *endpoint(served),
+        "--max-concurrency",
+        "2",
+        "--num-prompts",
+        "2",
+        "--warmup",
+        "0",
+        "--input-len",
+        "32",
+        "--output-len",
+        "300",
+        "--ignore-eos",
+        "--timeout",
+        "0.3",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.exit_code == 0, result.output
+    run = load(tmp_path)["runs"][0]
+    assert run["summary"]["failures"] == {"timeout": 2} and run["summary"]["completed"] == 0
+    assert all(r["e2e"] == pytest.approx(0.3, abs=0.25) for r in run["requests"])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("url", "cannot reach http://127.0.0.1:"),
+        ("key", "rejected the API key (HTTP 401"),
+        ("model", "model 'no-such-model' is not served"),
+    ],
+)
+def test_bad_input_gets_one_clear_message_before_the_run(
+    served: Served, tmp_path: Path, change: str, message: str
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1" if change == "url" else f"{served.url}/v1"
+    key = "wrong-key" if change == "key" else API_KEY
+    model = "no-such-model" if change == "model" else served.model
+    result = bench(
+        "run",
+        "--base-url",
+        url,
+        "--model",
+        model,
+        "--api-key",
+        key,
+        "--max-concurrency",
+        "1",
+        "--num-prompts",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert not (tmp_path / "results.json").exists()
+    if change == "model":
+        assert served.model in result.stderr
+
+
+def test_a_kept_alive_connection_the_server_dropped_is_replaced(served: Served) -> None:
+    import asyncio
+    import time
+
+    from inhouse.bench.client import StreamingClient
+    from inhouse.bench.requests import BenchRequest
+
+    request = BenchRequest(index=0, max_tokens=2, prompt="Hello")
+
+    async def twice() -> list[bool]:
+        async with StreamingClient(served.url, served.model, api_key=API_KEY) as client:
+            first = await client.send(request, time.perf_counter())
+            await asyncio.sleep(6)  # past uvicorn's 5 s keep-alive: the server closes it
+            second = await client.send(request, time.perf_counter())
+        return [first.ok, second.ok]
+
+    assert asyncio.run(twice()) == [True, True]
