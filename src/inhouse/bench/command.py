@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from inhouse.bench.settings import SessionSettings
 
 bench_app = typer.Typer(
     help="Check the plan against reality: drive an OpenAI-compatible endpoint and measure it.",
@@ -59,7 +62,29 @@ IgnoreEos = Annotated[
 Out = Annotated[Path | None, typer.Option(help="Folder for results.json (and a sweep's PNGs).")]
 
 
-def _settings(**options: object):  # type: ignore[no-untyped-def]
+def _settings(
+    *,
+    base_url: str,
+    model: str,
+    api_key: str | None,
+    dataset: DatasetChoice,
+    dataset_path: Path | None,
+    endpoint: EndpointChoice,
+    input_len: int,
+    output_len: int,
+    len_spread: float,
+    prefix_len: int,
+    num_questions: int,
+    warmup: int,
+    timeout: float,
+    seed: int,
+    slo: str | None,
+    temperature: float,
+    ignore_eos: bool,
+    out: Path | None,
+    **load_options: object,
+) -> SessionSettings:
+    """The options both commands share, checked; `load_options` are each command's own."""
     from inhouse.bench.metrics import parse_slo
     from inhouse.bench.settings import (
         DatasetSettings,
@@ -69,30 +94,29 @@ def _settings(**options: object):  # type: ignore[no-untyped-def]
     )
 
     try:
-        slo = parse_slo(str(options["slo"] or ""))
         return SessionSettings(
             endpoint=EndpointSettings(
-                base_url=options["base_url"],
-                model=options["model"],
-                api_key=options["api_key"],
-                timeout=options["timeout"],
-                temperature=options["temperature"],
-                ignore_eos=options["ignore_eos"],
+                base_url=base_url,
+                model=model,
+                api_key=api_key,
+                timeout=timeout,
+                temperature=temperature,
+                ignore_eos=ignore_eos,
             ),
             dataset=DatasetSettings(
-                kind=str(options["dataset"]),
-                path=options["dataset_path"],
-                endpoint=str(options["endpoint"]),
-                input_len=options["input_len"],
-                output_len=options["output_len"],
-                len_spread=options["len_spread"],
-                prefix_len=options["prefix_len"],
-                num_questions=options["num_questions"],
+                kind=dataset.value,
+                path=dataset_path,
+                endpoint=endpoint.value,
+                input_len=input_len,
+                output_len=output_len,
+                len_spread=len_spread,
+                prefix_len=prefix_len,
+                num_questions=num_questions,
             ),
-            slo=slo,
-            seed=options["seed"],
-            warmup=options["warmup"],
-            out=options["out"],
+            slo=parse_slo(slo or ""),
+            seed=seed,
+            warmup=warmup,
+            out=out,
         )
     except (SettingsError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc

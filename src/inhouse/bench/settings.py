@@ -34,6 +34,8 @@ class DatasetSettings:
             raise SettingsError("--dataset jsonl needs --dataset-path FILE")
         if self.kind != "jsonl" and self.path is not None:
             raise SettingsError("--dataset-path is only for --dataset jsonl")
+        if self.path is not None and not self.path.is_file():
+            raise SettingsError(f"--dataset-path {self.path} is not a file")
         if min(self.input_len, self.output_len, self.prefix_len, self.num_questions) < 1:
             raise SettingsError("token lengths and --num-questions must be at least 1")
         if not 0 <= self.len_spread < 1:
