@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -67,22 +68,29 @@ def run_table(result: RunResult, title: str = "inhouse bench") -> Table:
     return table
 
 
+def _ms_short(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    ms = seconds * 1000
+    return f"{ms:.1f}" if ms < 10 else f"{ms:.0f}"
+
+
 def sweep_table(runs: Sequence[RunResult], verdict: Verdict) -> Table:
     """One row per concurrency step; the plan's prediction and the knee are marked."""
-    table = Table(title="inhouse bench sweep", header_style="bold")
+    table = Table(
+        title="inhouse bench sweep", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False
+    )
     headers = (
-        "concurrency",
-        "ok",
-        "failed",
+        "in\nflight",
+        "ok/\nfailed",
         "req/s",
-        "out tok/s",
-        "TTFT p50",
-        "TTFT p99",
-        "TPOT p50",
-        "TPOT p99",
-        "goodput",
-        "KV peak",
-        "waiting peak",
+        "good-\nput",
+        "output\ntok/s",
+        "TTFT ms\np50 / p99",
+        "TPOT ms\np50 / p99",
+        "KV\npeak",
+        "wait\npeak",
+        "",
     )
     for header in headers:
         table.add_column(header, justify="right")
@@ -94,22 +102,25 @@ def sweep_table(runs: Sequence[RunResult], verdict: Verdict) -> Table:
             marks.append("knee")
         if verdict.predicted is not None and concurrency == _nearest(runs, verdict.predicted):
             marks.append("≈plan")
-        label = f"{concurrency}" + (f" ({', '.join(marks)})" if marks else "")
         table.add_row(
-            label,
-            str(s.completed),
-            failures_text(s),
+            str(concurrency),
+            f"{s.completed}/{s.failed}",
             _num(s.request_throughput),
-            _num(s.output_throughput, 1),
-            _ms(s.ttft.p50),
-            _ms(s.ttft.p99),
-            _ms(s.tpot.p50),
-            _ms(s.tpot.p99),
             _num(s.goodput),
+            _num(s.output_throughput, 1),
+            f"{_ms_short(s.ttft.p50)} / {_ms_short(s.ttft.p99)}",
+            f"{_ms_short(s.tpot.p50)} / {_ms_short(s.tpot.p99)}",
             _percent(run.server.kv_cache_usage_peak),
             _num(run.server.waiting_peak, 0),
+            " ".join(marks),
         )
-    table.caption = "latencies in ms · " + verdict.sentence
+    failures = [
+        f"{run.shape.max_concurrency}: {failures_text(run.summary)}"
+        for run in runs
+        if run.summary.failed
+    ]
+    lines = [verdict.sentence, *(["failures at " + "; ".join(failures)] if failures else [])]
+    table.caption = "\n".join(lines)
     return table
 
 

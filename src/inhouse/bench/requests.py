@@ -33,7 +33,11 @@ class BenchRequest:
 
 @dataclass(slots=True)
 class RequestRecord:
-    """Everything the client saw for one request; times are seconds since the run began."""
+    """Everything the client saw for one request.
+
+    `start` is seconds since the run began; `ttft`, `e2e` and `chunk_times` are seconds since
+    this request was sent. A failed request's `e2e` lasts until it failed.
+    """
 
     index: int
     start: float
