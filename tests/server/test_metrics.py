@@ -102,3 +102,19 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server: RunningServer) ->
     aborted = after["inhouse:request_success_total{finished_reason=abort}"]
     assert aborted == idle["inhouse:request_success_total{finished_reason=abort}"] + 1
     assert after["inhouse:generation_tokens_total"] - idle["inhouse:generation_tokens_total"] < 400
+
+
+def test_disconnect_before_a_whole_answer_aborts_too(server: RunningServer) -> None:
+    idle = wait_idle(server)
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write a very long story about a cat."}],
+        "max_tokens": 400,
+        "ignore_eos": True,
+    }
+    with pytest.raises(httpx.ReadTimeout):
+        server.http().post("/v1/chat/completions", json=body, timeout=1.5)
+    after = wait_idle(server, timeout=20)
+    aborted = after["inhouse:request_success_total{finished_reason=abort}"]
+    assert aborted == idle["inhouse:request_success_total{finished_reason=abort}"] + 1
+    assert after["inhouse:kv_cache_usage_perc"] == idle["inhouse:kv_cache_usage_perc"]

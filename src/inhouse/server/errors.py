@@ -6,13 +6,18 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inhouse.api.errors import APIError, invalid_request, not_found, payload_too_large, server_error
 
 log = logging.getLogger(__name__)
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before its answer was ready."""
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -57,6 +62,10 @@ def install_error_handlers(app: FastAPI) -> None:
             error = APIError(405, f"Method {request.method} is not allowed on {request.url.path}.")
             return error_response(error)
         return error_response(APIError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(ClientDisconnected)
+    async def _gone(_: Request, __: ClientDisconnected) -> Response:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

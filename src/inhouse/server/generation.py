@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+from starlette.requests import Request
 
 from inhouse.engine.errors import EngineInputError
 from inhouse.engine.outputs import RequestOutput, TokenLogprob
 from inhouse.engine.sampling import SamplingParams
 from inhouse.server.context import ServerContext
+from inhouse.server.errors import ClientDisconnected
 from inhouse.server.metrics import TokenClock
 from inhouse.server.sampling import engine_input_error
+
+T = TypeVar("T")
+DISCONNECT_POLL_S = 0.5
 
 
 def request_id(prefix: str) -> str:
@@ -34,31 +43,36 @@ async def generate(
     """
     engine = ctx.require_engine()
     clock = TokenClock(ctx.metrics.itl, time.monotonic)
-    stream = engine.generate(rid, prompt_ids, params, cache_salt=cache_salt)
     finished = False
     try:
-        try:
-            first = await anext(stream)
-        except EngineInputError as exc:
-            raise engine_input_error(exc) from exc
-        outputs = _chain(first, stream)
-        async for output in outputs:
-            clock.tick(output)
-            if output.finished:
-                finished = True
-                if output.timing is not None:
-                    ctx.metrics.observe_finished(output.timing)
-            yield output
+        async with aclosing(engine.generate(rid, prompt_ids, params, cache_salt)) as outputs:
+            async for output in outputs:
+                clock.tick(output)
+                if output.finished:
+                    finished = True
+                    if output.timing is not None:
+                        ctx.metrics.observe_finished(output.timing)
+                yield output
+    except EngineInputError as exc:
+        raise engine_input_error(exc) from exc
     finally:
         if not finished:
             engine.abort(rid)
-        await stream.aclose()
 
 
-async def _chain(first: RequestOutput, rest: AsyncIterator[RequestOutput]):
-    yield first
-    async for item in rest:
-        yield item
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it (which aborts its engine request) if the client leaves."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise ClientDisconnected
+    finally:
+        task.cancel()
 
 
 @dataclass(slots=True)

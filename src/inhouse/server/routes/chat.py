@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from inhouse.api.chat import (
@@ -25,7 +25,7 @@ from inhouse.engine.sampling import SamplingParams
 from inhouse.engine.structured import CompiledGuide, GrammarError
 from inhouse.server.choices import ChoiceTranslator, merge_deltas, translator_for
 from inhouse.server.context import ServerContext
-from inhouse.server.generation import collect, generate, request_id
+from inhouse.server.generation import collect, generate, request_id, unless_disconnected
 from inhouse.server.logprobs import chat_logprobs
 from inhouse.server.routes.deps import context, require_api_key
 from inhouse.server.sampling import sampling_params
@@ -47,7 +47,7 @@ class ChatPlan:
 
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(
-    body: ChatCompletionRequest, ctx: ServerContext = Depends(context)
+    body: ChatCompletionRequest, request: Request, ctx: ServerContext = Depends(context)
 ) -> JSONResponse | StreamingResponse:
     """OpenAI's chat completions."""
     ctx.check_model(body.model)
@@ -57,7 +57,9 @@ async def create_chat_completion(
         outputs = generate(ctx, rid, plan.prompt_ids, plan.params, body.cache_salt)
         first = await anext(outputs)  # bad input fails here, as a 400 before any byte is sent
         return sse_response(_chunks(ctx, body, plan, rid, first, outputs))
-    result = await collect(ctx, rid, plan.prompt_ids, plan.params, body.cache_salt)
+    result = await unless_disconnected(
+        request, collect(ctx, rid, plan.prompt_ids, plan.params, body.cache_salt)
+    )
     choices = []
     for i, choice in enumerate(result.choices):
         translator = plan.new_translator()

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from inhouse.api.common import PromptTokensDetails, Usage
@@ -14,7 +14,7 @@ from inhouse.api.completions import Completion, CompletionChoice, CompletionRequ
 from inhouse.engine.outputs import RequestOutput
 from inhouse.engine.sampling import SamplingParams
 from inhouse.server.context import ServerContext
-from inhouse.server.generation import collect, generate, request_id
+from inhouse.server.generation import collect, generate, request_id, unless_disconnected
 from inhouse.server.logprobs import completion_logprobs
 from inhouse.server.routes.deps import context, require_api_key
 from inhouse.server.sampling import sampling_params
@@ -25,7 +25,7 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 @router.post("/v1/completions", response_model=None)
 async def create_completion(
-    body: CompletionRequest, ctx: ServerContext = Depends(context)
+    body: CompletionRequest, request: Request, ctx: ServerContext = Depends(context)
 ) -> JSONResponse | StreamingResponse:
     """OpenAI's legacy completions; a batch of prompts gives ``len(prompts) * n`` choices."""
     ctx.check_model(body.model)
@@ -49,9 +49,10 @@ async def create_completion(
                 await stream.aclose()
             raise
         return sse_response(_chunks(ctx, body, params, rid, echoes, firsts, streams))
-    results = await asyncio.gather(
+    work = asyncio.gather(
         *(collect(ctx, r, p, params, body.cache_salt) for r, p in zip(rids, prompts, strict=True))
     )
+    results = await unless_disconnected(request, work)
     choices = []
     for k, result in enumerate(results):
         for i, choice in enumerate(result.choices):
