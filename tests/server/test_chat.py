@@ -65,6 +65,21 @@ def test_n_gives_that_many_choices(server: RunningServer) -> None:
     assert sorted(c.index for c in reply.choices) == [0, 1]
     assert all(c.message.content for c in reply.choices)
     assert 2 <= reply.usage.completion_tokens <= 12
+    chunks = list(
+        server.client().chat.completions.create(
+            model=MODEL, messages=QUESTION, n=2, temperature=1.0, seed=3, max_tokens=6, stream=True
+        )
+    )
+    streamed = {0: "", 1: ""}
+    finished = set()
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finished.add(choice.index)
+    assert finished == {0, 1}
+    # the same seed gives the same two samples, streamed or not
+    assert streamed == {c.index: c.message.content for c in reply.choices}
 
 
 def test_stop_string_ends_the_answer_before_it(server: RunningServer) -> None:
@@ -83,6 +98,11 @@ def test_stop_string_ends_the_answer_before_it(server: RunningServer) -> None:
     assert cut.finish_reason == "stop"
     assert stop not in cut.message.content
     assert free.startswith(cut.message.content)
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=12, stop=[stop], stream=True
+    )
+    # no piece of the stop string leaks into the stream
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == cut.message.content
 
 
 def test_seed_reproduces_a_sampled_answer(server: RunningServer) -> None:

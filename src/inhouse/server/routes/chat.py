@@ -153,6 +153,8 @@ async def _chunks(
             id=rid, created=created, model=ctx.model_name, choices=choices, usage=usage
         )
 
+    options = body.stream_options
+    continuous = options is not None and options.continuous_usage_stats
     translators = [plan.new_translator() for _ in range(plan.params.n)]
     for i in range(plan.params.n):
         yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
@@ -161,17 +163,16 @@ async def _chunks(
     try:
         while True:
             generated += sum(len(d.token_ids) for d in output.outputs)
+            usage = _usage(output.num_prompt_tokens, generated, output.num_cached_tokens)
             for delta in output.outputs:
                 for piece in _choice_chunks(delta, translators[delta.index], plan.top_logprobs):
-                    yield chunk([piece])
+                    yield chunk([piece], usage if continuous else None)
             if output.finished:
                 break
             output = await anext(rest)
     finally:
         await rest.aclose()
-    options = body.stream_options
     if options is not None and options.include_usage:
-        usage = _usage(output.num_prompt_tokens, generated, output.num_cached_tokens)
         yield chunk([], usage)
 
 
