@@ -105,3 +105,9 @@ def test_forced_schemas() -> None:
 def test_plain_text_passes_through() -> None:
     deltas, reason = feed_in_pieces(PlainText(), "hello world", 3, finish="length")
     assert reason == "length" and merge_deltas(deltas).content == "hello world"
+
+
+def test_required_output_cut_by_a_stop_string_stays_text() -> None:
+    text = '[{"name": "get_weather", "argu'
+    deltas, reason = feed_in_pieces(RequiredToolCalls(), text, 4, finish="stop")
+    assert reason == "stop" and merge_deltas(deltas).content == text

@@ -73,3 +73,13 @@ class Usage(BaseModel):
     completion_tokens: int = 0
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+
+    @classmethod
+    def of(cls, prompt: int, generated: int, cached: int) -> Usage:
+        """Usage from token counts, with the prefix-cache hits in the details."""
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=generated,
+            total_tokens=prompt + generated,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+        )

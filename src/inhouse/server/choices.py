@@ -103,9 +103,11 @@ class RequiredToolCalls:
 
     def finish(self, finish_reason: str) -> tuple[list[ChatDelta], str]:
         text = "".join(self._text)
-        if finish_reason != "stop":  # cut by max_tokens: the JSON is incomplete
+        try:
+            calls = calls_from_forced_output(text, "required")
+        except ValueError:  # cut by max_tokens or a stop sequence: the JSON is incomplete
             return ([ChatDelta(content=text)] if text else []), finish_reason
-        return _call_deltas(calls_from_forced_output(text, "required")), "tool_calls"
+        return _call_deltas(calls), "tool_calls"
 
 
 class AutoToolCalls:

@@ -18,7 +18,7 @@ from inhouse.api.chat import (
     ChatCompletionRequest,
     ChatDelta,
 )
-from inhouse.api.common import PromptTokensDetails, Usage
+from inhouse.api.common import Usage
 from inhouse.api.errors import invalid_request
 from inhouse.engine.outputs import RequestOutput
 from inhouse.engine.sampling import SamplingParams
@@ -77,7 +77,7 @@ async def create_chat_completion(
         created=int(time.time()),
         model=ctx.model_name,
         choices=choices,
-        usage=_usage(
+        usage=Usage.of(
             result.num_prompt_tokens, result.num_generated_tokens, result.num_cached_tokens
         ),
     )
@@ -129,15 +129,6 @@ async def _guide(
         raise invalid_request(str(exc), param=param) from exc
 
 
-def _usage(prompt: int, generated: int, cached: int) -> Usage:
-    return Usage(
-        prompt_tokens=prompt,
-        completion_tokens=generated,
-        total_tokens=prompt + generated,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-    )
-
-
 async def _chunks(
     ctx: ServerContext,
     body: ChatCompletionRequest,
@@ -163,7 +154,7 @@ async def _chunks(
     try:
         while True:
             generated += sum(len(d.token_ids) for d in output.outputs)
-            usage = _usage(output.num_prompt_tokens, generated, output.num_cached_tokens)
+            usage = Usage.of(output.num_prompt_tokens, generated, output.num_cached_tokens)
             for delta in output.outputs:
                 for piece in _choice_chunks(delta, translators[delta.index], plan.top_logprobs):
                     yield chunk([piece], usage if continuous else None)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from inhouse.api.common import PromptTokensDetails, Usage
+from inhouse.api.common import Usage
 from inhouse.api.completions import Completion, CompletionChoice, CompletionRequest
 from inhouse.engine.outputs import RequestOutput
 from inhouse.engine.sampling import SamplingParams
@@ -75,18 +75,9 @@ async def create_completion(
         created=int(time.time()),
         model=ctx.model_name,
         choices=choices,
-        usage=_usage(prompt_tokens, generated, cached),
+        usage=Usage.of(prompt_tokens, generated, cached),
     )
     return JSONResponse(response.model_dump(exclude_none=True))
-
-
-def _usage(prompt: int, generated: int, cached: int) -> Usage:
-    return Usage(
-        prompt_tokens=prompt,
-        completion_tokens=generated,
-        total_tokens=prompt + generated,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-    )
 
 
 async def _merged(
@@ -157,5 +148,5 @@ async def _chunks(
             yield Completion(id=rid, created=created, model=ctx.model_name, choices=[choice])
     options = body.stream_options
     if options is not None and options.include_usage:
-        usage = _usage(sum(prompt_tokens.values()), generated, sum(cached.values()))
+        usage = Usage.of(sum(prompt_tokens.values()), generated, sum(cached.values()))
         yield Completion(id=rid, created=created, model=ctx.model_name, choices=[], usage=usage)
