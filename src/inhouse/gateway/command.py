@@ -278,4 +278,4 @@ def _quota(key: ApiKey, now: float) -> str:
 def _time(ts: float | None) -> str:
     from datetime import datetime
 
-    return "" if ts is None else datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    return "" if ts is None else datetime.fromtimestamp(ts).strftime("%m-%d %H:%M:%S")

@@ -135,5 +135,5 @@ class Gcra:
     def _state(
         self, allowed: bool, limit: int, interval: float, ahead: float, wait: float
     ) -> RateState:
-        remaining = max(0, math.floor((self._period - ahead) / interval + _EPSILON))
+        remaining = max(0, math.floor((self._period - ahead) / interval + 1e-6))
         return RateState(allowed, limit, min(remaining, limit), ahead, wait)

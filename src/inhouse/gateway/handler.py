@@ -14,7 +14,13 @@ import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from inhouse.api.errors import APIError, authentication_error, invalid_request, not_found
+from inhouse.api.errors import (
+    APIError,
+    authentication_error,
+    invalid_request,
+    not_found,
+    service_unavailable,
+)
 from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.backends import BackendState
 from inhouse.gateway.config import GatewayConfig, ModelRoute
@@ -149,12 +155,16 @@ class Gateway:
                 upstream = await open_upstream(self.client, forward)
                 break
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                if lease.backend is not None:
-                    tried.add(id(lease.backend))
-                    if lease.backend.record_failure(self.config.health, f"proxy: {exc}"[:200]):
-                        self.router.wake(call.route.name)
                 self.router.release(lease)
                 call.lease = None
+                if lease.backend is None:
+                    err = service_unavailable(
+                        f"the fallback for {call.route.name!r} is unreachable"
+                    )
+                    return await self._fail(call, outcome, err, None)
+                tried.add(id(lease.backend))
+                if lease.backend.record_failure(self.config.health, f"proxy: {exc}"[:200]):
+                    self.router.wake(call.route.name)
             except httpx.HTTPError as exc:
                 err = APIError(502, f"upstream error: {type(exc).__name__}", type="server_error")
                 return await self._fail(call, outcome, err, None)
@@ -182,7 +192,7 @@ class Gateway:
 
     async def _settle(self, call: Call, outcome: Outcome) -> None:
         """Charge real usage, free the slots, write metrics and the audit row."""
-        reached = outcome.status != 0
+        reached = call.lease is not None and outcome.status != 0
         prompt = outcome.prompt_tokens
         if prompt is None:
             prompt = call.needs.prompt_tokens if reached else 0

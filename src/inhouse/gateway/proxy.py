@@ -118,14 +118,21 @@ async def relay_events(
 ) -> AsyncGenerator[bytes, None]:
     """Yield SSE events as soon as each is complete, noting usage and first content."""
     buffer = b""
-    async for raw in upstream.aiter_raw():
-        buffer += raw.replace(b"\r\n", b"\n") if b"\r" in raw else raw
-        *events, buffer = buffer.split(b"\n\n")
-        out = [e for e in events if _note_event(e, outcome, strip_usage, clock)]
-        if out:
-            yield b"\n\n".join(out) + b"\n\n"
-    if buffer.strip():
-        yield buffer
+    try:
+        async for raw in upstream.aiter_raw():
+            buffer += raw.replace(b"\r\n", b"\n") if b"\r" in raw else raw
+            *events, buffer = buffer.split(b"\n\n")
+            out = [e for e in events if _note_event(e, outcome, strip_usage, clock)]
+            if out:
+                yield b"\n\n".join(out) + b"\n\n"
+    except httpx.HTTPError as exc:
+        outcome.status, outcome.error_type = 502, "upstream_error"
+        message = f"the upstream stream broke: {type(exc).__name__}"
+        error = {"error": {"message": message, "type": "server_error", "code": "upstream_error"}}
+        yield b"data: " + json.dumps(error).encode() + b"\n\n"
+    else:
+        if buffer.strip():
+            yield buffer
     outcome.completed = True
 
 
