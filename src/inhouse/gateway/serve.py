@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from inhouse.gateway.config import GatewayConfig
@@ -26,4 +27,6 @@ def run_gateway(config: GatewayConfig) -> None:
 
     app = create_app(build_gateway(config))
     logging.getLogger("uvicorn.access").addFilter(DropQueryStrings())
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info")
+    # uvicorn re-raises Ctrl-C after its graceful shutdown (audit rows are flushed by then).
+    with contextlib.suppress(KeyboardInterrupt):
+        uvicorn.run(app, host=config.host, port=config.port, log_level="info")
