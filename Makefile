@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/inhouse serve
+	$(VENV)/bin/inhouse up
 
 test: $(STAMP)
 	$(PY) -m pytest
