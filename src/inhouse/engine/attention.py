@@ -22,17 +22,19 @@ import torch.nn.functional as F
 class AttentionGroup:
     """Sequences whose queries are padded together into one attention call.
 
-    ``B`` sequences, ``Q`` = longest query run, ``K`` = longest context.
+    ``B`` sequences, ``Q`` = longest query run, ``K`` = longest context rounded up to
+    whole blocks (keys are gathered a block at a time).
     """
 
     query_index: torch.Tensor | None  # [B*Q] flat token row of each padded query; None = identity
-    kv_slots: torch.Tensor  # [B*K] cache slot of each key position (padding reads slot 0)
+    kv_blocks: torch.Tensor  # [B*K/block_size] block ids to gather (padding reads block 0)
     mask: torch.Tensor | None  # [B, 1, G*Q, K] True = may attend; None = attend to all K
     output_rows: torch.Tensor | None  # [N] rows of the padded [B*Q] output that are real tokens
     token_rows: torch.Tensor | None  # [N] flat token rows those outputs belong to
     batch: int
     query_len: int
     context_len: int
+    block_size: int
 
 
 @dataclass(slots=True)
@@ -99,8 +101,10 @@ def _attend_group(
     # [B*Q, H, D] -> [B, KVH, G*Q, D]: the G query heads of one KV head become extra rows.
     q = q.view(b, qlen, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     q = q.reshape(b, num_kv_heads, group * qlen, head_dim)
-    k = k_cache.index_select(0, g.kv_slots).view(b, klen, num_kv_heads, head_dim).transpose(1, 2)
-    v = v_cache.index_select(0, g.kv_slots).view(b, klen, num_kv_heads, head_dim).transpose(1, 2)
+    blocks_k = k_cache.view(-1, g.block_size, num_kv_heads, head_dim)
+    blocks_v = v_cache.view(-1, g.block_size, num_kv_heads, head_dim)
+    k = blocks_k.index_select(0, g.kv_blocks).view(b, klen, num_kv_heads, head_dim).transpose(1, 2)
+    v = blocks_v.index_select(0, g.kv_blocks).view(b, klen, num_kv_heads, head_dim).transpose(1, 2)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, scale=scale)
     o = o.view(b, num_kv_heads, group, qlen, head_dim).permute(0, 3, 1, 2, 4)
     return o.reshape(b * qlen, num_heads * head_dim)
@@ -167,10 +171,11 @@ def _group(
     start = torch.tensor([starts[i] for i in members])
     ctx = torch.tensor([computed[i] + counts[i] for i in members])
     qlen = torch.tensor([counts[i] for i in members])
-    b, q_max, k_max = len(members), int(qlen.max()), int(ctx.max())
+    num_blocks = -(-int(ctx.max()) // block_size)
+    b, q_max, k_max = len(members), int(qlen.max()), num_blocks * block_size
     j = torch.arange(q_max)
     key_pos = torch.arange(k_max)
-    kv_slots = tables[members][:, key_pos // block_size] * block_size + key_pos % block_size
+    kv_blocks = tables[members][:, :num_blocks]
     identity = b * q_max == num_tokens and bool((qlen == q_max).all())
     query_index = (start[:, None] + torch.minimum(j[None, :], qlen[:, None] - 1)).reshape(-1)
     real = j[None, :] < qlen[:, None]
@@ -185,11 +190,12 @@ def _group(
     output_rows = real.reshape(-1).nonzero().squeeze(1)
     return AttentionGroup(
         query_index=None if identity else query_index.to(device),
-        kv_slots=kv_slots.reshape(-1).to(device),
+        kv_blocks=kv_blocks.reshape(-1).to(device),
         mask=mask,
         output_rows=None if identity or bool(real.all()) else output_rows.to(device),
         token_rows=None if identity else query_index[output_rows].to(device),
         batch=b,
         query_len=q_max,
         context_len=k_max,
+        block_size=block_size,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import mmap
 import os
 
 import torch
@@ -33,15 +35,8 @@ class ModelRunner:
         args = loaded.model.args
         self.query_group = args.num_heads // args.num_kv_heads
         self.max_positions = loaded.model.rope_cos.shape[0]
-        self.kv_cache = torch.zeros(
-            args.num_layers,
-            2,
-            num_blocks * block_size,
-            args.num_kv_heads,
-            args.head_dim,
-            dtype=loaded.dtype,
-            device=loaded.device,
-        )
+        shape = (args.num_layers, 2, num_blocks * block_size, args.num_kv_heads, args.head_dim)
+        self.kv_cache = _zeroed(shape, loaded.dtype, loaded.device)
         self.kv_bytes_per_token = (
             2 * args.num_layers * args.num_kv_heads * args.head_dim * self.kv_cache.element_size()
         )
@@ -77,3 +72,12 @@ class ModelRunner:
         input_ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
         last_rows = torch.tensor(counts).cumsum(0).sub_(1).to(self.device)
         return self.model(input_ids, positions, self.kv_cache, meta, last_rows)
+
+
+def _zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor; on CPU backed by an anonymous mapping, so the kernel hands out zero
+    pages lazily and a block costs resident memory only once a token is written to it."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)

@@ -9,7 +9,6 @@ reads and writes the paged KV cache through :mod:`inhouse.engine.attention`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -83,18 +82,41 @@ class LlamaArgs:
         )
 
 
-class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in float32, as the reference implementation does."""
+def _empty(*shape: int, like: dict) -> nn.Parameter:
+    """An uninitialised parameter: checkpoints always overwrite it, and untouched pages
+    of a fresh allocation cost no memory until the weights are copied in."""
+    return nn.Parameter(torch.empty(*shape, **like), requires_grad=False)
 
-    def __init__(self, dim: int, eps: float) -> None:
+
+class Linear(nn.Module):
+    """``x @ W.T (+ b)`` with parameters created in place, no random init."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, like: dict) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = _empty(out_features, in_features, like=like)
+        self.bias = _empty(out_features, like=like) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, rounded exactly as the HF reference rounds it.
+
+    HF normalises in float32, casts back, then scales by the weight in the model dtype;
+    in float32 the fused kernel gives the same bits, in 16-bit the scale stays outside.
+    """
+
+    def __init__(self, dim: int, eps: float, like: dict) -> None:
+        super().__init__()
+        self.weight = _empty(dim, like=like)
+        self.shape = (dim,)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self.shape, None, self.eps).to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -104,22 +126,16 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class Attention(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, like: dict) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            args.num_heads,
-            args.num_kv_heads,
-            args.head_dim,
-        )
-        self.q_size = args.num_heads * args.head_dim
-        self.kv_size = args.num_kv_heads * args.head_dim
+        self.num_heads, self.num_kv_heads = args.num_heads, args.num_kv_heads
+        self.head_dim = args.head_dim
         self.scale = args.head_dim**-0.5
-        self.qkv_proj = nn.Linear(
-            args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias
-        )
-        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
-        self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
-        self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.qkv_proj = Linear(args.hidden_size, q_size + 2 * kv_size, args.qkv_bias, like)
+        self.o_proj = Linear(q_size, args.hidden_size, args.o_bias, like)
+        self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps, like) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps, like) if args.qk_norm else None
 
     def forward(
         self,
@@ -130,24 +146,23 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(-1, heads + 2 * kv_heads, self.head_dim)
+        qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
+        qk = _rotate(qk, cos, sin)  # q and k heads rotated in one go
+        q, k = qk[:, :heads], qk[:, heads:]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         return self.o_proj(paged_attention(q, k_cache, v_cache, meta, self.scale))
 
 
 class MLP(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, like: dict) -> None:
         super().__init__()
         self.intermediate = args.intermediate_size
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * self.intermediate, bias=args.mlp_bias)
-        self.down_proj = nn.Linear(self.intermediate, args.hidden_size, bias=args.mlp_bias)
+        self.gate_up_proj = Linear(args.hidden_size, 2 * self.intermediate, args.mlp_bias, like)
+        self.down_proj = Linear(self.intermediate, args.hidden_size, args.mlp_bias, like)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -155,12 +170,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, like: dict) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, like)
+        self.self_attn = Attention(args, like)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, like)
+        self.mlp = MLP(args, like)
 
     def forward(self, h, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, k_cache, v_cache, meta)
@@ -178,27 +193,37 @@ _FUSED = {
 
 
 class LlamaForCausalLM(nn.Module):
-    """Decoder over a flat token batch; returns float32 logits at the requested rows."""
+    """Decoder over a flat token batch; returns float32 logits at the requested rows.
 
-    def __init__(self, args: LlamaArgs) -> None:
+    Parameters start uninitialised in ``dtype`` on ``device``; :meth:`load_weights` fills them.
+    Rotary tables are float32 ``[max_positions, head_dim]``, computed as HF computes them.
+    """
+
+    def __init__(
+        self,
+        args: LlamaArgs,
+        dtype: torch.dtype,
+        device: torch.device,
+        inv_freq: torch.Tensor,
+        rope_scaling: float,
+        max_positions: int,
+    ) -> None:
         super().__init__()
+        like = {"dtype": dtype, "device": device}
         self.args = args
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        if args.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-        self.rope_cos = self.rope_sin = torch.empty(0)
-
-    def init_rope(self, inv_freq: torch.Tensor, scaling: float, max_positions: int) -> None:
-        """Tabulate cos/sin per position in float32, the way the HF reference computes them."""
-        device = self.embed_tokens.weight.device
+        self.embed_tokens = Linear(args.hidden_size, args.vocab_size, False, like)
+        self.layers = nn.ModuleList(DecoderLayer(args, like) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, like)
+        self.lm_head = (
+            self.embed_tokens
+            if args.tie_word_embeddings
+            else Linear(args.hidden_size, args.vocab_size, False, like)
+        )
         positions = torch.arange(max_positions, dtype=torch.float32, device=device)
         angles = positions[:, None] * inv_freq.float().to(device)[None, :]
         angles = torch.cat((angles, angles), dim=-1)
-        self.rope_cos = angles.cos() * scaling
-        self.rope_sin = angles.sin() * scaling
+        self.rope_cos = angles.cos() * rope_scaling
+        self.rope_sin = angles.sin() * rope_scaling
 
     def forward(
         self,
@@ -209,7 +234,7 @@ class LlamaForCausalLM(nn.Module):
         logit_rows: torch.Tensor,
     ) -> torch.Tensor:
         """Float32 logits at ``logit_rows``; ``kv_caches``: ``[layers, 2, slots, heads, dim]``."""
-        h = self.embed_tokens(input_ids)
+        h = F.embedding(input_ids, self.embed_tokens.weight)
         cos = self.rope_cos[positions].to(h.dtype)[:, None, :]
         sin = self.rope_sin[positions].to(h.dtype)[:, None, :]
         for layer, cache in zip(self.layers, kv_caches, strict=True):
@@ -217,35 +242,33 @@ class LlamaForCausalLM(nn.Module):
         h = self.norm(h[logit_rows])
         return self.lm_head(h).float()
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named checkpoint tensors in, fusing q/k/v and gate/up; checks completeness."""
+    def weight_keys(self) -> set[str]:
+        """Keys :meth:`weight_target` hands out; a complete checkpoint covers all of them."""
+        return {
+            _part_key(name, part) for name, _ in self.named_parameters() for part in _parts_of(name)
+        }
+
+    def weight_target(self, hf_name: str) -> tuple[str, torch.Tensor] | None:
+        """``(key, tensor to fill)`` for an HF-named checkpoint tensor; None if it is not needed.
+
+        q/k/v and gate/up land in their slice of the fused projection.
+        """
+        name = hf_name.removeprefix("model.")
+        if name.startswith("rotary_emb") or (
+            name == "lm_head.weight" and self.args.tie_word_embeddings
+        ):
+            return None
+        module, _, leaf = name.rpartition(".")
+        parent, _, proj = module.rpartition(".")
         params = dict(self.named_parameters())
-        missing = {_part_key(name, part) for name in params for part in _parts_of(name)}
-        for hf_name, tensor in weights:
-            name = hf_name.removeprefix("model.")
-            if name.startswith("rotary_emb") or (
-                name == "lm_head.weight" and self.args.tie_word_embeddings
-            ):
-                continue
-            module, _, leaf = name.rpartition(".")
-            parent, _, proj = module.rpartition(".")
-            if proj in _FUSED:
-                fused, part = _FUSED[proj]
-                name = f"{parent}.{fused}.{leaf}"
-                target = _fused_part(params[name], part, self.args, fused)
-            elif name in params:
-                target, part = params[name].data, None
-            else:
-                raise UnsupportedModelError(f"unexpected checkpoint tensor {hf_name!r}")
-            if target.shape != tensor.shape:
-                raise UnsupportedModelError(
-                    f"{hf_name}: checkpoint shape {tuple(tensor.shape)} "
-                    f"!= model shape {tuple(target.shape)}"
-                )
-            target.copy_(tensor)
-            missing.discard(_part_key(name, part))
-        if missing:
-            raise UnsupportedModelError(f"checkpoint lacks tensors: {sorted(missing)[:5]}")
+        if proj in _FUSED:
+            fused, part = _FUSED[proj]
+            name = f"{parent}.{fused}.{leaf}"
+            if name in params:
+                return _part_key(name, part), _fused_part(params[name], part, self.args, fused)
+        elif name in params:
+            return name, params[name].data
+        raise UnsupportedModelError(f"unexpected checkpoint tensor {hf_name!r}")
 
 
 def _parts_of(name: str) -> tuple[int | None, ...]:

@@ -7,10 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -143,50 +142,65 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-def _read_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` from every safetensors file, one tensor in memory at a time.
+def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
+    """Fill the model from every ``*.safetensors`` file in ``folder``, checking completeness.
 
-    Plain reads instead of mmap: a mapped file's touched pages count towards our RSS
-    for as long as it stays open, which would double the peak while loading.
+    Plain reads rather than mmap (a mapped file's touched pages count towards RSS while it
+    is open), straight into the parameter when dtypes match, so loading peaks at the
+    model's own size plus at most one tensor.
     """
+    missing = model.weight_keys()
     for path in sorted(folder.glob("*.safetensors")):
         with path.open("rb") as f:
             header_len = int.from_bytes(f.read(8), "little")
             header = json.loads(f.read(header_len))
             header.pop("__metadata__", None)
             for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-                start, end = info["data_offsets"]
-                if info["dtype"] not in _SAFETENSORS_DTYPES:
+                found = model.weight_target(name)
+                if found is None:
+                    continue
+                key, target = found
+                if list(target.shape) != info["shape"]:
                     raise ModelSourceError(
-                        f"{path.name}: {name} has unsupported dtype {info['dtype']}"
+                        f"{path.name}: {name} has shape {info['shape']}, "
+                        f"the model expects {list(target.shape)}"
                     )
-                raw = torch.empty(end - start, dtype=torch.uint8)
-                f.seek(8 + header_len + start)
-                if f.readinto(memoryview(raw.numpy())) != end - start:
-                    raise ModelSourceError(f"{path.name}: truncated tensor {name}")
-                yield name, raw.view(_SAFETENSORS_DTYPES[info["dtype"]]).view(info["shape"])
+                f.seek(8 + header_len + info["data_offsets"][0])
+                _read_tensor(f, target, info, f"{path.name}: {name}")
+                missing.discard(key)
+    if missing:
+        raise ModelSourceError(f"{folder} lacks weights: {sorted(missing)[:5]}")
+
+
+def _read_tensor(f: BinaryIO, target: torch.Tensor, info: dict[str, Any], what: str) -> None:
+    dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+    if dtype is None:
+        raise ModelSourceError(f"{what} has unsupported dtype {info['dtype']}")
+    start, end = info["data_offsets"]
+    direct = target.dtype == dtype and target.device.type == "cpu" and target.is_contiguous()
+    raw = target.view(torch.uint8) if direct else torch.empty(end - start, dtype=torch.uint8)
+    if f.readinto(memoryview(raw.numpy()).cast("B")) != end - start:
+        raise ModelSourceError(f"{what} is truncated")
+    if not direct:
+        target.copy_(raw.view(dtype).view(target.shape))
 
 
 def build_model(hf_config: Any, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    """An uninitialised decoder of the config's shape, with rotary tables ready."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
+    """An uninitialised decoder of the config's shape, rotary tables ready."""
     args = LlamaArgs.from_hf_config(hf_config)
     rope = getattr(hf_config, "rope_parameters", None) or {"rope_type": "default"}
     rope_type = rope.get("rope_type", "default")
     if rope_type == "default":
         dim = args.head_dim
-        theta = rope["rope_theta"]
-        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
         scaling = 1.0
     else:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
-    with torch.device("meta"):
-        model = LlamaForCausalLM(args)
-    model = model.to_empty(device=device).to(dtype)
-    if args.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    model.init_rope(inv_freq, scaling, hf_config.max_position_embeddings)
+    model = LlamaForCausalLM(
+        args, dtype, device, inv_freq, scaling, hf_config.max_position_embeddings
+    )
     return model.eval()
 
 
@@ -205,7 +219,7 @@ def load_model(
     hf_config = AutoConfig.from_pretrained(folder)
     model = build_model(hf_config, torch_dtype, dev)
     with torch.no_grad():
-        model.load_weights(_read_weights(folder))
+        load_weights(model, folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return LoadedModel(
         model=model,
