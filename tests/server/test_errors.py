@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import httpx
@@ -135,3 +136,21 @@ def test_the_server_still_answers_after_the_errors(server: RunningServer) -> Non
     with pytest.raises(openai.BadRequestError) as caught:
         server.client().chat.completions.create(model=MODEL, messages=HI, temperature=-1)
     assert caught.value.status_code == 400
+
+
+def test_a_bad_prompt_in_a_batch_fails_the_batch_and_leaves_nothing_running(
+    server: RunningServer,
+) -> None:
+    body = {"model": MODEL, "prompt": [[1, 2, 3], [10**9]], "max_tokens": 200, "ignore_eos": True}
+    for stream in (False, True):
+        response = server.http().post("/v1/completions", json={**body, "stream": stream})
+        _assert_error(response, 400, "prompt")
+    deadline = time.monotonic() + 3  # aborted at the next step, not after 200 tokens
+    while (line := _running_line(server)).split()[-1] != "0.0":
+        assert time.monotonic() < deadline, line
+        time.sleep(0.1)
+
+
+def _running_line(server: RunningServer) -> str:
+    metrics = httpx.get(f"{server.base_url}/metrics").text.splitlines()
+    return next(line for line in metrics if line.startswith("inhouse:num_requests_running{"))

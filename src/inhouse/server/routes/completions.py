@@ -14,7 +14,13 @@ from inhouse.api.completions import Completion, CompletionChoice, CompletionRequ
 from inhouse.engine.outputs import RequestOutput
 from inhouse.engine.sampling import SamplingParams
 from inhouse.server.context import ServerContext
-from inhouse.server.generation import collect, generate, request_id, unless_disconnected
+from inhouse.server.generation import (
+    RequestResult,
+    collect,
+    generate,
+    request_id,
+    unless_disconnected,
+)
 from inhouse.server.logprobs import completion_logprobs
 from inhouse.server.routes.deps import context, require_api_key
 from inhouse.server.sampling import sampling_params
@@ -49,10 +55,9 @@ async def create_completion(
                 await stream.aclose()
             raise
         return sse_response(_chunks(ctx, body, params, rid, echoes, firsts, streams))
-    work = asyncio.gather(
-        *(collect(ctx, r, p, params, body.cache_salt) for r, p in zip(rids, prompts, strict=True))
+    results = await unless_disconnected(
+        request, _collect_all(ctx, rids, prompts, params, body.cache_salt)
     )
-    results = await unless_disconnected(request, work)
     choices = []
     for k, result in enumerate(results):
         for i, choice in enumerate(result.choices):
@@ -78,6 +83,25 @@ async def create_completion(
         usage=Usage.of(prompt_tokens, generated, cached),
     )
     return JSONResponse(response.model_dump(exclude_none=True))
+
+
+async def _collect_all(
+    ctx: ServerContext,
+    rids: list[str],
+    prompts: list[list[int]],
+    params: SamplingParams,
+    cache_salt: str | None,
+) -> list[RequestResult]:
+    """Run the prompts together; if one fails (or we are cancelled) the others are aborted."""
+    tasks = [
+        asyncio.ensure_future(collect(ctx, r, p, params, cache_salt))
+        for r, p in zip(rids, prompts, strict=True)
+    ]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def _merged(
