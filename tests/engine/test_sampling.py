@@ -191,3 +191,16 @@ def test_guide_masks_its_row_only() -> None:
     out = sample(logits, [guided, free])
     assert out[0].token_id == 17
     assert out[1].token_id == int(logits[1].argmax())
+
+
+def test_large_vocab_truncation_exact_inside_candidates_and_falls_back_outside() -> None:
+    vocab = 1000
+    peaky = torch.full((1, vocab), -10.0)
+    peaky[0, 500:503] = torch.tensor([5.0, 4.9, 4.8])
+    rows = 300
+    seqs = [make_seq(SamplingParams(temperature=1.0, top_p=0.6)) for _ in range(rows)]
+    assert {t.token_id for t in sample(peaky.expand(rows, vocab), seqs)} == {500, 501}
+    flat = torch.zeros(2000, vocab)  # the nucleus of top_p 0.5 holds 500 tokens
+    seqs = [make_seq(SamplingParams(temperature=1.0, top_p=0.5, seed=i)) for i in range(2000)]
+    drawn = {t.token_id for t in sample(flat, seqs)}
+    assert 400 < len(drawn) <= 500

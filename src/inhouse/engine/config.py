@@ -12,7 +12,7 @@ MAX_DEFAULT_MODEL_LEN = 8192
 DEFAULT_KV_FRACTION_CPU = 0.1
 DEFAULT_KV_FRACTION_CUDA = 0.8
 # The default CPU budget stays small so the whole engine fits in 1 GB with the bundled model.
-DEFAULT_KV_CAP_CPU = 256 * 2**20
+DEFAULT_KV_CAP_CPU = 192 * 2**20
 
 
 @dataclass(slots=True)

@@ -17,6 +17,9 @@ import torch
 from inhouse.engine.sampling import SamplingParams
 from inhouse.engine.sequence import Sequence
 
+# Truncating rows sample among their top tokens when the cut falls inside them.
+CANDIDATES = 256
+
 
 @dataclass(slots=True)
 class SampledToken:
@@ -80,16 +83,50 @@ class Sampler:
         params = [seq.sampling_params for seq in seqs]
         temperatures = torch.tensor([p.temperature for p in params], device=logits.device)
         logits = logits / temperatures.unsqueeze(1)
-        if any(p.truncates for p in params):
-            logits = _truncate(logits, params)
-        probs = torch.softmax(logits, dim=-1)
+        chosen = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
+        full = list(range(len(seqs)))
+        truncating = [i for i in full if params[i].truncates]
+        if truncating and logits.shape[-1] > CANDIDATES:
+            exact, tokens = self._sample_candidates(
+                logits[truncating], [seqs[i] for i in truncating]
+            )
+            done = [row for row, ok in zip(truncating, exact, strict=True) if ok]
+            chosen[done] = tokens[exact]
+            full = sorted(set(full) - set(done))
+        if full:
+            rows = logits[full]
+            row_params = [params[i] for i in full]
+            if any(p.truncates for p in row_params):
+                sorted_logits, order = rows.sort(dim=-1, descending=True)
+                kept = _truncate_sorted(sorted_logits, row_params, None)
+                rows = torch.empty_like(rows).scatter_(-1, order, kept)
+            chosen[full] = self._race(torch.softmax(rows, dim=-1), [seqs[i] for i in full])
+        return chosen
+
+    def _sample_candidates(
+        self, logits: torch.Tensor, seqs: list[Sequence]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample among each row's top ``CANDIDATES`` tokens; exact for rows whose top-k,
+        top-p or min-p cut already falls inside them (the returned mask says which)."""
+        params = [seq.sampling_params for seq in seqs]
+        values, index = logits.topk(CANDIDATES, dim=-1)
+        kept = _truncate_sorted(values, params, logits.logsumexp(dim=-1, keepdim=True))
+        small_k = torch.tensor(
+            [p.top_k != -1 and p.top_k <= CANDIDATES for p in params], device=logits.device
+        )
+        exact = small_k | kept[:, -1].isinf()
+        picked = self._race(torch.softmax(kept, dim=-1), seqs)
+        return exact, index.gather(-1, picked.unsqueeze(1)).squeeze(1)
+
+    def _race(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """One draw per row: ``argmax(p / q)`` with ``q ~ Exp(1)`` from the row's generator."""
         noise = torch.empty_like(probs)
-        unseeded = [i for i, p in enumerate(params) if p.seed is None]
+        unseeded = [i for i, seq in enumerate(seqs) if seq.sampling_params.seed is None]
         if unseeded:
-            noise[unseeded] = noise[unseeded].exponential_(generator=self._generator(logits.device))
+            noise[unseeded] = noise[unseeded].exponential_(generator=self._generator(probs.device))
         for i, seq in enumerate(seqs):
-            if params[i].seed is not None:
-                noise[i].exponential_(generator=_sequence_generator(seq, logits.device))
+            if seq.sampling_params.seed is not None:
+                noise[i].exponential_(generator=_sequence_generator(seq, probs.device))
         return (probs / noise).argmax(dim=-1)
 
     def _generator(self, device: torch.device) -> torch.Generator:
@@ -144,22 +181,27 @@ def _apply_penalties(row: torch.Tensor, seq: Sequence, p: SamplingParams) -> Non
         row[ids] -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty
 
 
-def _truncate(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Apply top-k, top-p and min-p per row with one sort over the batch."""
-    device = logits.device
-    vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    top_k = torch.tensor(
-        [p.top_k if p.top_k != -1 else vocab for p in params], device=device
-    ).clamp(max=vocab)
-    ranks = torch.arange(vocab, device=device).unsqueeze(0)
-    sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+def _truncate_sorted(
+    sorted_logits: torch.Tensor, params: list[SamplingParams], full_lse: torch.Tensor | None
+) -> torch.Tensor:
+    """Mask top-k, top-p and min-p on logits sorted in descending order (per row).
+
+    The block is either the whole vocabulary (``full_lse`` None) or each row's top
+    candidates, whose probabilities are normalized over the whole vocabulary via
+    ``full_lse`` unless top-k already cut inside the block.
+    """
+    device = sorted_logits.device
+    width = sorted_logits.shape[-1]
+    top_k = torch.tensor([p.top_k if p.top_k != -1 else width + 1 for p in params], device=device)
+    ranks = torch.arange(width, device=device).unsqueeze(0)
+    masked = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
+    log_norm = masked.logsumexp(dim=-1, keepdim=True)
+    if full_lse is not None:
+        log_norm = torch.where(top_k.unsqueeze(1) <= width, log_norm, full_lse)
+    probs = (masked - log_norm).exp()
     top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    drop = mass_before >= top_p
+    drop = probs.cumsum(dim=-1) - probs >= top_p
     min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
-    drop |= sorted_probs < min_p * sorted_probs[:, :1]
+    drop |= probs < min_p * probs[:, :1]
     drop[:, 0] = False
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return masked.masked_fill(drop, float("-inf"))
