@@ -186,3 +186,21 @@ def test_shutdown_ends_running_streams(tiny):
         assert engine.engine.kv_cache.pool.num_free == NUM_BLOCKS
 
     asyncio.run(main())
+
+
+def test_a_failing_guide_factory_fails_only_its_request(tiny):
+    def broken_factory():
+        raise ValueError("grammar exploded")
+
+    async def main():
+        engine = make_async(tiny)
+        try:
+            params = SamplingParams(temperature=0, max_tokens=5, guide_factory=broken_factory)
+            with pytest.raises(ValueError, match="grammar exploded"):
+                await collect(engine, "g", [5, 6, 7], params)
+            tokens, _, _ = await collect(engine, "ok", [5, 6, 7], greedy(5))
+            assert len(tokens) == 5
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(main())

@@ -180,7 +180,7 @@ class AsyncEngine:
                 self.engine.add_request(
                     command.request_id, command.prompt_token_ids, command.params, command.cache_salt
                 )
-            except EngineInputError as error:
+            except Exception as error:  # bad input, or a guide factory that failed
                 self._deliver_error(command.request_id, error)
 
     def _step(self) -> None:
