@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 API_KEY = "bench-key"
-STARTUP_TIMEOUT_S = 300
+STARTUP_TIMEOUT_S = 600
 INHOUSE = str(Path(sys.executable).with_name("inhouse"))
 
 

@@ -295,3 +295,40 @@ def test_a_kept_alive_connection_the_server_dropped_is_replaced(served: Served) 
         return [first.ok, second.ok]
 
     assert asyncio.run(twice()) == [True, True]
+
+
+def test_open_loop_arrivals_follow_the_seed_and_stop_at_the_duration(
+    served: Served, tmp_path: Path
+) -> None:
+    import random
+
+    from inhouse.bench.loadgen import arrival_gaps
+
+    result = bench(
+        "run",
+        *endpoint(served),
+        "--request-rate",
+        "4",
+        "--duration",
+        "2",
+        "--seed",
+        "11",
+        "--warmup",
+        "0",
+        "--input-len",
+        "16",
+        "--output-len",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.exit_code == 0, result.output
+    requests = sorted(load(tmp_path)["runs"][0]["requests"], key=lambda r: r["index"])
+    draw = arrival_gaps(4.0, 1.0, random.Random(11))
+    expected, at = [], 0.0
+    while at < 2.0:
+        expected.append(at)
+        at += draw()
+    assert len(requests) == len(expected)
+    for request, planned in zip(requests, expected, strict=True):
+        assert request["ok"] and request["start"] == pytest.approx(planned, abs=0.15)

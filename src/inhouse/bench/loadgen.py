@@ -64,10 +64,12 @@ class _Issuer:
         self._deadline = None if shape.duration is None else zero + shape.duration
         self._issued = 0
 
-    def next(self) -> BenchRequest | None:
+    def next(self, at: float | None = None) -> BenchRequest | None:
+        """The next request, or None when done; `at` is its planned send time (default now)."""
         if self._limit is not None and self._issued >= self._limit:
             return None
-        if self._deadline is not None and time.perf_counter() >= self._deadline:
+        when = time.perf_counter() if at is None else at
+        if self._deadline is not None and when >= self._deadline:
             return None
         request = self._requests[self._issued % len(self._requests)]
         if request.index != self._issued:
@@ -137,9 +139,12 @@ async def _open_loop(
         async with cap:
             await run_one(request)
 
+    # Arrivals are planned on absolute times, so sleeps that overshoot do not accumulate.
+    planned = time.perf_counter()
     async with asyncio.TaskGroup() as group:
-        while (request := issuer.next()) is not None:
+        while (request := issuer.next(planned)) is not None:
             group.create_task(capped(request))
             if issuer.count_reached:
                 break
-            await asyncio.sleep(gap())
+            planned += gap()
+            await asyncio.sleep(max(0.0, planned - time.perf_counter()))
