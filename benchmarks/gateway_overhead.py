@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -109,8 +110,8 @@ def latencies(
 
 async def closed_loop(
     url: str, headers: dict[str, str], model: str, clients: int, seconds: float
-) -> float:
-    """Requests per second sustained by `clients` concurrent keep-alive loops."""
+) -> tuple[float, int]:
+    """Requests per second sustained by `clients` concurrent keep-alive loops, and the count."""
     done = 0
     errors = 0
     stop = time.perf_counter() + seconds
@@ -131,7 +132,22 @@ async def closed_loop(
         elapsed = time.perf_counter() - start
     if errors:
         print(f"  ({errors} non-200 answers from {url})")
-    return done / elapsed
+    return done / elapsed, done
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured_loop(
+    pid: int, url: str, headers: dict[str, str], model: str, args: argparse.Namespace
+) -> tuple[float, float]:
+    """Rate of a closed loop, and CPU milliseconds process `pid` spent per request."""
+    before = cpu_seconds(pid)
+    rate, count = asyncio.run(closed_loop(url, headers, model, args.clients, args.seconds))
+    return rate, (cpu_seconds(pid) - before) * 1000 / max(count, 1)
 
 
 def main() -> None:
@@ -163,7 +179,13 @@ def bench(args: argparse.Namespace, tmp: Path) -> None:
         ]
         if args.real:
             serve = [*inhouse_command(), "serve", "--port", str(serve_port)]
-            procs.append(subprocess.Popen([*serve, "--embedding-model", "none"]))
+            procs.append(
+                subprocess.Popen(
+                    [*serve, "--embedding-model", "none"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             serve_url = f"http://127.0.0.1:{serve_port}"
             models.append(
                 f'[[models]]\nname = "smol"\n[[models.backends]]\nurl = "{serve_url}"\n'
@@ -185,7 +207,8 @@ def bench(args: argparse.Namespace, tmp: Path) -> None:
         if args.real:
             wait_ready(f"{serve_url}/health", 300)
         wait_until_routable(gateway_url, secret, ["static"] + (["smol"] if args.real else []))
-        report(args, static_url, gateway_url, secret, serve_url if args.real else None)
+        pids = {"static": procs[0].pid, "gateway": procs[-1].pid}
+        report(args, static_url, gateway_url, secret, serve_url if args.real else None, pids)
     finally:
         for proc in procs:
             proc.terminate()
@@ -206,7 +229,12 @@ def wait_until_routable(gateway_url: str, secret: str, models: list[str]) -> Non
 
 
 def report(
-    args: argparse.Namespace, static_url: str, gateway_url: str, secret: str, serve_url: str | None
+    args: argparse.Namespace,
+    static_url: str,
+    gateway_url: str,
+    secret: str,
+    serve_url: str | None,
+    pids: dict[str, int],
 ) -> None:
     auth = {"Authorization": f"Bearer {secret}"}
     chat = "/v1/chat/completions"
@@ -232,11 +260,15 @@ def report(
             f"{label:<15}{d50 * 1e3:>10.2f}ms{g50 * 1e3:>11.2f}ms"
             f"{(g50 - d50) * 1e3:>9.2f}ms{added99 * 1e3:>9.2f}ms"
         )
-    direct = asyncio.run(closed_loop(static_url + chat, {}, "static", args.clients, args.seconds))
-    via = asyncio.run(closed_loop(gateway_url + chat, auth, "static", args.clients, args.seconds))
+    direct, static_cpu = measured_loop(pids["static"], static_url + chat, {}, "static", args)
+    via, gateway_cpu = measured_loop(pids["gateway"], gateway_url + chat, auth, "static", args)
     print(f"\nRate, {args.clients} concurrent clients for {args.seconds:.0f}s, static upstream:")
-    print(f"  direct   {direct:8.0f} req/s")
-    print(f"  gateway  {via:8.0f} req/s   ({via / direct:.2f}x of direct)")
+    print(f"  direct   {direct:8.0f} req/s   static responder CPU {static_cpu:.3f} ms/request")
+    print(f"  gateway  {via:8.0f} req/s   gateway CPU {gateway_cpu:.3f} ms/request")
+    print(
+        f"  gateway ceiling on one free core: {1000 / gateway_cpu:.0f} req/s"
+        f" (1 / CPU per request; the measured rate is bounded by a shared machine)"
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, case, insert, select, update
+from sqlalchemy import Engine, bindparam, case, insert, select, update
 
 from inhouse.gateway.config import ConfigError, GatewayConfig
 from inhouse.gateway.db import api_keys, sqlite_path
@@ -102,6 +102,7 @@ class KeyStore:
         # thread hop. Network databases are called from a worker thread.
         self.lookup_is_local = engine.dialect.name == "sqlite"
         self._salts: dict[int, str] = {}
+        self._by_hash = select(api_keys).where(api_keys.c.key_hash == bindparam("digest"))
 
     def hash(self, secret: str) -> str:
         return hmac.new(self._pepper, secret.encode(), hashlib.sha256).hexdigest()
@@ -137,7 +138,7 @@ class KeyStore:
             raise AuthError("missing")
         digest = self.hash(secret)
         with self._engine.connect() as conn:
-            row = conn.execute(select(api_keys).where(api_keys.c.key_hash == digest)).first()
+            row = conn.execute(self._by_hash, {"digest": digest}).first()
         if row is None or not hmac.compare_digest(row.key_hash, digest):
             raise AuthError("invalid")
         key = _decode(row._mapping)

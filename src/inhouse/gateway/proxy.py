@@ -8,6 +8,7 @@ Outcome, so a stream cut off early is charged what was sent.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -81,11 +82,16 @@ def prepare(
     return Forward(upstream, endpoint, out, wants_usage, headers)
 
 
+@functools.lru_cache(maxsize=1024)
+def _endpoint_url(base: str, endpoint: str) -> httpx.URL:
+    return httpx.URL(f"{base}/v1/{endpoint}")
+
+
 async def open_upstream(client: httpx.AsyncClient, forward: Forward) -> httpx.Response:
     """Send the request and return the response with its body still unread."""
-    request = client.build_request(
+    request = httpx.Request(
         "POST",
-        f"{forward.upstream.url}/v1/{forward.endpoint}",
+        _endpoint_url(forward.upstream.url, forward.endpoint),
         content=json.dumps(forward.body).encode(),
         headers={**forward.headers, "content-type": "application/json"},
     )
