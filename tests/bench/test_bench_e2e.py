@@ -332,3 +332,34 @@ def test_open_loop_arrivals_follow_the_seed_and_stop_at_the_duration(
     assert len(requests) == len(expected)
     for request, planned in zip(requests, expected, strict=True):
         assert request["ok"] and request["start"] == pytest.approx(planned, abs=0.15)
+
+
+def test_shared_prefix_shows_the_prefix_cache_at_work(served: Served, tmp_path: Path) -> None:
+    result = bench(
+        "run",
+        *endpoint(served),
+        "--dataset",
+        "shared-prefix",
+        "--prefix-len",
+        "240",
+        "--num-questions",
+        "3",
+        "--input-len",
+        "12",
+        "--output-len",
+        "2",
+        "--max-concurrency",
+        "1",
+        "--num-prompts",
+        "6",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.exit_code == 0, result.output
+    run = load(tmp_path)["runs"][0]
+    assert run["summary"]["completed"] == 6
+    prompts = [r["prompt_tokens"] for r in run["requests"]]
+    assert min(prompts) > 240
+    # Every request after the warm-up finds the 240-token system prompt's full blocks cached.
+    assert run["server_metrics"]["prefix_cache_hit_rate"] > 0.7
+    assert "prefix-cache hits" in result.stdout

@@ -10,7 +10,7 @@ from inhouse.bench.requests import RequestRecord
 from inhouse.bench.results import results_document, write_results
 from inhouse.bench.run import RunResult
 from inhouse.bench.schema import RESULTS_SCHEMA, SCHEMA_VERSION
-from inhouse.bench.scrape import GaugePeaks
+from inhouse.bench.scrape import ServerReadings
 from inhouse.bench.sweep import judge
 
 
@@ -32,7 +32,7 @@ def _run(concurrency: int) -> RunResult:
         RequestRecord(index=1, start=0.1, status=429, error="http: slow down", e2e=0.01),
     ]
     shape = LoadShape(max_concurrency=concurrency, num_prompts=2)
-    return RunResult(shape, summarize(records, 1.0, Slo(ttft=1.0)), records, GaugePeaks())
+    return RunResult(shape, summarize(records, 1.0, Slo(ttft=1.0)), records, ServerReadings())
 
 
 def test_sweep_document_validates_and_round_trips(tmp_path: Path) -> None:

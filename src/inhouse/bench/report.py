@@ -60,8 +60,10 @@ def run_table(result: RunResult, title: str = "inhouse bench") -> Table:
                 if s.goodput is None
                 else f" · goodput {s.goodput:.2f} req/s ({s.slo_met} met SLO)"
             ),
-            f"server peaks: KV cache {_percent(result.server.kv_cache_usage_peak)}"
-            f" · waiting {_num(result.server.waiting_peak, 0)}"
+            f"server: KV cache peak {_percent(result.server.kv_cache_usage_peak)}"
+            f" · waiting peak {_num(result.server.waiting_peak, 0)}"
+            f" · prefix-cache hits {_percent(result.server.prefix_cache_hit_rate)}"
+            f" · preemptions {_num(result.server.preemptions, 0)}"
             + (f" ({result.server.error})" if result.server.error else ""),
         ]
     )

@@ -12,7 +12,7 @@ from inhouse.bench.client import StreamingClient
 from inhouse.bench.loadgen import LoadShape, generate_load
 from inhouse.bench.metrics import RunSummary, Slo, summarize
 from inhouse.bench.requests import BenchRequest, RequestRecord
-from inhouse.bench.scrape import GaugePeaks, MetricsScraper
+from inhouse.bench.scrape import MetricsScraper, ServerReadings
 from inhouse.bench.tokenize import ServerTokenCounter, fill_missing_token_counts
 
 
@@ -43,7 +43,7 @@ class RunResult:
     shape: LoadShape
     summary: RunSummary
     records: list[RequestRecord]
-    server: GaugePeaks
+    server: ServerReadings
     warmup_requests: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -100,7 +100,7 @@ async def execute_run(
         shape=shape,
         summary=summarize(load.records, load.duration, context.slo),
         records=load.records,
-        server=scraper.peaks,
+        server=scraper.readings,
         warmup_requests=len(warmup),
         notes=notes,
     )

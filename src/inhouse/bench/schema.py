@@ -98,7 +98,14 @@ _RUN = {
         "summary": _SUMMARY,
         "server_metrics": {
             "type": "object",
-            "required": ["samples", "kv_cache_usage_peak", "waiting_peak", "running_peak"],
+            "required": [
+                "samples",
+                "kv_cache_usage_peak",
+                "waiting_peak",
+                "running_peak",
+                "prefix_cache_hit_rate",
+                "preemptions",
+            ],
         },
         "notes": {"type": "array", "items": {"type": "string"}},
         "requests": {"type": "array", "items": _REQUEST},

@@ -1,4 +1,5 @@
-"""Scrape the server's Prometheus `/metrics` while a run goes: KV-cache usage and queue peaks."""
+"""Scrape the server's Prometheus `/metrics` while a run goes: KV-cache usage and queue peaks,
+prefix-cache hit rate and preemptions over the run."""
 
 from __future__ import annotations
 
@@ -10,26 +11,32 @@ from typing import Any
 
 import httpx
 
-# Gauge names without their prefix; vLLM's deprecated gpu_cache_usage_perc is read as well.
+# Names without their prefix; vLLM's deprecated gpu_cache_usage_perc is read as well.
 KV_USAGE_NAMES = ("kv_cache_usage_perc", "gpu_cache_usage_perc")
 WAITING_NAMES = ("num_requests_waiting",)
 RUNNING_NAMES = ("num_requests_running",)
+PREFIX_QUERY_NAMES = ("prefix_cache_queries_total", "prefix_cache_queries")
+PREFIX_HIT_NAMES = ("prefix_cache_hits_total", "prefix_cache_hits")
+PREEMPTION_NAMES = ("num_preemptions_total", "num_preemptions")
 PREFIXES = ("inhouse:", "vllm:")
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
 
 
 @dataclass(slots=True, frozen=True)
-class ServerGauges:
-    """One reading of the gauges, summed over label sets; None when the server lacks one."""
+class ServerReading:
+    """One scrape, summed over label sets; None where the server lacks the series."""
 
     kv_cache_usage: float | None
     waiting: float | None
     running: float | None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    preemptions: float | None = None
 
 
-def read_gauges(text: str) -> ServerGauges:
-    """The gauges found in a Prometheus text exposition, under inhouse or vLLM names."""
+def read_gauges(text: str) -> ServerReading:
+    """The series found in a Prometheus text exposition, under inhouse or vLLM names."""
     totals: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -48,7 +55,14 @@ def read_gauges(text: str) -> ServerGauges:
     def first(names: tuple[str, ...]) -> float | None:
         return next((totals[n] for n in names if n in totals), None)
 
-    return ServerGauges(first(KV_USAGE_NAMES), first(WAITING_NAMES), first(RUNNING_NAMES))
+    return ServerReading(
+        first(KV_USAGE_NAMES),
+        first(WAITING_NAMES),
+        first(RUNNING_NAMES),
+        first(PREFIX_QUERY_NAMES),
+        first(PREFIX_HIT_NAMES),
+        first(PREEMPTION_NAMES),
+    )
 
 
 def _peak(current: float | None, value: float | None) -> float | None:
@@ -57,30 +71,59 @@ def _peak(current: float | None, value: float | None) -> float | None:
     return value if current is None else max(current, value)
 
 
+def _delta(first: float | None, last: float | None) -> float | None:
+    return None if first is None or last is None else last - first
+
+
 @dataclass(slots=True)
-class GaugePeaks:
-    """Highest readings seen during a run; `samples` counts successful scrapes."""
+class ServerReadings:
+    """What the scrapes of one run saw: gauge peaks, and counter growth from first to last."""
 
     samples: int = 0
     kv_cache_usage_peak: float | None = None
     waiting_peak: float | None = None
     running_peak: float | None = None
+    first: ServerReading | None = None
+    last: ServerReading | None = None
     error: str | None = None
 
-    def add(self, gauges: ServerGauges) -> None:
+    def add(self, reading: ServerReading) -> None:
         """Fold one reading in."""
         self.samples += 1
-        self.kv_cache_usage_peak = _peak(self.kv_cache_usage_peak, gauges.kv_cache_usage)
-        self.waiting_peak = _peak(self.waiting_peak, gauges.waiting)
-        self.running_peak = _peak(self.running_peak, gauges.running)
+        self.kv_cache_usage_peak = _peak(self.kv_cache_usage_peak, reading.kv_cache_usage)
+        self.waiting_peak = _peak(self.waiting_peak, reading.waiting)
+        self.running_peak = _peak(self.running_peak, reading.running)
+        self.first = self.first or reading
+        self.last = reading
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Prompt tokens found in the prefix cache ÷ prompt tokens looked up, during the run."""
+        if self.first is None or self.last is None:
+            return None
+        queries = _delta(self.first.prefix_queries, self.last.prefix_queries)
+        hits = _delta(self.first.prefix_hits, self.last.prefix_hits)
+        return None if not queries or hits is None else hits / queries
+
+    @property
+    def preemptions(self) -> float | None:
+        """Sequences the server preempted for want of KV blocks during the run."""
+        if self.first is None or self.last is None:
+            return None
+        return _delta(self.first.preemptions, self.last.preemptions)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the results file."""
-        return asdict(self)
+        data = asdict(self)
+        del data["first"], data["last"]
+        data["prefix_cache_hit_rate"] = self.prefix_cache_hit_rate
+        data["preemptions"] = self.preemptions
+        return data
 
 
 class MetricsScraper:
-    """Polls `GET /metrics` every `interval` seconds inside an `async with` block.
+    """Polls `GET /metrics` every `interval` seconds inside an `async with` block, and once
+    more on leaving it so counters cover the whole run.
 
     A server without `/metrics` is noted once and left alone; a failed connection is retried.
     """
@@ -89,27 +132,32 @@ class MetricsScraper:
         self._http = http
         self._interval = interval
         self._task: asyncio.Task[None] | None = None
-        self.peaks = GaugePeaks()
+        self._missing = False
+        self.readings = ServerReadings()
 
-    async def scrape_once(self) -> bool:
-        """Take one reading; False when the server has no `/metrics` (not worth asking again)."""
+    async def scrape_once(self) -> None:
+        """Take one reading (unless the server has no `/metrics`)."""
+        if self._missing:
+            return
         try:
             response = await self._http.get("/metrics", timeout=5.0)
         except httpx.HTTPError as exc:
-            self.peaks.error = f"/metrics unreachable: {type(exc).__name__}"
-            return True
+            self.readings.error = f"/metrics unreachable: {type(exc).__name__}"
+            return
         if response.status_code != 200:
-            self.peaks.error = f"/metrics answered HTTP {response.status_code}"
-            return False
-        self.peaks.add(read_gauges(response.text))
-        self.peaks.error = None
-        return True
+            self.readings.error = f"/metrics answered HTTP {response.status_code}"
+            self._missing = True
+            return
+        self.readings.add(read_gauges(response.text))
+        self.readings.error = None
 
     async def _poll(self) -> None:
-        while await self.scrape_once():
+        while not self._missing:
             await asyncio.sleep(self._interval)
+            await self.scrape_once()
 
     async def __aenter__(self) -> MetricsScraper:
+        await self.scrape_once()  # the counters' baseline, before any request is sent
         self._task = asyncio.create_task(self._poll())
         return self
 
@@ -118,3 +166,4 @@ class MetricsScraper:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await self.scrape_once()
