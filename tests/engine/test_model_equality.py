@@ -56,14 +56,23 @@ def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     return tokens
 
 
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "folder_fixture", ["tiny_llama_folder", "tiny_qwen2_folder", "tiny_qwen3_folder"]
 )
-def test_tiny_models_match_hf_greedy(folder_fixture, request):
+def test_tiny_models_match_hf_greedy(folder_fixture, device, request):
     from transformers import AutoModelForCausalLM
 
     folder = request.getfixturevalue(folder_fixture)
-    loaded = load_model(folder, dtype="float32")
+    loaded = load_model(folder, dtype="float32", device=device)
     runner = ModelRunner(loaded, num_blocks=64, block_size=4)
     rng = random.Random(7)
     prompts = [[rng.randrange(3, 384) for _ in range(n)] for n in (3, 9, 17, 30)]

@@ -27,7 +27,7 @@ class ModelRunner:
                 f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
             )
         if loaded.device.type == "cpu":
-            torch.set_num_threads(os.cpu_count() or 1)
+            torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.model = loaded.model
         self.device = loaded.device
         self.num_blocks = num_blocks
