@@ -55,3 +55,55 @@ def test_schema_rejects_a_document_missing_a_metric() -> None:
     del document["runs"][0]["summary"]["ttft"]["p99"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(document, RESULTS_SCHEMA)
+
+
+def test_version_1_fields_stay_required() -> None:
+    """Within schema_version 1 fields may be added, never removed or renamed."""
+    run = RESULTS_SCHEMA["properties"]["runs"]["items"]
+    summary = run["properties"]["summary"]
+    request = run["properties"]["requests"]["items"]
+    assert set(RESULTS_SCHEMA["required"]) >= {
+        "schema_version",
+        "kind",
+        "created",
+        "config",
+        "notes",
+        "runs",
+        "sweep",
+    }
+    assert set(summary["required"]) >= {
+        "completed",
+        "failed",
+        "failures",
+        "duration",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "goodput",
+        "slo_met",
+        "token_sources",
+        "ttft",
+        "tpot",
+        "itl",
+        "e2e",
+    }
+    assert set(request["required"]) >= {
+        "index",
+        "start",
+        "status",
+        "error",
+        "ok",
+        "outcome",
+        "ttft",
+        "tpot",
+        "e2e",
+        "chunk_times",
+        "prompt_tokens",
+        "output_tokens",
+        "token_source",
+        "finish_reason",
+    }
+    distribution = summary["properties"]["ttft"]["required"]
+    assert set(distribution) >= {"count", "mean", "p50", "p90", "p95", "p99", "max"}
