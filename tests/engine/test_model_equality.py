@@ -85,6 +85,7 @@ def test_tiny_models_match_hf_greedy(folder_fixture, device, request):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # HF dequantizes the GGUF in Python and decodes token by token
 def test_bundled_smollm2_matches_hf_loading_the_gguf(bundled_model_fp32):
     from transformers import AutoModelForCausalLM
 
@@ -98,7 +99,6 @@ def test_bundled_smollm2_matches_hf_loading_the_gguf(bundled_model_fp32):
         "What is the capital of France?",
         "Write a Python function that reverses a string.",
         "Explain why the sky is blue in two sentences.",
-        "List three uses of a paperclip.",
     ]
     texts = [
         tok.apply_chat_template(

@@ -2,7 +2,7 @@
 
 Every layer's cache is a flat tensor of ``num_blocks * block_size`` slots, each slot
 holding one token's K (or V) for all KV heads. New K/V are written by slot; a
-sequence's keys are gathered from its slots into a padded batch and attended with
+sequence's keys are gathered block by block into a padded batch and attended with
 ``scaled_dot_product_attention``, so the same code runs on CPU and CUDA. A fused
 kernel can replace :func:`paged_attention` later without touching the model.
 
@@ -43,7 +43,6 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [T] cache slot for each scheduled token
     groups: list[AttentionGroup]
-    num_tokens: int
 
 
 def write_kv(
@@ -144,7 +143,7 @@ def build_attention_metadata(
         for members in (decode, prefill)
         if members
     ]
-    meta = AttentionMetadata(slot_mapping.to(device), groups, num_tokens)
+    meta = AttentionMetadata(slot_mapping.to(device), groups)
     return meta, positions.to(device)
 
 
