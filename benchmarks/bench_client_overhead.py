@@ -200,8 +200,9 @@ def paced(gap_ms: float = 20.0, requests_per_slot: int = 4) -> None:
             requests = requests_per_slot * concurrency
             _, bare_gaps = asyncio.run(_bare(server.url, requests, concurrency))
             _, _, gaps = asyncio.run(_ours(server.url, requests, concurrency))
+            baseline = _errors(bare_gaps, gap_ms)
             print(
-                f"  concurrency {concurrency:3d}: bare reader (baseline) {_errors(bare_gaps, gap_ms)}"
+                f"  concurrency {concurrency:3d}: bare reader (baseline) {baseline}"
                 f" | StreamingClient {_errors(gaps, gap_ms)}"
             )
 
