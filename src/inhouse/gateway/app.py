@@ -23,6 +23,7 @@ from inhouse.gateway.handler import Gateway, error_response
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.limits import KeyLimiter
 from inhouse.gateway.metrics import GatewayMetrics
+from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
 
 
@@ -44,6 +45,7 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
         AuditWriter(engine, config.audit),
         GatewayMetrics(config.audit.creep_window),
         client,
+        UpstreamClients(),
         limits_block=config.shared_limits,
     )
 
@@ -69,6 +71,7 @@ def create_app(gateway: Gateway) -> FastAPI:
             await gateway.drain()
             await gateway.audit.flush()
             await gateway.client.aclose()
+            await gateway.upstreams.aclose()
 
     app = FastAPI(title="inhouse gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import math
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +22,7 @@ from inhouse.api.errors import (
     authentication_error,
     invalid_request,
     not_found,
+    server_error,
     service_unavailable,
 )
 from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
@@ -31,7 +35,7 @@ from inhouse.gateway.needs import BadRequest, Needs, read_needs
 from inhouse.gateway.proxy import (
     Outcome,
     RelayResponse,
-    open_upstream,
+    UpstreamClients,
     prepare,
     read_answer,
     relay_events,
@@ -39,6 +43,7 @@ from inhouse.gateway.proxy import (
 from inhouse.gateway.routing import Lease, Overloaded, Router
 
 T = TypeVar("T")
+log = logging.getLogger("inhouse.gateway")
 AUTH_MESSAGES = {
     "missing": "Missing API key: send it as 'Authorization: Bearer <key>'.",
     "invalid": "Incorrect API key provided.",
@@ -76,6 +81,7 @@ class Gateway:
         audit: AuditWriter,
         metrics: GatewayMetrics,
         client: httpx.AsyncClient,
+        upstreams: UpstreamClients,
         limits_block: bool,
     ) -> None:
         self.config = config
@@ -85,6 +91,7 @@ class Gateway:
         self.audit = audit
         self.metrics = metrics
         self.client = client
+        self.upstreams = upstreams
         self._limits_block = limits_block
         self._redact = Redactor(config.audit.redact)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -134,11 +141,16 @@ class Gateway:
             key, route, endpoint, needs, reserve, bool(body.get("stream")), ts, started,
             admission.headers, self._prompt_text(key, body),
         )  # fmt: skip
-        return await self._forward(call, body, request)
+        try:
+            return await self._forward(call, body)
+        except Exception:  # a bug must not leak the key's slots: answer 500 and settle
+            log.exception("gateway: request to model %r failed", route.name)
+            return await self._fail(call, Outcome(), server_error(), None)
 
-    async def _forward(self, call: Call, body: dict[str, Any], request: Request) -> Response:
+    async def _forward(self, call: Call, body: dict[str, Any]) -> Response:
         tried: set[int] = set()
         outcome = Outcome()
+        stack = contextlib.AsyncExitStack()
         while True:
             try:
                 call.lease = await self.router.acquire(
@@ -149,12 +161,12 @@ class Gateway:
             lease = call.lease
             if lease.fallback:
                 self.metrics.fallbacks.labels(call.route.name).inc()
-            salt = self.keys.cache_salt(call.key)
-            forward = prepare(lease.upstream, call.endpoint, body, dict(request.headers), salt)
+            forward = prepare(lease.upstream, call.endpoint, body, self.keys.cache_salt(call.key))
             try:
-                upstream = await open_upstream(self.client, forward)
+                async with asyncio.timeout(self.config.request_timeout_s):
+                    upstream = await self.upstreams.open(forward, stack)
                 break
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            except (ConnectionRefusedError, socket.gaierror) as exc:
                 self.router.release(lease)
                 call.lease = None
                 if lease.backend is None:
@@ -163,27 +175,24 @@ class Gateway:
                     )
                     return await self._fail(call, outcome, err, None)
                 tried.add(id(lease.backend))
-                if lease.backend.record_failure(self.config.health, f"proxy: {exc}"[:200]):
+                if lease.backend.record_failure(self.config.health, f"proxy: {exc!r}"[:200]):
                     self.router.wake(call.route.name)
-            except httpx.HTTPError as exc:
-                err = APIError(502, f"upstream error: {type(exc).__name__}", type="server_error")
-                return await self._fail(call, outcome, err, None)
-        outcome.status = upstream.status_code
+            except (OSError, TimeoutError) as exc:
+                return await self._fail(call, outcome, _upstream_error(exc), None)
+        outcome.status = upstream.status
         if outcome.status == 200 and call.stream:
             if call.key.log_content:
                 outcome.text = []
             strip = not forward.client_wants_usage
-            chunks = relay_events(upstream, outcome, strip)
-            return RelayResponse(
-                chunks, upstream, lambda: self._settle(call, outcome), call.headers
-            )
+            chunks = relay_events(upstream.iter_body(), outcome, strip)
+            return RelayResponse(chunks, stack, lambda: self._settle(call, outcome), call.headers)
         try:
-            answer = await upstream.aread()
-        except httpx.HTTPError as exc:
-            err = APIError(502, f"upstream error: {type(exc).__name__}", type="server_error")
-            return await self._fail(call, outcome, err, None)
+            async with asyncio.timeout(self.config.request_timeout_s):
+                answer = await upstream.read()
+        except (OSError, TimeoutError) as exc:
+            return await self._fail(call, outcome, _upstream_error(exc), None)
         finally:
-            await upstream.aclose()
+            await stack.aclose()
         read_answer(answer, outcome, call.key.log_content)
         outcome.completed = True
         self._spawn(self._settle(call, outcome))
@@ -340,6 +349,12 @@ def error_response(
         out["retry-after"] = str(max(1, math.ceil(retry_after)))
         out["retry-after-ms"] = str(max(1, math.ceil(retry_after * 1000)))
     return JSONResponse(err.body().model_dump(), status_code=err.status_code, headers=out)
+
+
+def _upstream_error(exc: BaseException) -> APIError:
+    if isinstance(exc, TimeoutError):
+        return APIError(504, "the upstream did not answer in time", type="server_error")
+    return APIError(502, f"upstream error: {type(exc).__name__}", type="server_error")
 
 
 def _limit_error(reason: str, message: str) -> APIError:
