@@ -82,13 +82,12 @@ def refusal(upstream: Upstream, needs: Needs) -> str | None:
     out = needs.max_output
     if caps.max_output is not None and out is not None and out > caps.max_output:
         return f"max_tokens {needs.max_output} exceeds the model's output limit {caps.max_output}"
-    if caps.max_context is not None:
-        total = needs.prompt_tokens + (needs.max_output or 0)
-        if needs.prompt_tokens > caps.max_context or total > caps.max_context:
-            return (
-                f"prompt (~{needs.prompt_tokens} tokens) + max_tokens ({needs.max_output or 0})"
-                f" exceeds the model's context of {caps.max_context} tokens"
-            )
+    total = needs.prompt_tokens + (needs.max_output or 0)
+    if caps.max_context is not None and total > caps.max_context:
+        return (
+            f"prompt (~{needs.prompt_tokens} tokens) + max_tokens ({needs.max_output or 0})"
+            f" exceeds the model's context of {caps.max_context} tokens"
+        )
     return None
 
 
