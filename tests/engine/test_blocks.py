@@ -46,7 +46,6 @@ def test_second_request_with_same_prefix_hits_full_blocks_only():
     second = make_seq([*range(10), 99, 98])
     hits = kv.find_cached_prefix(second)
     assert [b.block_id for b in hits] == first.block_table[:2]  # 2 full blocks; 2 tokens partial
-    assert kv.counters.hits == 8
 
 
 def test_hit_leaves_at_least_one_token_to_compute():

@@ -5,18 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer
 
-from inhouse.bundled import default_chat_model
 from inhouse.engine.detokenizer import IncrementalDetokenizer
 
 MIXED = "Grüße 👋🏽 from 東京! ok 🎉🎉 done — naïve café ☕."
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    path = default_chat_model()
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+def tokenizer(bundled_model_fp32) -> Any:
+    return bundled_model_fp32.tokenizer
 
 
 def stream(

@@ -17,9 +17,9 @@ QUESTIONS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
     "What is 2 + 2? Answer with a number only.",
-    "Name a primary colour.",
 ]
 MORE = [
+    "Name a primary colour.",
     "Explain in detail how a bicycle works, covering the frame, the wheels, the chain and "
     "the brakes, and why it stays upright when moving.",
     "Hi",

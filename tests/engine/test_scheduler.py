@@ -84,6 +84,7 @@ def test_out_of_blocks_preempts_newest_running_and_requeues_it_first():
     assert list(sched.waiting)[:2] == [new, waiting]
     assert sched.num_preemptions == 1
     assert [s.request_id for s, _ in out.scheduled] == ["old"]  # no admission this step
+    assert sched.kv_cache.counters.queries == 8  # only admitted lookups count, once each
 
 
 def test_single_request_always_progresses_when_pool_holds_max_model_len():

@@ -47,10 +47,13 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        if self.enable_prefix_caching:
-            self.counters.queries += seq.num_tokens
-            self.counters.hits += len(hits) * self.block_size
         return hits
+
+    def record_lookup(self, num_tokens: int, num_cached_tokens: int) -> None:
+        """Count one admitted sequence's prefix lookup (in tokens) for the metrics."""
+        if self.enable_prefix_caching:
+            self.counters.queries += num_tokens
+            self.counters.hits += num_cached_tokens
 
     def allocate_slots(
         self, seq: Sequence, num_new_tokens: int, cached: list[KVBlock] | None = None

@@ -95,6 +95,7 @@ class Scheduler:
             if not self.kv_cache.allocate_slots(seq, num_new, cached):
                 break
             self.waiting.popleft()
+            self.kv_cache.record_lookup(seq.num_tokens, num_cached)
             seq.num_computed_tokens = num_cached
             if seq.first_scheduled_time is None:
                 seq.num_cached_tokens = num_cached
