@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 from fastapi import FastAPI, Request
@@ -79,17 +79,10 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def api_error(_request: Request, err: APIError) -> JSONResponse:
         return error_response(err)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await gateway.handle(request, "chat/completions")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await gateway.handle(request, "completions")
-
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request) -> Response:
-        return await gateway.handle(request, "embeddings")
+    # The proxied routes are plain Starlette routes: FastAPI's parameter solving would
+    # cost more CPU than the rest of the request path, and they take no parameters.
+    for endpoint in ("chat/completions", "completions", "embeddings"):
+        app.router.add_route(f"/v1/{endpoint}", _proxy_route(gateway, endpoint), methods=["POST"])
 
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:
@@ -115,3 +108,10 @@ def create_app(gateway: Gateway) -> FastAPI:
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+def _proxy_route(gateway: Gateway, endpoint: str) -> Callable[[Request], Awaitable[Response]]:
+    async def route(request: Request) -> Response:
+        return await gateway.handle(request, endpoint)
+
+    return route
