@@ -320,3 +320,12 @@ def test_kv_budget_must_hold_one_full_sequence(tiny):
         SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
     )
     assert len(res["a"].choices[0].token_ids) == 40 - 27
+
+
+def test_default_cpu_kv_budget_is_capped_but_holds_one_full_sequence():
+    from inhouse.engine.config import DEFAULT_KV_CAP_CPU, default_kv_cache_memory
+
+    assert 0 < default_kv_cache_memory("cpu") <= DEFAULT_KV_CAP_CPU
+    one_sequence = DEFAULT_KV_CAP_CPU + 2**20
+    assert default_kv_cache_memory("cpu", one_sequence) == one_sequence
+    assert default_kv_cache_memory("cpu", 2**60) <= DEFAULT_KV_CAP_CPU  # beyond a quarter of RAM

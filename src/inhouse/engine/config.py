@@ -13,6 +13,7 @@ DEFAULT_KV_FRACTION_CPU = 0.1
 DEFAULT_KV_FRACTION_CUDA = 0.8
 # The default CPU budget stays small so the whole engine fits in 1 GB with the bundled model.
 DEFAULT_KV_CAP_CPU = 192 * 2**20
+MAX_KV_FRACTION_CPU = 0.25
 
 
 @dataclass(slots=True)
@@ -47,14 +48,23 @@ class EngineConfig:
             )
 
 
-def default_kv_cache_memory(device: str) -> int:
-    """Bytes for the KV cache when none are given: a share of what the device has free."""
+def default_kv_cache_memory(device: str, one_sequence_bytes: int = 0) -> int:
+    """Bytes for the KV cache when none are given: a share of what the device has free.
+
+    On CPU the share is capped (pages of the cache only become resident when used) but
+    raised to hold one ``max_model_len`` sequence when that costs at most a quarter of
+    the available memory, so the default never has to shorten ``max_model_len``.
+    """
     if device.startswith("cuda"):
         import torch
 
         free, _total = torch.cuda.mem_get_info(torch.device(device))
         return int(free * DEFAULT_KV_FRACTION_CUDA)
-    return min(int(_mem_available() * DEFAULT_KV_FRACTION_CPU), DEFAULT_KV_CAP_CPU)
+    available = _mem_available()
+    share = min(int(available * DEFAULT_KV_FRACTION_CPU), DEFAULT_KV_CAP_CPU)
+    if share < one_sequence_bytes <= available * MAX_KV_FRACTION_CPU:
+        return one_sequence_bytes
+    return share
 
 
 def _mem_available(meminfo: Path = Path("/proc/meminfo")) -> int:

@@ -55,9 +55,10 @@ def plan_kv_budget(config: EngineConfig, loaded: LoadedModel) -> KVBudget:
             f"max_position_embeddings {model_max}"
         )
     max_model_len = config.max_model_len or min(model_max, MAX_DEFAULT_MODEL_LEN)
-    memory = config.kv_cache_memory or default_kv_cache_memory(config.device)
     per_token = kv_bytes_per_token(loaded.config_dict, loaded.dtype.itemsize)
     block_size = config.block_size
+    one_sequence = -(-max_model_len // block_size) * block_size * per_token
+    memory = config.kv_cache_memory or default_kv_cache_memory(config.device, one_sequence)
     num_blocks = kv_cache_capacity(memory, per_token, block_size, max_model_len).num_blocks
     if num_blocks * block_size < max_model_len:
         fits = num_blocks * block_size
