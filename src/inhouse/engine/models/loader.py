@@ -36,7 +36,7 @@ class LoadedModel:
     eos_token_ids: set[int]
     model_id: str
     source_path: Path
-    source_sha256: str
+    source_sha256: str  # a GGUF's file sha256; a folder's config + safetensors-header digest
     dtype: torch.dtype
     device: torch.device
     hf_folder: Path
