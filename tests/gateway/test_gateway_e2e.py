@@ -319,7 +319,7 @@ def test_tpm_retry_after_is_the_time_until_the_tokens_fit(stack: Stack) -> None:
     expected_ms = (reserve - (600 - charged)) * 100  # 600 tokens/min: 100 ms per token
     assert expected_ms - elapsed_ms - 1 <= wait_ms <= expected_ms + 1  # tokens refill meanwhile
     time.sleep(wait_ms / 1000)
-    assert client.chat.completions.create(model="smol", messages=HELLO, max_tokens=590)
+    assert client.chat.completions.create(model="smol", messages=HELLO, max_tokens=590, stop=[" "])
 
 
 def test_concurrency_cap(stack: Stack) -> None:
@@ -559,6 +559,22 @@ def test_restarting_a_replica_brings_it_back(stack: Stack) -> None:
         "inhouse:gateway_fallbacks_total" in metrics
         and "inhouse:gateway_mean_prompt_tokens" in metrics
     )
+
+
+def test_tenants_never_share_prefix_cache(stack: Stack) -> None:
+    """After the restart only r1 is up, so every request lands on the same engine."""
+    assert stack.backend_states() == ["up", "down"]
+    prompt = [{"role": "user", "content": "Summarise the following notes. " + "alpha beta " * 60}]
+    clients = [stack.client(stack.key(name)) for name in ("tenant-a", "tenant-b")]
+
+    def cached(client: openai.OpenAI) -> int:
+        usage = client.chat.completions.create(model="smol", messages=prompt, max_tokens=1).usage
+        details = usage.prompt_tokens_details
+        return 0 if details is None else details.cached_tokens or 0
+
+    assert cached(clients[0]) == 0
+    assert cached(clients[0]) > 0  # the same tenant hits its own prefix cache
+    assert cached(clients[1]) == 0  # another tenant with the same prompt does not
 
 
 def test_no_secret_in_any_log_or_database_column(stack: Stack) -> None:

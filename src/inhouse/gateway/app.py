@@ -33,10 +33,6 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
     keys = KeyStore(engine, load_pepper(config), clock)
     store = SqlTatStore(engine) if config.shared_limits else MemoryTatStore()
     limiter = KeyLimiter(Gcra(store, clock), clock)
-    client = httpx.AsyncClient(
-        timeout=httpx.Timeout(config.request_timeout_s, connect=5.0),
-        limits=httpx.Limits(max_connections=2000, max_keepalive_connections=500),
-    )
     return Gateway(
         config,
         keys,
@@ -44,7 +40,6 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
         Router(config.models, config.health.interval_s),
         AuditWriter(engine, config.audit),
         GatewayMetrics(config.audit.creep_window),
-        client,
         UpstreamClients(),
         limits_block=config.shared_limits,
     )
@@ -58,8 +53,9 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        health_client = httpx.AsyncClient()
         checker = HealthChecker(
-            gateway.router.all_backends(), gateway.client, gateway.config.health, on_health_change
+            gateway.router.all_backends(), health_client, gateway.config.health, on_health_change
         )
         tasks = [asyncio.create_task(checker.run()), asyncio.create_task(gateway.audit.run())]
         try:
@@ -70,7 +66,7 @@ def create_app(gateway: Gateway) -> FastAPI:
             await asyncio.gather(*tasks, return_exceptions=True)
             await gateway.drain()
             await gateway.audit.flush()
-            await gateway.client.aclose()
+            await health_client.aclose()
             await gateway.upstreams.aclose()
 
     app = FastAPI(title="inhouse gateway", lifespan=lifespan, docs_url=None, redoc_url=None)

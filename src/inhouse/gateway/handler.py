@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
@@ -80,7 +79,6 @@ class Gateway:
         router: Router,
         audit: AuditWriter,
         metrics: GatewayMetrics,
-        client: httpx.AsyncClient,
         upstreams: UpstreamClients,
         limits_block: bool,
     ) -> None:
@@ -90,7 +88,6 @@ class Gateway:
         self.router = router
         self.audit = audit
         self.metrics = metrics
-        self.client = client
         self.upstreams = upstreams
         self._limits_block = limits_block
         self._redact = Redactor(config.audit.redact)
