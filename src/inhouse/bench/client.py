@@ -7,8 +7,8 @@ import json
 import time
 from typing import Any
 
-from inhouse.bench.http1 import Http1Client
 from inhouse.bench.requests import ENDPOINT_PATHS, BenchRequest, RequestRecord
+from inhouse.http1 import Http1Client
 
 
 def normalize_base_url(url: str) -> str:

@@ -22,10 +22,10 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from inhouse.bench.http1 import Http1Client
-from inhouse.bench.http1 import Response as UpstreamResponse
 from inhouse.gateway.backends import auth_headers
 from inhouse.gateway.config import Upstream
+from inhouse.http1 import Http1Client
+from inhouse.http1 import Response as UpstreamResponse
 
 
 @dataclass(slots=True)

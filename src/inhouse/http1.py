@@ -1,7 +1,8 @@
-"""A lean HTTP/1.1 client for the measured requests: one write per request, keep-alive, chunked
-decoding on asyncio streams. A general client (httpx) spends ~70 µs of CPU per streamed chunk on
-its protocol machinery; this one a fraction of that, so the client stays far from being the
-bottleneck (see benchmarks/bench_client_overhead.py). Setup and scraping keep using httpx."""
+"""A lean HTTP/1.1 client: one write per request, keep-alive, chunked decoding on asyncio streams.
+A general client (httpx) spends ~70 µs of CPU per streamed chunk on its protocol machinery; this
+one a fraction of that. bench sends its measured requests with it (so the client stays far from
+being the bottleneck, see benchmarks/bench_client_overhead.py) and the gateway its upstream
+requests. Setup, scraping and health checks keep using httpx."""
 
 from __future__ import annotations
 
