@@ -17,11 +17,13 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-from bench_serving import API_KEY, INHOUSE, Served, free_port, start_serve
+from bench_serving import API_KEY, Served, start_serve
 from typer.testing import CliRunner
 
 from inhouse.bench.schema import RESULTS_SCHEMA
 from inhouse.cli import app
+from inhouse.gateway.up import free_port, inhouse_command
+from serving import stop, wait_healthy
 
 pytest.importorskip("inhouse.server")
 pytestmark = pytest.mark.slow
@@ -84,18 +86,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     store = KeyStore(open_database(database), load_pepper(load_config(config_path)))
     with (base / "gateway.log").open("w") as log:
         gateway = subprocess.Popen(
-            [INHOUSE, "gateway", "--config", str(config_path)], stdout=log, stderr=log
+            [*inhouse_command(), "gateway", "--config", str(config_path)], stdout=log, stderr=log
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while _status(f"{url}/health") != 200:
-            assert time.monotonic() < deadline, (base / "gateway.log").read_text()
-            time.sleep(0.2)
+        wait_healthy(f"{url}/health", gateway, base / "gateway.log", 60)
         yield Stack(served, url, gateway, store)
     finally:
-        gateway.terminate()
-        gateway.wait(timeout=20)
+        stop(gateway)
         served.stop()
 
 
@@ -166,7 +164,7 @@ def _long_answers(url: str) -> float:
 def test_server_killed_mid_run_then_gateway_503s(stack: Stack, tmp_path: Path) -> None:
     served, out = stack.served, tmp_path / "killed"
     command = [
-        INHOUSE,
+        *inhouse_command(),
         "bench",
         "run",
         "--base-url",

@@ -28,6 +28,7 @@ from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.up import free_port, inhouse_command
+from serving import stop, wait_healthy
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve (issue 4) is not importable yet")
 
@@ -60,12 +61,8 @@ class Process:
             self.popen.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.popen is not None:
+            stop(self.popen)
 
 
 @dataclass
@@ -113,18 +110,8 @@ def _serve(port: int, key: str, log: Path) -> Process:
 
 
 def _wait_http(url: str, timeout: float, proc: Process) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        log = proc.log.read_text()
-        alive = proc.popen is not None and proc.popen.poll() is None
-        assert alive and "failed" not in log, log[-3000:]
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not healthy after {timeout}s:\n{proc.log.read_text()[-3000:]}")
+    assert proc.popen is not None, f"{proc.args} was never started"
+    wait_healthy(url, proc.popen, proc.log, timeout, fail_marker="failed")
 
 
 def _config(

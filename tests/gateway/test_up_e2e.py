@@ -6,15 +6,14 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from inhouse.gateway.config import GatewayConfig
 from inhouse.gateway.up import ensure_admin_key, free_port, inhouse_command
+from serving import wait_healthy
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve (issue 4) is not importable yet")
 
@@ -39,17 +38,7 @@ def test_up_serves_the_bundled_model_behind_the_gateway(tmp_path: Path) -> None:
             env=env,
         )
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert up.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"inhouse up never became healthy:\n{log.read_text()[-3000:]}")
+        wait_healthy(f"http://127.0.0.1:{port}/health", up, log, 300)
         secrets = re.findall(r"^ih-\S+$", log.read_text(), flags=re.MULTILINE)
         assert len(secrets) == 1
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=secrets[0])

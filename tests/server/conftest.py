@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
+
+from inhouse.gateway.up import free_port, inhouse_command
+from serving import stop, wait_healthy
 
 API_KEY = "test-key"
 MAX_BODY_BYTES = 64 * 1024
@@ -43,18 +42,12 @@ class RunningServer:
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     command = [
-        str(Path(sys.executable).parent / "inhouse"),
+        *inhouse_command(),
         "serve",
         "--port", str(port),
         "--api-key", API_KEY,
@@ -66,25 +59,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=os.environ)
     running = RunningServer(f"http://127.0.0.1:{port}", process)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
     try:
-        while time.monotonic() < deadline:
-            assert process.poll() is None, f"server exited:\n{log.read_text()}"
-            try:
-                status = httpx.get(f"{running.base_url}/health", timeout=2).status_code
-            except httpx.TransportError:
-                time.sleep(0.1)
-                continue
-            running.health_seen.append(status)
-            if status == 200:
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"server not ready after {STARTUP_TIMEOUT_S}s:\n{log.read_text()}")
+        wait_healthy(
+            f"{running.base_url}/health", process, log, STARTUP_TIMEOUT_S, running.health_seen
+        )
         yield running
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop(process)
