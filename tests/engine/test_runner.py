@@ -123,12 +123,10 @@ def test_empty_batch_is_refused(runner):
         runner.execute([])
 
 
-@pytest.mark.parametrize(
-    ("dtype", "plan_dtype", "factor"), [("bfloat16", "bf16", 1), ("float32", "bf16", 2)]
-)
-def test_kv_bytes_per_block_agrees_with_plan(tiny_qwen3_folder, dtype, plan_dtype, factor):
+@pytest.mark.parametrize(("dtype", "plan_dtype"), [("bfloat16", "bf16"), ("float32", "fp32")])
+def test_kv_bytes_per_block_agrees_with_plan(tiny_qwen3_folder, dtype, plan_dtype):
     loaded = load_model(tiny_qwen3_folder, dtype=dtype)
     runner = ModelRunner(loaded, num_blocks=3, block_size=16)
     per_token = kv_bytes_per_token(spec_from_hf_config(loaded.config_dict), plan_dtype)
-    assert runner.kv_bytes_per_block == factor * per_token * 16
+    assert runner.kv_bytes_per_block == per_token * 16
     assert runner.kv_cache.numel() * runner.kv_cache.element_size() == 3 * runner.kv_bytes_per_block

@@ -6,6 +6,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from inhouse.engine.config import MAX_DEFAULT_MODEL_LEN, EngineConfig, default_kv_cache_memory
 from inhouse.engine.errors import EngineConfigError
 from inhouse.plan.capacity import kv_bytes_per_token as plan_kv_bytes_per_token
@@ -17,7 +19,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BF16_BYTES = 2
+# The planner's name for each cache dtype the engine allocates.
+PLAN_KV_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,11 +42,9 @@ class KVBudget:
         return self.num_blocks / -(-self.max_model_len // self.block_size)
 
 
-def kv_bytes_per_token(config_dict: dict, element_size: int) -> int:
-    """K and V of every layer for one token, from ``inhouse.plan`` (which knows 16-bit
-    and smaller KV dtypes; a float32 cache costs twice bf16)."""
-    bf16 = plan_kv_bytes_per_token(spec_from_hf_config(config_dict), "bf16")
-    return bf16 // BF16_BYTES * element_size
+def kv_bytes_per_token(config_dict: dict, dtype: torch.dtype) -> int:
+    """K and V of every layer for one token in ``dtype``, as ``inhouse.plan`` counts them."""
+    return plan_kv_bytes_per_token(spec_from_hf_config(config_dict), PLAN_KV_DTYPES[dtype])
 
 
 def plan_kv_budget(config: EngineConfig, loaded: LoadedModel) -> KVBudget:
@@ -55,7 +56,7 @@ def plan_kv_budget(config: EngineConfig, loaded: LoadedModel) -> KVBudget:
             f"max_position_embeddings {model_max}"
         )
     max_model_len = config.max_model_len or min(model_max, MAX_DEFAULT_MODEL_LEN)
-    per_token = kv_bytes_per_token(loaded.config_dict, loaded.dtype.itemsize)
+    per_token = kv_bytes_per_token(loaded.config_dict, loaded.dtype)
     block_size = config.block_size
     one_sequence = -(-max_model_len // block_size) * block_size * per_token
     memory = config.kv_cache_memory or default_kv_cache_memory(config.device, one_sequence)

@@ -44,7 +44,7 @@ def plan(
     kv_dtype: str = typer.Option(
         "auto",
         "--kv-dtype",
-        help="KV cache dtype: bf16, fp16, fp8, int8; auto follows --dtype (bf16 or fp16).",
+        help="KV cache dtype: fp32, bf16, fp16, fp8, int8; auto follows --dtype (bf16 or fp16).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the numbers as JSON."),
     explain: bool = typer.Option(False, "--explain", help="Spell out the arithmetic."),

@@ -74,7 +74,7 @@ _ALIASES = {
     "awq_int4": "awq",
 }
 
-KV_DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+KV_DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
 
 def weight_format(name: str) -> WeightFormat:
