@@ -343,7 +343,9 @@ def test_quota_exhaustion(stack: Stack) -> None:
             if r["status"] == 200
         ),
     )
-    assert 0 < charged <= 300 + worst_overshoot
+    # A sequential client can overshoot by its last request and by the one before,
+    # whose settlement may still hold only its reservation when the last is admitted.
+    assert 0 < charged <= 300 + 2 * worst_overshoot
     deadline = time.monotonic() + 5
     while stack.store.get("quota").quota_used != charged and time.monotonic() < deadline:
         time.sleep(0.1)

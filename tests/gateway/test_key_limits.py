@@ -6,12 +6,12 @@ import pytest
 
 from inhouse.gateway.gcra import Gcra, MemoryTatStore
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.limits import KeyLimiter
+from inhouse.gateway.limits import KeyLimiter, quota_refusal
 
 
 @pytest.fixture
 def limiter(clock) -> KeyLimiter:
-    return KeyLimiter(Gcra(MemoryTatStore(), clock), clock)
+    return KeyLimiter(Gcra(MemoryTatStore(), clock))
 
 
 def test_concurrency_cap_frees_on_release(store: KeyStore, limiter: KeyLimiter) -> None:
@@ -19,7 +19,7 @@ def test_concurrency_cap_frees_on_release(store: KeyStore, limiter: KeyLimiter) 
     assert limiter.admit(key, 10).allowed and limiter.admit(key, 10).allowed
     refused = limiter.admit(key, 10)
     assert not refused.allowed and refused.reason == "concurrency" and refused.retry_after_s
-    limiter.release(key, 10)
+    limiter.release(key)
     assert limiter.admit(key, 10).allowed
 
 
@@ -33,7 +33,7 @@ def test_tokens_are_reserved_then_settled_to_real_usage(
     assert not refused.allowed and refused.reason == "tokens"
     assert refused.retry_after_s == pytest.approx(12.0)
     limiter.settle(key, reserved=600, charged=100)
-    limiter.release(key, 600)
+    limiter.release(key)
     assert limiter.headers(key)["x-ratelimit-remaining-tokens"] == "900"
     assert limiter.admit(key, 600).allowed
 
@@ -65,20 +65,20 @@ def test_unlimited_keys_send_no_rate_headers(store: KeyStore, limiter: KeyLimite
     assert admission.allowed and admission.headers == {}
 
 
-def test_quota_counts_charged_and_in_flight_tokens(
-    store: KeyStore, limiter: KeyLimiter, clock
-) -> None:
+def test_withdraw_undoes_an_admission(store: KeyStore, limiter: KeyLimiter) -> None:
+    key, _ = store.create("w", rpm=1, tpm=100, max_concurrent=1)
+    assert limiter.admit(key, 100).allowed
+    limiter.withdraw(key, 100)
+    assert limiter.in_flight(key) == 0
+    assert limiter.headers(key)["x-ratelimit-remaining-requests"] == "1"
+    assert limiter.headers(key)["x-ratelimit-remaining-tokens"] == "100"
+    assert limiter.admit(key, 100).allowed
+
+
+def test_quota_refusal_waits_for_the_period_unless_it_can_never_fit(store: KeyStore, clock) -> None:
     key, _ = store.create("q", quota_tokens=1000, quota_period_s=86400)
-    store.charge_quota(key, 700, clock.now)
-    key = store.get("q")
-    assert limiter.admit(key, 200).allowed
-    refused = limiter.admit(key, 200)
+    refused = quota_refusal(key, 900, 200, clock.now, {})
     assert not refused.allowed and refused.reason == "insufficient_quota"
     assert refused.retry_after_s == pytest.approx(86400)
-    store.charge_quota(key, 50, clock.now)
-    limiter.release(key, 200)
-    key = store.get("q")
-    assert limiter.admit(key, 200).allowed
-    limiter.release(key, 200)
-    clock.advance(86400)
-    assert limiter.admit(store.get("q"), 900).allowed
+    assert "900 of 1000 used" in refused.message
+    assert quota_refusal(key, 0, 1001, clock.now, {}).retry_after_s is None

@@ -32,7 +32,7 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
     engine = open_database(config.database)
     keys = KeyStore(engine, load_pepper(config), clock)
     store = SqlTatStore(engine) if config.shared_limits else MemoryTatStore()
-    limiter = KeyLimiter(Gcra(store, clock), clock)
+    limiter = KeyLimiter(Gcra(store, clock))
     return Gateway(
         config,
         keys,

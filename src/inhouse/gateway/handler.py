@@ -28,7 +28,7 @@ from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.backends import BackendState
 from inhouse.gateway.config import GatewayConfig, ModelRoute
 from inhouse.gateway.keys import ApiKey, AuthError, KeyStore
-from inhouse.gateway.limits import KeyLimiter
+from inhouse.gateway.limits import Admission, KeyLimiter, quota_refusal
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.needs import BadRequest, Needs, read_needs
 from inhouse.gateway.proxy import (
@@ -128,6 +128,8 @@ class Gateway:
             return self._refuse(err, key, model, endpoint, ts, started)
         reserve = needs.reserve(route.default_max_tokens)
         admission = await self._limits(self.limiter.admit, key, reserve)
+        if admission.allowed and key.quota_tokens is not None:
+            admission = await self._reserve_quota(key, reserve, ts, admission.headers)
         if not admission.allowed:
             err = _limit_error(admission.reason or "requests", admission.message)
             return self._refuse(
@@ -243,9 +245,11 @@ class Gateway:
             )
         )
         await self._limits(self.limiter.settle, call.key, call.reserve, charged)
-        if call.key.quota_tokens is not None and charged:
-            await asyncio.to_thread(self.keys.charge_quota, call.key, charged, call.ts)
-        self.limiter.release(call.key, call.reserve)
+        if call.key.quota_tokens is not None:
+            await asyncio.to_thread(
+                self.keys.settle_quota, call.key, call.ts, call.reserve, charged
+            )
+        self.limiter.release(call.key)
 
     async def _fail(
         self, call: Call, outcome: Outcome, err: APIError, retry_after: float | None
@@ -304,6 +308,16 @@ class Gateway:
             return None
         content = body.get("messages", body.get("prompt", body.get("input")))
         return self._redact(content if isinstance(content, str) else json.dumps(content))
+
+    async def _reserve_quota(
+        self, key: ApiKey, reserve: int, ts: float, headers: dict[str, str]
+    ) -> Admission:
+        """Hold `reserve` tokens of the key's quota, or withdraw the admission just made."""
+        used = await asyncio.to_thread(self.keys.reserve_quota, key, reserve, ts)
+        if used is None:
+            return Admission(True, headers=headers)
+        await self._limits(self.limiter.withdraw, key, reserve)
+        return quota_refusal(key, used, reserve, ts, headers)
 
     async def _limits(self, fn: Callable[..., T], *args: Any) -> T:
         if self._limits_block:

@@ -2,15 +2,15 @@
 
 Tokens are reserved at admission (prompt estimate + max_tokens, as OpenAI counts)
 and reconciled with the backend's usage when the response ends. Requests/minute
-and tokens/minute use GCRA; concurrency and in-flight quota reservations are
-counted in this process.
+and tokens/minute use GCRA; concurrency is counted in this process; the token
+quota is reserved in the key database (`KeyStore.reserve_quota`), and
+`quota_refusal` words its refusal.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inhouse.gateway.durations import format_reset
@@ -34,12 +34,10 @@ class Admission:
 class KeyLimiter:
     """Admits and settles requests against one key's limits."""
 
-    def __init__(self, gcra: Gcra, clock: Callable[[], float]) -> None:
+    def __init__(self, gcra: Gcra) -> None:
         self._gcra = gcra
-        self._clock = clock
         self._lock = threading.Lock()
         self._in_flight: dict[int, int] = {}
-        self._quota_reserved: dict[int, int] = {}
 
     def admit(self, key: ApiKey, reserve: int) -> Admission:
         """Reserve one request slot and `reserve` tokens, or say why not and for how long."""
@@ -55,15 +53,11 @@ class KeyLimiter:
                     f"too many concurrent requests for this key (limit {key.max_concurrent})",
                     self.headers(key),
                 )
-            quota = self._quota_check(key, reserve)
-            if quota is not None:
-                return quota
             self._in_flight[key.id] = self._in_flight.get(key.id, 0) + 1
-            self._quota_reserved[key.id] = self._quota_reserved.get(key.id, 0) + reserve
         requests = self._acquire(key, "rpm", key.rpm, 1)
         tokens = self._acquire(key, "tpm", key.tpm, reserve) if _passed(requests) else None
         if not _passed(requests) or not _passed(tokens):
-            self._finish(key, reserve)
+            self.release(key)
             if _passed(requests) and key.rpm is not None:
                 self._gcra.adjust(f"rpm:{key.id}", key.rpm, -1)
             failed, what, limit = (
@@ -86,9 +80,17 @@ class KeyLimiter:
         if key.tpm is not None:
             self._gcra.adjust(f"tpm:{key.id}", key.tpm, charged - reserved)
 
-    def release(self, key: ApiKey, reserved: int) -> None:
-        """End a request: free its concurrency slot and quota reservation (after charging)."""
-        self._finish(key, reserved)
+    def release(self, key: ApiKey) -> None:
+        """End a request: free its concurrency slot."""
+        with self._lock:
+            self._in_flight[key.id] = self._in_flight.get(key.id, 1) - 1
+
+    def withdraw(self, key: ApiKey, reserved: int) -> None:
+        """Undo an admission refused later (by the quota): its slot, request and tokens."""
+        self.settle(key, reserved, 0)
+        if key.rpm is not None:
+            self._gcra.adjust(f"rpm:{key.id}", key.rpm, -1)
+        self.release(key)
 
     def headers(self, key: ApiKey) -> dict[str, str]:
         return _headers(None, None, key, self._gcra)
@@ -96,35 +98,29 @@ class KeyLimiter:
     def in_flight(self, key: ApiKey) -> int:
         return self._in_flight.get(key.id, 0)
 
-    def _finish(self, key: ApiKey, reserved: int) -> None:
-        with self._lock:
-            self._in_flight[key.id] = self._in_flight.get(key.id, 1) - 1
-            self._quota_reserved[key.id] = self._quota_reserved.get(key.id, reserved) - reserved
-
-    def _quota_check(self, key: ApiKey, reserve: int) -> Admission | None:
-        if key.quota_tokens is None:
-            return None
-        now = self._clock()
-        used = key.quota_used_at(now) + self._quota_reserved.get(key.id, 0)
-        if used + reserve <= key.quota_tokens:
-            return None
-        reset_at = key.quota_reset_at(now)
-        wait = None if reset_at is None or reserve > key.quota_tokens else reset_at - now
-        return Admission(
-            False,
-            "insufficient_quota",
-            wait,
-            f"token quota exhausted for this key: {used} of {key.quota_tokens} used,"
-            f" this request reserves {reserve}",
-            self.headers(key),
-        )
-
     def _acquire(
         self, key: ApiKey, dimension: str, limit: int | None, cost: int
     ) -> RateState | None:
         if limit is None:
             return None
         return self._gcra.acquire(f"{dimension}:{key.id}", limit, cost)
+
+
+def quota_refusal(
+    key: ApiKey, used: int, reserve: int, now: float, headers: dict[str, str]
+) -> Admission:
+    """Why a request does not fit the key's token quota, and when the period resets."""
+    assert key.quota_tokens is not None
+    reset_at = key.quota_reset_at(now)
+    wait = None if reset_at is None or reserve > key.quota_tokens else reset_at - now
+    return Admission(
+        False,
+        "insufficient_quota",
+        wait,
+        f"token quota exhausted for this key: {used} of {key.quota_tokens} used,"
+        f" this request reserves {reserve}",
+        headers,
+    )
 
 
 def _passed(state: RateState | None) -> bool:
