@@ -1,12 +1,12 @@
-"""The gateway's FastAPI app: wires the key store, limiter, router, health checks,
-audit writer and metrics together and exposes the OpenAI routes."""
+"""The gateway's app: wires the key store, limiter, router, health checks, audit writer
+and metrics together; the OpenAI routes are served by `GatewayFront`, the rest by FastAPI."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 from fastapi import FastAPI, Request
@@ -14,10 +14,12 @@ from fastapi.responses import JSONResponse, Response
 
 from inhouse.api.errors import APIError
 from inhouse.api.models import ModelCard, ModelList
+from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.audit import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
 from inhouse.gateway.config import GatewayConfig
 from inhouse.gateway.db import open_database
+from inhouse.gateway.front import GatewayFront
 from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
 from inhouse.gateway.handler import Gateway, error_response
 from inhouse.gateway.keys import KeyStore, load_pepper
@@ -45,8 +47,8 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
     )
 
 
-def create_app(gateway: Gateway) -> FastAPI:
-    """The HTTP app over a built Gateway; background tasks run for the app's lifetime."""
+def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> GatewayFront:
+    """The ASGI app over a built Gateway; background tasks run for the app's lifetime."""
 
     def on_health_change(backend: Backend) -> None:
         gateway.router.wake(backend.model)
@@ -68,6 +70,8 @@ def create_app(gateway: Gateway) -> FastAPI:
             await gateway.audit.flush()
             await health_client.aclose()
             await gateway.upstreams.aclose()
+            if access_log is not None:
+                access_log.flush()
 
     app = FastAPI(title="inhouse gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
 
@@ -75,14 +79,9 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def api_error(_request: Request, err: APIError) -> JSONResponse:
         return error_response(err)
 
-    # The proxied routes are plain Starlette routes: FastAPI's parameter solving would
-    # cost more CPU than the rest of the request path, and they take no parameters.
-    for endpoint in ("chat/completions", "completions", "embeddings"):
-        app.router.add_route(f"/v1/{endpoint}", _proxy_route(gateway, endpoint), methods=["POST"])
-
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:
-        key = await gateway.authenticate(request)
+        key = await gateway.authenticate(request.headers.get("authorization", ""))
         now = int(time.time())
         cards = [
             ModelCard(id=r.name, created=now, owned_by="inhouse")
@@ -103,11 +102,4 @@ def create_app(gateway: Gateway) -> FastAPI:
             gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    return app
-
-
-def _proxy_route(gateway: Gateway, endpoint: str) -> Callable[[Request], Awaitable[Response]]:
-    async def route(request: Request) -> Response:
-        return await gateway.handle(request, endpoint)
-
-    return route
+    return GatewayFront(gateway, app, access_log)

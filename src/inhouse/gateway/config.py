@@ -100,6 +100,7 @@ class GatewayConfig:
     pepper_file: Path | None = None
     shared_limits: bool = False
     request_timeout_s: float = 600.0
+    access_log: bool = True
     health: HealthSettings = field(default_factory=HealthSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
 
@@ -138,12 +139,21 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
         pepper_file=Path(pepper) if pepper else None,
         shared_limits=bool(gw.get("shared_limits", False)),
         request_timeout_s=float(gw.get("request_timeout_s", 600.0)),
+        access_log=bool(gw.get("access_log", True)),
         health=HealthSettings(**health),
         audit=AuditSettings(**{**audit, "redact": tuple(audit.get("redact", ()))}),
     )
 
 
-GATEWAY_KEYS = {"host", "port", "database", "pepper_file", "shared_limits", "request_timeout_s"}
+GATEWAY_KEYS = {
+    "host",
+    "port",
+    "database",
+    "pepper_file",
+    "shared_limits",
+    "request_timeout_s",
+    "access_log",
+}
 MODEL_KEYS = {
     "name",
     "backends",

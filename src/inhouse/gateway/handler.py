@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 
 from inhouse.api.errors import (
     APIError,
@@ -93,8 +92,8 @@ class Gateway:
         self._redact = Redactor(config.audit.redact)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def authenticate(self, request: Request) -> ApiKey:
-        header = request.headers.get("authorization", "")
+    async def authenticate(self, header: str) -> ApiKey:
+        """The live key named by an Authorization header, or a 401 APIError."""
         scheme, _, secret = header.partition(" ")
         presented = secret.strip() if scheme.lower() == "bearer" else None
         try:
@@ -104,14 +103,14 @@ class Gateway:
         except AuthError as err:
             raise authentication_error(AUTH_MESSAGES[err.reason]) from None
 
-    async def handle(self, request: Request, endpoint: str) -> Response:
-        """Answer one OpenAI API call on behalf of a key."""
+    async def handle(self, authorization: str, raw: bytes, endpoint: str) -> Response:
+        """Answer one OpenAI API call (its Authorization header and body) on behalf of a key."""
         ts, started = time.time(), time.perf_counter()
         key: ApiKey | None = None
         model: str | None = None
         try:
-            key = await self.authenticate(request)
-            body = await _json_body(request)
+            key = await self.authenticate(authorization)
+            body = _json_body(raw)
             model = body.get("model") if isinstance(body.get("model"), str) else None
             route = self._route(key, model)
             needs = read_needs(endpoint, body)
@@ -375,8 +374,7 @@ def _limit_error(reason: str, message: str) -> APIError:
     return APIError(429, message, type=reason, code=code)
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+def _json_body(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except ValueError:
