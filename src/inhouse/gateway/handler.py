@@ -193,12 +193,25 @@ class Gateway:
             await stack.aclose()
         read_answer(answer, outcome, call.key.log_content)
         outcome.completed = True
-        self._spawn(self._settle(call, outcome))
+        self._settle_soon(call, outcome)
         media = upstream.headers.get("content-type", "application/json")
         return Response(answer, outcome.status, headers=call.headers, media_type=media)
 
     async def _settle(self, call: Call, outcome: Outcome) -> None:
         """Charge real usage, free the slots, write metrics and the audit row."""
+        await self._settle_limits(call, self._account(call, outcome))
+
+    def _settle_soon(self, call: Call, outcome: Outcome) -> None:
+        """`_settle` inline when no limit lives in the database, else in a task (no wait)."""
+        charged = self._account(call, outcome)
+        if self._limits_block or call.key.quota_tokens is not None:
+            self._spawn(self._settle_limits(call, charged))
+            return
+        self.limiter.settle(call.key, call.reserve, charged)
+        self.limiter.release(call.key)
+
+    def _account(self, call: Call, outcome: Outcome) -> int:
+        """Free the replica slot, write metrics and the audit row; the tokens to charge."""
         reached = call.lease is not None and outcome.status != 0
         prompt = outcome.prompt_tokens
         if prompt is None:
@@ -212,13 +225,10 @@ class Gateway:
         end = time.perf_counter()
         name, model = call.key.name, call.route.name
         status = outcome.status if outcome.completed or not reached else 499
-        self.metrics.requests.labels(name, model, str(status)).inc()
-        self.metrics.tokens.labels(name, model, "prompt").inc(prompt)
-        self.metrics.tokens.labels(name, model, "completion").inc(completion)
-        self.metrics.latency.labels(model).observe(end - call.started)
         ttft = None if outcome.first_token_at is None else outcome.first_token_at - call.started
-        if ttft is not None:
-            self.metrics.ttft.labels(model).observe(ttft)
+        self.metrics.observe_request(
+            name, model, status, (prompt, completion), end - call.started, ttft
+        )
         lease = call.lease
         self.audit.record(
             AuditRecord(
@@ -243,6 +253,9 @@ class Gateway:
                 else self._redact("".join(outcome.text)),
             )
         )
+        return charged
+
+    async def _settle_limits(self, call: Call, charged: int) -> None:
         await self._limits(self.limiter.settle, call.key, call.reserve, charged)
         if call.key.quota_tokens is not None:
             await asyncio.to_thread(

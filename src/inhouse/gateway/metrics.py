@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
 
@@ -78,13 +79,43 @@ class GatewayMetrics:
             ["model_name"],
             registry=r,
         )
-        self._recent_prompts: dict[str, deque[int]] = {}
+        self._creep: dict[str, _Window] = {}
         self._creep_window = creep_window
+        self._children: dict[tuple[str, str, int], tuple[Any, Any, Any, Any, Any]] = {}
+
+    def observe_request(
+        self,
+        key: str,
+        model: str,
+        status: int,
+        tokens: tuple[int, int],
+        latency_s: float,
+        ttft_s: float | None,
+    ) -> None:
+        """Count one answered request: its status, prompt/completion tokens and timings."""
+        children = self._children.get((key, model, status))
+        if children is None:  # `labels()` costs more than the update itself: look up once
+            children = self._children[(key, model, status)] = (
+                self.requests.labels(key, model, str(status)),
+                self.tokens.labels(key, model, "prompt"),
+                self.tokens.labels(key, model, "completion"),
+                self.latency.labels(model),
+                self.ttft.labels(model),
+            )
+        requests, prompt, completion, latency, ttft = children
+        requests.inc()
+        prompt.inc(tokens[0])
+        completion.inc(tokens[1])
+        latency.observe(latency_s)
+        if ttft_s is not None:
+            ttft.observe(ttft_s)
 
     def observe_prompt(self, model: str, prompt_tokens: int) -> None:
-        window = self._recent_prompts.setdefault(model, deque(maxlen=self._creep_window))
-        window.append(prompt_tokens)
-        self.mean_prompt_tokens.labels(model).set(sum(window) / len(window))
+        """Add a request's prompt estimate to the model's mean over the last N requests."""
+        creep = self._creep.get(model)
+        if creep is None:
+            creep = self._creep[model] = _Window(self._creep_window)
+        self.mean_prompt_tokens.labels(model).set(creep.add(prompt_tokens))
 
     def observe_backends(self, backends: list[Backend]) -> None:
         for b in backends:
@@ -93,3 +124,18 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Window:
+    """The mean of the last N values, kept with a running sum."""
+
+    def __init__(self, size: int) -> None:
+        self._values: deque[int] = deque(maxlen=size)
+        self._sum = 0
+
+    def add(self, value: int) -> float:
+        if len(self._values) == self._values.maxlen:
+            self._sum -= self._values[0]
+        self._values.append(value)
+        self._sum += value
+        return self._sum / len(self._values)
