@@ -1,5 +1,6 @@
 """The gateway's access log: one line per request, never a query string (where a careless
-client puts its key), and off with `access_log = false`. Real `inhouse gateway` processes."""
+client puts its key), and off with `--no-access-log` (or `access_log = false`).
+Real `inhouse gateway` processes."""
 
 from __future__ import annotations
 
@@ -43,19 +44,18 @@ def test_lines_hold_the_path_status_and_time_and_are_written_in_one_batch() -> N
     ]
 
 
-def _gateway_log(tmp_path: Path, access_log: bool) -> str:
+def _gateway_log(tmp_path: Path, *flags: str) -> str:
     """Start a gateway, send two requests with a key in the query string, stop it; its output."""
     port = free_port()
     config = tmp_path / "inhouse.toml"
     config.write_text(
         f'[gateway]\nport = {port}\ndatabase = "sqlite:///{tmp_path / "gw.db"}"\n'
-        f"access_log = {str(access_log).lower()}\n"
         '[[models]]\nname = "m"\n[[models.backends]]\nurl = "http://127.0.0.1:9"\n'
     )
     log = tmp_path / "gateway.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [*inhouse_command(), "gateway", "--config", str(config)],
+            [*inhouse_command(), "gateway", "--config", str(config), *flags],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -74,14 +74,14 @@ def _gateway_log(tmp_path: Path, access_log: bool) -> str:
 
 @pytest.mark.slow
 def test_gateway_logs_each_request_without_its_query_string(tmp_path: Path) -> None:
-    text = _gateway_log(tmp_path, access_log=True)
+    text = _gateway_log(tmp_path)
     assert '"GET /v1/models HTTP/1.1" 401' in text
     assert '"POST /v1/chat/completions HTTP/1.1" 401' in text
     assert SECRET not in text and "api_key" not in text
 
 
 @pytest.mark.slow
-def test_access_log_off(tmp_path: Path) -> None:
-    text = _gateway_log(tmp_path, access_log=False)
+def test_no_access_log_flag_turns_it_off(tmp_path: Path) -> None:
+    text = _gateway_log(tmp_path, "--no-access-log")
     assert "/v1/models" not in text and "/v1/chat/completions" not in text
     assert "Uvicorn running" in text  # the process did log, just not requests

@@ -14,6 +14,7 @@ database = "sqlite:////tmp/x.db"
 pepper_file = "/tmp/x.pepper"
 shared_limits = true
 request_timeout_s = 120
+access_log = false
 
 [health]
 interval_s = 2
@@ -62,6 +63,7 @@ def test_every_key_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     path.write_text(FULL)
     config = load_config(path)
     assert (config.host, config.port, config.shared_limits) == ("0.0.0.0", 9000, True)
+    assert not config.access_log and parse_config(_minimal()).access_log
     assert config.health.interval_s == 2 and config.audit.redact == ("secret-\\d+",)
     model = config.model("smol")
     assert model is not None and model.policy == "fallback" and model.queue_max_depth == 8

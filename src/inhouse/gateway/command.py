@@ -30,6 +30,10 @@ def gateway_command(
     config: Annotated[Path, typer.Option("--config", "-c", help="Gateway TOML file.")],
     host: Annotated[str | None, typer.Option(help="Override gateway.host.")] = None,
     port: Annotated[int | None, typer.Option(help="Override gateway.port.")] = None,
+    access_log: Annotated[
+        bool | None,
+        typer.Option("--access-log/--no-access-log", help="Override gateway.access_log."),
+    ] = None,
 ) -> None:
     """Run the authenticated gateway (keys, limits, audit, routing, health, fallback)."""
     import dataclasses
@@ -38,7 +42,8 @@ def gateway_command(
     from inhouse.gateway.serve import run_gateway
 
     settings = load_config(config)
-    overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    given = (("host", host), ("port", port), ("access_log", access_log))
+    overrides = {k: v for k, v in given if v is not None}
     run_gateway(dataclasses.replace(settings, **overrides))
 
 
