@@ -5,8 +5,11 @@ tokens greedily with ignore_eos. The engine (continuous batching over the paged 
 reports aggregate output tok/s, mean TTFT and mean TPOT (vLLM's: (E2E - TTFT) / (n - 1));
 HF runs the same prompts sequentially for c=1 and as one left-padded static batch for
 c>1. The engine half runs first, so its peak RSS is measured before HF loads anything.
+``--quantization`` is the engine's weight format (auto: fp16 weights where dtype auto gives
+float32 on a CPU); HF always runs the plain weights in the resolved dtype.
 
     .venv/bin/python benchmarks/engine_throughput.py [--concurrency 1,4,16] [--new-tokens 128]
+        [--quantization auto|none|fp16]
 """
 
 from __future__ import annotations
@@ -110,12 +113,19 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantization", default="auto")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
-    loaded = load_model(None, dtype=args.dtype)
-    engine = LLMEngine(EngineConfig(dtype=args.dtype, max_num_seqs=max(levels)), loaded=loaded)
-    print(f"model {loaded.model_id}, dtype {loaded.dtype}, threads {torch.get_num_threads()}")
+    loaded = load_model(None, dtype=args.dtype, quantization=args.quantization)
+    config = EngineConfig(
+        dtype=args.dtype, quantization=args.quantization, max_num_seqs=max(levels)
+    )
+    engine = LLMEngine(config, loaded=loaded)
+    print(
+        f"model {loaded.model_id}, dtype {loaded.dtype}, quantization {loaded.quantization},"
+        f" threads {torch.get_num_threads()}"
+    )
     run_engine(engine, chat_prompts(loaded, 2), 8)  # warm-up
     ours = {c: run_engine(engine, chat_prompts(loaded, c), args.new_tokens) for c in levels}
     engine_rss = peak_rss_mb()

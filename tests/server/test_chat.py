@@ -179,3 +179,5 @@ def test_version_reports_model_and_hashes(server: RunningServer) -> None:
     assert len(info["model_sha256"]) == 64
     assert len(info["chat_template_sha256"]) == 64
     assert info["dtype"] in {"bfloat16", "float32"}
+    # the default weight format: packed fp16 exactly where dtype auto is float32 on a CPU
+    assert info["quantization"] == ("fp16" if info["dtype"] == "float32" else "none")

@@ -8,6 +8,7 @@ from pathlib import Path
 from inhouse.engine.errors import EngineConfigError
 
 MAX_DEFAULT_MODEL_LEN = 8192
+QUANTIZATIONS = ("auto", "none", "fp16")
 # Share of available memory the KV cache takes when no budget is given.
 DEFAULT_KV_FRACTION_CPU = 0.1
 DEFAULT_KV_FRACTION_CUDA = 0.8
@@ -20,13 +21,15 @@ MAX_KV_FRACTION_CPU = 0.25
 class EngineConfig:
     """What to load and how to batch it.
 
-    ``model`` None loads the bundled SmolLM2. ``max_model_len`` None takes
+    ``model`` None loads the bundled SmolLM2. ``quantization`` is "auto", "none" or
+    "fp16" (see ``loader.resolve_quantization``). ``max_model_len`` None takes
     min(the model's max_position_embeddings, 8192). ``kv_cache_memory`` None takes
     a share of free memory (see ``default_kv_cache_memory``).
     """
 
     model: str | Path | None = None
     dtype: str = "auto"
+    quantization: str = "auto"
     device: str = "cpu"
     max_model_len: int | None = None
     max_num_seqs: int = 64
@@ -40,6 +43,10 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise EngineConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.quantization not in QUANTIZATIONS:
+            raise EngineConfigError(
+                f"unknown quantization {self.quantization!r}; use {', '.join(QUANTIZATIONS)}"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise EngineConfigError(f"max_model_len must be at least 2, got {self.max_model_len}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:

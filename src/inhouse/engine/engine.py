@@ -36,7 +36,9 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        self.loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device)
+        self.loaded = loaded or load_model(
+            config.model, config.dtype, config.device, quantization=config.quantization
+        )
         self.tokenizer = self.loaded.tokenizer
         self.budget: KVBudget = plan_kv_budget(config, self.loaded)
         self.max_model_len = self.budget.max_model_len

@@ -35,6 +35,13 @@ def serve_command(
         str | None, typer.Option(help="KV cache budget, e.g. 256MiB (default: share of free).")
     ] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
+    quantization: Annotated[
+        str,
+        typer.Option(
+            help="Weight format: auto (fp16 weights when --dtype auto gives float32 on a "
+            "CPU), none, or fp16.",
+        ),
+    ] = "auto",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     enable_prefix_caching: Annotated[
         bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")
@@ -67,6 +74,7 @@ def serve_command(
     engine_config = EngineConfig(
         model=model,
         dtype=dtype,
+        quantization=quantization,
         device=device,
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
@@ -114,8 +122,11 @@ def _announce(ctx, host: str, port: int) -> None:
         typer.echo(ctx.load_error, err=True)
         return
     budget = ctx.engine.engine.budget
+    loaded = ctx.engine.engine.loaded
+    weights = "float16, packed" if loaded.quantization == "fp16" else "as the dtype"
     rows = [
         ("model", ctx.model_name),
+        ("dtype", f"{str(loaded.dtype).removeprefix('torch.')} (weights {weights})"),
         ("max model len", f"{budget.max_model_len} tokens"),
         ("KV cache", f"{budget.kv_cache_memory / 2**20:.1f} MiB"),
         ("KV blocks", f"{budget.num_blocks} x {budget.block_size} tokens"),

@@ -57,6 +57,7 @@ async def version(ctx: ServerContext = Depends(context)) -> dict:
                 ctx.renderer.template if ctx.renderer else None
             ),
             "dtype": str(loaded.dtype).removeprefix("torch."),
+            "quantization": loaded.quantization,
             "device": str(loaded.device),
             "max_model_len": engine.max_model_len,
         }
