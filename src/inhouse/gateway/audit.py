@@ -10,7 +10,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sqlalchemy import Engine, case, func, insert, select
@@ -50,6 +50,9 @@ class AuditRecord:
     fallback_used: bool = False
     prompt_text: str | None = None
     completion_text: str | None = None
+
+
+_COLUMNS = tuple(f.name for f in fields(AuditRecord))
 
 
 class Redactor:
@@ -98,8 +101,10 @@ class AuditWriter:
                 return
 
     def _insert(self, batch: list[AuditRecord]) -> None:
+        # Plain dicts: dataclasses.asdict deep-copies and cost twice the INSERT itself.
+        rows = [{name: getattr(r, name) for name in _COLUMNS} for r in batch]
         with self._engine.begin() as conn:
-            conn.execute(insert(audit_log), [asdict(r) for r in batch])
+            conn.execute(insert(audit_log), rows)
 
 
 def recent_rows(
