@@ -35,39 +35,44 @@ class GatewayFront:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        if self._access_log is None:
-            await self._dispatch(scope, receive, send)
-            return
         started = time.perf_counter()
-        status = 0
-
-        async def send_noting_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        status = 500
         try:
-            await self._dispatch(scope, receive, send_noting_status)
+            status = await self._dispatch(scope, receive, send)
         finally:
-            self._access_log.write(scope, status or 500, time.perf_counter() - started)
+            if self._access_log is not None:
+                self._access_log.write(scope, status, time.perf_counter() - started)
 
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> int:
+        """Answer the request; the status it got."""
         endpoint = PROXIED.get(scope["path"])
         if endpoint is None:
-            await self._app(scope, receive, send)
-            return
-        if scope["method"] != "POST":
-            refusal = PlainTextResponse("Method Not Allowed", 405, headers={"allow": "POST"})
-            await refusal(scope, receive, send)
-            return
-        authorization = ""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-                break
-        response = await self._gateway.handle(authorization, await read_body(receive), endpoint)
+            return await _answer_noting_status(self._app, scope, receive, send)
+        if scope["method"] == "POST":
+            authorization = ""
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    authorization = value.decode("latin-1")
+                    break
+            body = await read_body(receive)
+            response = await self._gateway.handle(authorization, body, endpoint)
+        else:
+            response = PlainTextResponse("Method Not Allowed", 405, headers={"allow": "POST"})
         await response(scope, receive, send)
+        return response.status_code
+
+
+async def _answer_noting_status(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> int:
+    status = 500
+
+    async def send_noting_status(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        await send(message)
+
+    await app(scope, receive, send_noting_status)
+    return status
 
 
 async def read_body(receive: Receive) -> bytes:

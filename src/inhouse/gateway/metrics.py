@@ -114,8 +114,9 @@ class GatewayMetrics:
         """Add a request's prompt estimate to the model's mean over the last N requests."""
         creep = self._creep.get(model)
         if creep is None:
-            creep = self._creep[model] = _Window(self._creep_window)
-        self.mean_prompt_tokens.labels(model).set(creep.add(prompt_tokens))
+            gauge = self.mean_prompt_tokens.labels(model)
+            creep = self._creep[model] = _Window(self._creep_window, gauge)
+        creep.add(prompt_tokens)
 
     def observe_backends(self, backends: list[Backend]) -> None:
         for b in backends:
@@ -127,15 +128,16 @@ class GatewayMetrics:
 
 
 class _Window:
-    """The mean of the last N values, kept with a running sum."""
+    """The mean of the last N values, kept with a running sum and shown on a gauge."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, gauge: Any) -> None:
         self._values: deque[int] = deque(maxlen=size)
         self._sum = 0
+        self._gauge = gauge
 
-    def add(self, value: int) -> float:
+    def add(self, value: int) -> None:
         if len(self._values) == self._values.maxlen:
             self._sum -= self._values[0]
         self._values.append(value)
         self._sum += value
-        return self._sum / len(self._values)
+        self._gauge.set(self._sum / len(self._values))
