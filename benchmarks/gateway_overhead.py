@@ -11,7 +11,12 @@ Method (everything on 127.0.0.1, each server its own process):
 - rate: a closed loop of C concurrent keep-alive clients for D seconds against the
   static upstream, direct and through the gateway; the gateway key has no limits,
   so every request does the full path (key lookup in SQLite, limits, routing,
-  proxying, audit row, metrics).
+  proxying, audit row, metrics, access log);
+- CPU per request of the gateway process, of the static responder and of this
+  client (from /proc and process_time): on a shared machine the robust numbers.
+
+Requests are sent with `inhouse.http1` (keep-alive, one write per request): httpx
+costs more CPU per request than the gateway and would measure itself.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--real] [--requests 500]
 """
@@ -93,20 +98,28 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def latencies(
+async def latencies(
     targets: dict[str, tuple[str, dict[str, str], str]], n: int
 ) -> dict[str, list[float]]:
-    """Interleaved sequential requests; seconds per request per target."""
+    """Interleaved sequential requests (each target over its own keep-alive connection);
+    seconds per request per target."""
     out: dict[str, list[float]] = {name: [] for name in targets}
-    with httpx.Client(timeout=60) as client:
-        for i in range(n + 20):
-            for name, (url, headers, model) in targets.items():
-                start = time.perf_counter()
-                reply = client.post(url, json={**BODY, "model": model}, headers=headers)
-                took = time.perf_counter() - start
-                reply.raise_for_status()
-                if i >= 20:  # warm-up
-                    out[name].append(took)
+    clients = {
+        name: (Http1Client(url, headers, connect_timeout=10), json.dumps({**BODY, "model": model}))
+        for name, (url, headers, model) in targets.items()
+    }
+    for i in range(n + 20):
+        for name, (client, body) in clients.items():
+            start = time.perf_counter()
+            async with client.post(CHAT, body.encode()) as reply:
+                await reply.read()
+            took = time.perf_counter() - start
+            if reply.status != 200:
+                raise RuntimeError(f"{name}: HTTP {reply.status}")
+            if i >= 20:  # warm-up
+                out[name].append(took)
+    for client, _ in clients.values():
+        await client.aclose()
     return out
 
 
@@ -255,13 +268,8 @@ def report(
     )
     for label, url, upstream_model in pairs:
         model = "static" if label == "static" else "smol"
-        times = latencies(
-            {
-                "direct": (url + CHAT, {}, upstream_model),
-                "gateway": (gateway_url + CHAT, auth, model),
-            },
-            args.requests,
-        )
+        targets = {"direct": (url, {}, upstream_model), "gateway": (gateway_url, auth, model)}
+        times = asyncio.run(latencies(targets, args.requests))
         d50, g50 = statistics.median(times["direct"]), statistics.median(times["gateway"])
         added99 = percentile(times["gateway"], 0.99) - percentile(times["direct"], 0.99)
         print(
