@@ -116,6 +116,24 @@ def tiny_qwen3_folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_mistral_folder(tmp_path_factory) -> Path:
+    """Mistral-style: every layer attends over a sliding window of 8 positions."""
+    from transformers import MistralConfig
+
+    config = MistralConfig(**_COMMON, sliding_window=8, tie_word_embeddings=False)
+    return _save_tiny(tmp_path_factory.mktemp("tiny-mistral"), config, seed=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_window_folder(tmp_path_factory) -> Path:
+    """Qwen2 with use_sliding_window: layers from max_window_layers on slide over 6."""
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(**_COMMON, use_sliding_window=True, sliding_window=6, max_window_layers=1)
+    return _save_tiny(tmp_path_factory.mktemp("tiny-qwen2-window"), config, seed=5)
+
+
+@pytest.fixture(scope="session")
 def bundled_model_fp32():
     """The bundled SmolLM2 GGUF loaded in float32 (converted once into the inhouse cache)."""
     from inhouse.engine.models.loader import load_model

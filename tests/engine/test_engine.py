@@ -38,8 +38,15 @@ def random_prompts(count: int, seed: int = 0, prefix: list[int] | None = None) -
     }
 
 
+@pytest.fixture(scope="module", params=["tiny_llama_folder", "tiny_mistral_folder"])
+def batched(request):
+    """The models batch invariance is checked on: full attention, and a sliding window of 8
+    (shorter than most prompts, so chunks, preemption and prefix hits cross it)."""
+    return load_model(request.getfixturevalue(request.param), dtype="float32")
+
+
 @pytest.fixture(scope="module")
-def alone(tiny):
+def alone(batched):
     """Greedy tokens of each of 16 prompts run on its own (and of shared-prefix prompts)."""
     prompts = random_prompts(16)
     prefix = [random.Random(2).randrange(3, 384) for _ in range(40)]
@@ -47,7 +54,7 @@ def alone(tiny):
     out = {}
     for group in (prompts, shared):
         for rid, prompt in group.items():
-            engine = tiny_engine(tiny)
+            engine = tiny_engine(batched)
             res = generate(engine, {rid: prompt}, greedy(NEW_TOKENS))
             out[tuple(prompt)] = res[rid].choices[0].token_ids
     return prompts, shared, out
@@ -62,30 +69,30 @@ def expected(alone_tokens: dict, prompts: dict) -> dict:
     return {tuple(p): alone_tokens[tuple(p)] for p in prompts.values()}
 
 
-def test_batch_of_16_equals_each_alone(tiny, alone):
+def test_batch_of_16_equals_each_alone(batched, alone):
     prompts, _, alone_tokens = alone
-    engine = tiny_engine(tiny)
+    engine = tiny_engine(batched)
     assert batch_tokens(engine, prompts) == expected(alone_tokens, prompts)
     assert engine.stats().num_preemptions == 0
 
 
-def test_batch_invariant_under_preemption(tiny, alone):
+def test_batch_invariant_under_preemption(batched, alone):
     prompts, _, alone_tokens = alone
-    engine = tiny_engine(tiny, num_blocks=40, max_model_len=128)  # 160 slots for 16 requests
+    engine = tiny_engine(batched, num_blocks=40, max_model_len=128)  # 160 slots for 16 requests
     assert batch_tokens(engine, prompts) == expected(alone_tokens, prompts)
     assert engine.stats().num_preemptions > 0
 
 
-def test_batch_invariant_under_chunked_prefill(tiny, alone):
+def test_batch_invariant_under_chunked_prefill(batched, alone):
     prompts, _, alone_tokens = alone
-    engine = tiny_engine(tiny, max_num_batched_tokens=7)
+    engine = tiny_engine(batched, max_num_batched_tokens=7)
     assert max(len(p) for p in prompts.values()) > 7
     assert batch_tokens(engine, prompts) == expected(alone_tokens, prompts)
 
 
-def test_batch_invariant_with_prefix_cache_hits(tiny, alone):
+def test_batch_invariant_with_prefix_cache_hits(batched, alone):
     _, shared, alone_tokens = alone
-    engine = tiny_engine(tiny)
+    engine = tiny_engine(batched)
     first = dict(list(shared.items())[:1])
     batch_tokens(engine, first)
     assert batch_tokens(engine, shared) == expected(alone_tokens, shared)

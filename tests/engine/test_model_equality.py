@@ -66,7 +66,14 @@ DEVICES = [
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    "folder_fixture", ["tiny_llama_folder", "tiny_qwen2_folder", "tiny_qwen3_folder"]
+    "folder_fixture",
+    [
+        "tiny_llama_folder",
+        "tiny_qwen2_folder",
+        "tiny_qwen3_folder",
+        "tiny_mistral_folder",
+        "tiny_qwen2_window_folder",
+    ],
 )
 def test_tiny_models_match_hf_greedy(folder_fixture, device, request):
     from transformers import AutoModelForCausalLM

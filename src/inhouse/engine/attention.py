@@ -29,6 +29,8 @@ class AttentionGroup:
     query_index: torch.Tensor | None  # [B*Q] flat token row of each padded query; None = identity
     kv_blocks: torch.Tensor  # [B*K/block_size] block ids to gather (padding reads block 0)
     mask: torch.Tensor | None  # [B, 1, G*Q, K] True = may attend; None = attend to all K
+    window_mask: torch.Tensor | None  # the same, also hiding keys beyond the sliding window;
+    # None = no key is that far back, sliding layers use ``mask``
     output_rows: torch.Tensor | None  # [N] rows of the padded [B*Q] output that are real tokens
     token_rows: torch.Tensor | None  # [N] flat token rows those outputs belong to
     batch: int
@@ -63,20 +65,22 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    sliding: bool = False,
 ) -> torch.Tensor:
     """Causal attention of queries ``[T, heads, head_dim]`` over each sequence's cached K/V.
 
     Returns ``[T, heads * head_dim]``. Grouped-query attention is handled by folding the
     query heads that share a KV head into the query-length axis, so K/V are never repeated.
+    A ``sliding`` layer sees only the last ``sliding_window`` positions (the metadata's).
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
     if len(meta.groups) == 1 and meta.groups[0].token_rows is None:
-        return _attend_group(q, k_cache, v_cache, meta.groups[0], group, scale)
+        return _attend_group(q, k_cache, v_cache, meta.groups[0], group, scale, sliding)
     out = q.new_empty(num_tokens, num_heads * head_dim)
     for g in meta.groups:
-        rows = _attend_group(q, k_cache, v_cache, g, group, scale)
+        rows = _attend_group(q, k_cache, v_cache, g, group, scale, sliding)
         if g.output_rows is None:
             out[g.token_rows] = rows
         else:
@@ -91,6 +95,7 @@ def _attend_group(
     g: AttentionGroup,
     group: int,
     scale: float,
+    sliding: bool,
 ) -> torch.Tensor:
     _, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -104,7 +109,8 @@ def _attend_group(
     blocks_v = v_cache.view(-1, g.block_size, num_kv_heads, head_dim)
     k = blocks_k.index_select(0, g.kv_blocks).view(b, klen, num_kv_heads, head_dim).transpose(1, 2)
     v = blocks_v.index_select(0, g.kv_blocks).view(b, klen, num_kv_heads, head_dim).transpose(1, 2)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, scale=scale)
+    mask = g.window_mask if sliding and g.window_mask is not None else g.mask
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     o = o.view(b, num_kv_heads, group, qlen, head_dim).permute(0, 3, 1, 2, 4)
     return o.reshape(b * qlen, num_heads * head_dim)
 
@@ -116,13 +122,15 @@ def build_attention_metadata(
     block_size: int,
     query_group: int,
     device: torch.device,
+    sliding_window: int | None = None,
 ) -> tuple[AttentionMetadata, torch.Tensor]:
     """Metadata and token positions for one step.
 
     Entry ``i`` runs ``counts[i]`` new tokens after ``computed[i]`` cached ones, its
     tokens laid out contiguously in batch order. Single-token (decode) entries form
     one group and multi-token (prefill) entries another, so a long prefill does not
-    pad every decode query. ``query_group`` is query heads per KV head.
+    pad every decode query. ``query_group`` is query heads per KV head. With a
+    ``sliding_window`` w, sliding layers let position p see keys p-w+1 .. p (HF's rule).
     """
     starts = [0]
     for n in counts[:-1]:
@@ -138,7 +146,16 @@ def build_attention_metadata(
     prefill = [i for i, n in enumerate(counts) if n > 1]
     groups = [
         _group(
-            members, starts, computed, counts, tables, block_size, query_group, num_tokens, device
+            members,
+            starts,
+            computed,
+            counts,
+            tables,
+            block_size,
+            query_group,
+            num_tokens,
+            device,
+            sliding_window,
         )
         for members in (decode, prefill)
         if members
@@ -166,6 +183,7 @@ def _group(
     query_group: int,
     num_tokens: int,
     device: torch.device,
+    sliding_window: int | None,
 ) -> AttentionGroup:
     start = torch.tensor([starts[i] for i in members])
     ctx = torch.tensor([computed[i] + counts[i] for i in members])
@@ -178,19 +196,21 @@ def _group(
     identity = b * q_max == num_tokens and bool((qlen == q_max).all())
     query_index = (start[:, None] + torch.minimum(j[None, :], qlen[:, None] - 1)).reshape(-1)
     real = j[None, :] < qlen[:, None]
-    mask = None
+    # Query j of entry i sits at position computed + j; padded queries see the whole context.
+    limit = torch.minimum(ctx[:, None] - qlen[:, None] + j[None, :], ctx[:, None] - 1)
+    allowed = key_pos[None, None, :] <= limit[:, :, None]  # [B, Q, K]
+    mask = window_mask = None
     if not (q_max == 1 and bool((ctx == k_max).all())):
-        # Query j of entry i sits at position computed + j; padded queries see the whole context.
-        limit = torch.minimum(ctx[:, None] - qlen[:, None] + j[None, :], ctx[:, None] - 1)
-        allowed = key_pos[None, None, :] <= limit[:, :, None]  # [B, Q, K]
-        if q_max > 1:
-            allowed = allowed[:, None].expand(b, query_group, q_max, k_max)
-        mask = allowed.reshape(b, 1, -1, k_max).to(device)
+        mask = _head_mask(allowed, query_group, device)
+    if sliding_window is not None and k_max > sliding_window:
+        recent = key_pos[None, None, :] > limit[:, :, None] - sliding_window
+        window_mask = _head_mask(allowed & recent, query_group, device)
     output_rows = real.reshape(-1).nonzero().squeeze(1)
     return AttentionGroup(
         query_index=None if identity else query_index.to(device),
         kv_blocks=kv_blocks.reshape(-1).to(device),
         mask=mask,
+        window_mask=window_mask,
         output_rows=None if identity or bool(real.all()) else output_rows.to(device),
         token_rows=None if identity else query_index[output_rows].to(device),
         batch=b,
@@ -198,3 +218,11 @@ def _group(
         context_len=k_max,
         block_size=block_size,
     )
+
+
+def _head_mask(allowed: torch.Tensor, query_group: int, device: torch.device) -> torch.Tensor:
+    """``[B, Q, K]`` -> ``[B, 1, G*Q, K]``: the G query heads of a KV head share a row mask."""
+    b, q_max, k_max = allowed.shape
+    if q_max > 1:
+        allowed = allowed[:, None].expand(b, query_group, q_max, k_max)
+    return allowed.reshape(b, 1, -1, k_max).to(device)

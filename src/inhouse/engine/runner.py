@@ -34,6 +34,7 @@ class ModelRunner:
         self.block_size = block_size
         args = loaded.model.args
         self.query_group = args.num_heads // args.num_kv_heads
+        self.sliding_window = args.sliding_window
         self.max_positions = loaded.model.rope_cos.shape[0]
         shape = (args.num_layers, 2, num_blocks * block_size, args.num_kv_heads, args.head_dim)
         self.kv_cache = _zeroed(shape, loaded.dtype, loaded.device)
@@ -67,7 +68,13 @@ class ModelRunner:
             tables.append(seq.block_table)
             tokens.extend(seq.token_ids[c : c + n])
         meta, positions = build_attention_metadata(
-            computed, counts, tables, self.block_size, self.query_group, self.device
+            computed,
+            counts,
+            tables,
+            self.block_size,
+            self.query_group,
+            self.device,
+            self.sliding_window,
         )
         input_ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
         last_rows = torch.tensor(counts).cumsum(0).sub_(1).to(self.device)

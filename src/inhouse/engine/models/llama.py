@@ -51,6 +51,8 @@ class LlamaArgs:
     mlp_bias: bool
     qk_norm: bool
     tie_word_embeddings: bool
+    sliding_window: int | None = None  # positions a sliding layer looks back, itself included
+    sliding_layers: frozenset[int] = frozenset()
 
     @classmethod
     def from_hf_config(cls, config) -> LlamaArgs:
@@ -66,6 +68,7 @@ class LlamaArgs:
         heads = config.num_attention_heads
         attention_bias = bool(getattr(config, "attention_bias", False))
         is_qwen2 = arch == "Qwen2ForCausalLM"
+        window, sliding = _sliding_layers(config)
         return cls(
             vocab_size=config.vocab_size,
             hidden_size=config.hidden_size,
@@ -80,7 +83,22 @@ class LlamaArgs:
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
             qk_norm=arch == "Qwen3ForCausalLM",
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            sliding_window=window,
+            sliding_layers=sliding,
         )
+
+
+def _sliding_layers(config) -> tuple[int | None, frozenset[int]]:
+    """The window and the layers that use it: ``layer_types`` where the config has it
+    (Qwen2/3 with ``use_sliding_window``), else every layer once ``sliding_window`` is set
+    (Mistral)."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        layers = frozenset(i for i, t in enumerate(types) if t == "sliding_attention")
+    else:
+        layers = frozenset(range(config.num_hidden_layers)) if window else frozenset()
+    return (window, layers) if layers and window else (None, frozenset())
 
 
 def _empty(*shape: int, like: dict) -> nn.Parameter:
@@ -142,8 +160,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class Attention(nn.Module):
-    def __init__(self, args: LlamaArgs, like: dict, weights: dict) -> None:
+    def __init__(self, args: LlamaArgs, like: dict, weights: dict, sliding: bool) -> None:
         super().__init__()
+        self.sliding = sliding
         self.num_heads, self.num_kv_heads = args.num_heads, args.num_kv_heads
         self.head_dim = args.head_dim
         self.scale = args.head_dim**-0.5
@@ -170,7 +189,8 @@ class Attention(nn.Module):
         qk = _rotate(qk, cos, sin)  # q and k heads rotated in one go
         q, k = qk[:, :heads], qk[:, heads:]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        return self.o_proj(paged_attention(q, k_cache, v_cache, meta, self.scale))
+        attended = paged_attention(q, k_cache, v_cache, meta, self.scale, self.sliding)
+        return self.o_proj(attended)
 
 
 class MLP(nn.Module):
@@ -186,10 +206,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: LlamaArgs, like: dict, weights: dict) -> None:
+    def __init__(self, args: LlamaArgs, like: dict, weights: dict, sliding: bool) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, like)
-        self.self_attn = Attention(args, like, weights)
+        self.self_attn = Attention(args, like, weights, sliding)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, like)
         self.mlp = MLP(args, weights)
 
@@ -234,7 +254,8 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         self.embed_tokens = Linear(args.hidden_size, args.vocab_size, False, weights)
         self.layers = nn.ModuleList(
-            DecoderLayer(args, like, weights) for _ in range(args.num_layers)
+            DecoderLayer(args, like, weights, i in args.sliding_layers)
+            for i in range(args.num_layers)
         )
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, like)
         self.lm_head = (
