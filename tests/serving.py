@@ -1,13 +1,24 @@
-"""Shared by the end-to-end tests: wait until a real `inhouse` process answers, then stop it."""
+"""Shared by the end-to-end tests: start real `inhouse` processes, wait until they answer,
+stop them, and fire concurrent OpenAI calls at a gateway."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
+import openai
 import pytest
+
+from inhouse.gateway.audit import recent_rows
+from inhouse.gateway.db import open_database
+from inhouse.gateway.up import inhouse_command
 
 POLL_S = 0.2
 
@@ -55,3 +66,84 @@ def stop(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=30)
+
+
+@dataclass
+class Process:
+    """A CLI process with its output in a log file."""
+
+    args: list[str]
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen(
+                self.args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+            )
+
+    def wait_healthy(self, url: str, timeout: float) -> None:
+        """Wait until `url` answers 200; fail if the process exits or logs a failure."""
+        assert self.popen is not None, f"{self.args} was never started"
+        wait_healthy(url, self.popen, self.log, timeout, fail_marker="failed")
+
+    def kill(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.popen is not None:
+            stop(self.popen)
+
+
+def serve_process(port: int, key: str, log: Path) -> Process:
+    """`inhouse serve` of the bundled chat model on a loopback port, small enough for CI."""
+    args = [*inhouse_command(), "serve", "--port", str(port), "--embedding-model", "none"]
+    args += ["--max-model-len", "2048", "--kv-cache-memory", "128MiB"]
+    return Process(args, log, {"INHOUSE_API_KEY": key})
+
+
+def audit_rows(
+    db_url: str, key_name: str, expect: int, timeout: float = 10.0
+) -> list[dict[str, Any]]:
+    """The key's audit rows (oldest first) once `expect` of them are written."""
+    engine = open_database(db_url)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            rows = recent_rows(engine, 1000, key_name)
+            if len(rows) >= expect or time.monotonic() > deadline:
+                return rows[::-1]
+            time.sleep(0.1)
+    finally:
+        engine.dispose()
+
+
+def burst(
+    gateway_urls: list[str], secret: str, n: int, **create: Any
+) -> list[tuple[int, Any, Any]]:
+    """`n` concurrent chat completions, call i to gateway_urls[i % len]; (status, headers, body)
+    of each, in call order."""
+
+    async def run() -> list[tuple[int, Any, Any]]:
+        clients = [
+            openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=secret, max_retries=0)
+            for url in gateway_urls
+        ]
+
+        async def one(client: openai.AsyncOpenAI) -> tuple[int, Any, Any]:
+            try:
+                raw = await client.chat.completions.with_raw_response.create(**create)
+                return 200, raw.headers, raw.parse()
+            except openai.APIStatusError as err:
+                return err.status_code, err.response.headers, err.body
+
+        try:
+            return await asyncio.gather(*(one(clients[i % len(clients)]) for i in range(n)))
+        finally:
+            for client in clients:
+                await client.close()
+
+    return asyncio.run(run())

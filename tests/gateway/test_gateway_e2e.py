@@ -6,12 +6,9 @@ Tests run in file order on one shared stack; the ones that kill backends come la
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import os
 import secrets
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,12 +20,11 @@ import httpx
 import openai
 import pytest
 
-from inhouse.gateway.audit import recent_rows
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.up import free_port, inhouse_command
-from serving import stop, wait_healthy
+from serving import Process, audit_rows, burst, serve_process
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve (issue 4) is not importable yet")
 
@@ -38,31 +34,6 @@ HEALTH_INTERVAL_S = 1.0
 QUEUE_WAIT_S = 3.0
 UPSTREAM_MODEL = "SmolLM2-135M-Instruct"
 HELLO = [{"role": "user", "content": "Say hello."}]
-
-
-@dataclass
-class Process:
-    """A CLI process with its output in a log file."""
-
-    args: list[str]
-    log: Path
-    env: dict[str, str] = field(default_factory=dict)
-    popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen(
-                self.args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
-            )
-
-    def kill(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGKILL)
-            self.popen.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.popen is not None:
-            stop(self.popen)
 
 
 @dataclass
@@ -85,33 +56,12 @@ class Stack:
     def client(self, secret: str) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.gateway_url}/v1", api_key=secret, max_retries=0)
 
-    def async_client(self, secret: str) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.gateway_url}/v1", api_key=secret, max_retries=0)
-
     def audit(self, key_name: str, expect: int, timeout: float = 10.0) -> list[dict[str, Any]]:
-        """The key's audit rows (oldest first) once `expect` of them are written."""
-        engine = open_database(self.db_url)
-        deadline = time.monotonic() + timeout
-        while True:
-            rows = recent_rows(engine, 1000, key_name)
-            if len(rows) >= expect or time.monotonic() > deadline:
-                return rows[::-1]
-            time.sleep(0.1)
+        return audit_rows(self.db_url, key_name, expect, timeout)
 
     def backend_states(self, model: str = "smol") -> list[str]:
         body = httpx.get(f"{self.gateway_url}/health").json()
         return [b["state"] for b in body["models"][model]["backends"]]
-
-
-def _serve(port: int, key: str, log: Path) -> Process:
-    args = [*inhouse_command(), "serve", "--port", str(port), "--embedding-model", "none"]
-    args += ["--max-model-len", "2048", "--kv-cache-memory", "128MiB"]
-    return Process(args, log, {"INHOUSE_API_KEY": key})
-
-
-def _wait_http(url: str, timeout: float, proc: Process) -> None:
-    assert proc.popen is not None, f"{proc.args} was never started"
-    wait_healthy(url, proc.popen, proc.log, timeout, fail_marker="failed")
 
 
 def _config(
@@ -167,8 +117,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("gateway-e2e")
     replica_key, fallback_key = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     ports = [free_port() for _ in range(4)]
-    replicas = [_serve(ports[i], replica_key, base / f"serve-r{i + 1}.log") for i in range(2)]
-    fallback = _serve(ports[2], fallback_key, base / "serve-fb.log")
+    replicas = [
+        serve_process(ports[i], replica_key, base / f"serve-r{i + 1}.log") for i in range(2)
+    ]
+    fallback = serve_process(ports[2], fallback_key, base / "serve-fb.log")
     urls = [f"http://127.0.0.1:{p}" for p in ports[:3]]
     db_url = f"sqlite:///{base / 'gateway.db'}"
     config_path = base / "inhouse.toml"
@@ -185,9 +137,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         for proc in procs:
             proc.start()
         for proc, url in zip([*replicas, fallback], urls, strict=True):
-            _wait_http(f"{url}/health", 300, proc)
+            proc.wait_healthy(f"{url}/health", 300)
         gateway_url = f"http://127.0.0.1:{ports[3]}"
-        _wait_http(f"{gateway_url}/health", 60, gateway)
+        gateway.wait_healthy(f"{gateway_url}/health", 60)
         yield Stack(base, gateway_url, replicas, urls[:2], fallback, gateway, store, db_url)
     finally:
         for proc in procs:
@@ -213,24 +165,7 @@ def test_401_without_wrong_revoked_or_expired_key(stack: Stack) -> None:
 
 
 def _burst(stack: Stack, secret: str, n: int, **kwargs: Any) -> list[tuple[int, Any, Any]]:
-    async def run() -> list[tuple[int, Any, Any]]:
-        client = stack.async_client(secret)
-
-        async def one() -> tuple[int, Any, Any]:
-            try:
-                raw = await client.chat.completions.with_raw_response.create(
-                    model="smol", messages=HELLO, **kwargs
-                )
-                return 200, raw.headers, raw.parse()
-            except openai.APIStatusError as err:
-                return err.status_code, err.response.headers, err.body
-
-        try:
-            return await asyncio.gather(*(one() for _ in range(n)))
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
+    return burst([stack.gateway_url], secret, n, model="smol", messages=HELLO, **kwargs)
 
 
 def _retry_after_then_pass(stack: Stack, secret: str, **kwargs: Any) -> None:
