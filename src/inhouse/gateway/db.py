@@ -18,6 +18,7 @@ from sqlalchemy import (
     event,
 )
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 metadata = MetaData()
 
@@ -82,8 +83,20 @@ def open_database(url: str) -> Engine:
     engine = create_engine(url, connect_args={"timeout": 30} if is_sqlite else {})
     if is_sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
-    metadata.create_all(engine)
+    _create_tables(engine)
     return engine
+
+
+def _create_tables(engine: Engine, attempts: int = 3) -> None:
+    """Create the missing tables. `create_all` checks, then creates: replicas starting together
+    on an empty PostgreSQL race, and each loser finds the tables when it tries again."""
+    for attempt in range(attempts):
+        try:
+            metadata.create_all(engine)
+            return
+        except (IntegrityError, ProgrammingError):
+            if attempt == attempts - 1:
+                raise
 
 
 def sqlite_path(url: str) -> Path | None:
