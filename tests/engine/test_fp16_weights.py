@@ -1,9 +1,10 @@
 """fp16 weights (fbgemm's packed float16, float32 products): the CPU default for dtype auto.
 
 The independent reference is HF transformers on the same weights rounded to float16
-and run in float32. Summation order differs between fbgemm and MKL, so near-ties may
-break either way: every token our greedy decode picks must be HF's top choice up to
-``TOLERANCE`` in logits, HF's argmax almost everywhere, and the prompt's logits close.
+and run in float32 (our embedding lookup reads the float32 checkpoint where it can, so
+the two differ a little more than summation order). Near-ties may break either way:
+every token our greedy decode picks must be HF's top choice up to ``TOLERANCE`` in
+logits, and HF's argmax in at least 95% of the steps.
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ def test_packing_keeps_no_float32_copy_of_the_projections(tiny_qwen3_folder) -> 
     model = loaded.model
     assert model.layers[0].mlp.gate_up_proj.weight is None
     assert model.lm_head.weight is None and model.lm_head.packed is not None
-    assert model.embed_tokens.weight.dtype == torch.float16  # untied: only looked up
+    # only looked up: a float32 view of the checkpoint file, resident where tokens read it
+    assert model.embed_tokens.weight.dtype == torch.float32
+    assert not model.embed_tokens.weight.untyped_storage().resizable()
     assert model.norm.weight.dtype == torch.float32
 
 

@@ -289,7 +289,7 @@ class LlamaForCausalLM(nn.Module):
     def fp16_packer(self) -> Callable[[str], None]:
         """A loader callback that packs each projection (see :meth:`Linear.pack_fp16`) as
         soon as the last of its checkpoint parts is in, so loading never holds every
-        projection twice. A tied embedding keeps its float16 table for lookups."""
+        projection twice. A tied embedding keeps its table for lookups."""
         waiting: dict[str, set[str]] = {}
         for key in self.weight_keys():
             waiting.setdefault(key.partition("#")[0].rpartition(".")[0], set()).add(key)

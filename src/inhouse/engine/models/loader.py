@@ -8,6 +8,8 @@ import ctypes
 import ctypes.util
 import hashlib
 import json
+import math
+import mmap
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -174,15 +176,19 @@ _SAFETENSORS_DTYPES = {
 
 
 def load_weights(
-    model: LlamaForCausalLM, folder: Path, on_loaded: Callable[[str], None] | None = None
+    model: LlamaForCausalLM,
+    folder: Path,
+    on_loaded: Callable[[str], None] | None = None,
+    mapped: frozenset[str] = frozenset(),
 ) -> None:
     """Fill the model from every ``*.safetensors`` file in ``folder``, checking completeness.
 
-    ``on_loaded`` is called with each weight key once its tensor is in.
-
     Plain reads rather than mmap (a mapped file's touched pages count towards RSS while it
     is open), straight into the parameter when dtypes match, so loading peaks at the
-    model's own size plus at most one tensor.
+    model's own size plus at most one tensor. ``on_loaded`` is called with each weight
+    key once its tensor is in. A key in ``mapped`` whose file dtype is the model's compute
+    dtype is not copied: its parameter becomes a copy-on-write view of the file, resident
+    only where read (an embedding table: a step reads the rows of its tokens).
     """
     missing = model.weight_keys()
     for path in sorted(folder.glob("*.safetensors")):
@@ -200,13 +206,31 @@ def load_weights(
                         f"{path.name}: {name} has shape {info['shape']}, "
                         f"the model expects {list(target.shape)}"
                     )
-                f.seek(8 + header_len + info["data_offsets"][0])
-                _read_tensor(f, target, info, f"{path.name}: {name}")
+                offset = 8 + header_len + info["data_offsets"][0]
+                region = None
+                if key in mapped and _SAFETENSORS_DTYPES.get(info["dtype"]) == model.dtype:
+                    region = _map_parameter(model, key, f, offset, info)
+                else:
+                    f.seek(offset)
+                    _read_tensor(f, target, info, f"{path.name}: {name}")
                 missing.discard(key)
                 if on_loaded is not None:
                     on_loaded(key)
+                if region is not None:  # drop what on_loaded read; the file backs it
+                    region.madvise(mmap.MADV_DONTNEED)
     if missing:
         raise ModelSourceError(f"{folder} lacks weights: {sorted(missing)[:5]}")
+
+
+def _map_parameter(
+    model: LlamaForCausalLM, key: str, f: BinaryIO, offset: int, info: dict[str, Any]
+) -> mmap.mmap:
+    region = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+    view = torch.frombuffer(region, dtype=dtype, count=math.prod(info["shape"]), offset=offset)
+    owner, _, leaf = key.rpartition(".")
+    setattr(model.get_submodule(owner), leaf, torch.nn.Parameter(view.view(info["shape"]), False))
+    return region
 
 
 def _read_tensor(f: BinaryIO, target: torch.Tensor, info: dict[str, Any], what: str) -> None:
@@ -284,7 +308,10 @@ def load_model(
     weight_dtype = torch.float16 if quant == "fp16" else None
     model = build_model(hf_config, torch_dtype, dev, weight_dtype)
     with torch.no_grad():
-        load_weights(model, folder, _packing(model) if quant == "fp16" else None)
+        if quant == "fp16":
+            load_weights(model, folder, _packing(model), frozenset({"embed_tokens.weight"}))
+        else:
+            load_weights(model, folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return LoadedModel(
         model=model,
