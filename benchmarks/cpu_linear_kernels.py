@@ -1,0 +1,86 @@
+"""CPU matmul kernels for a decode step's weights: why `--quantization auto` packs fp16.
+
+A 30-layer stack of SmolLM2-135M's projection shapes (q/k/v fused, o, gate/up fused,
+down; distinct weights per layer, so they stream from memory as in a real step) plus
+the 49,152-row LM head, multiplied at M=1 and M=16 rows by each kernel; prints ms
+per step and the ratio against MKL float32 `F.linear` in the same run.
+
+    .venv/bin/python benchmarks/cpu_linear_kernels.py [--steps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+LAYERS = 30
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) per layer
+HEAD = (49152, 576)
+
+Prepare = Callable[[torch.Tensor], object]
+Multiply = Callable[[torch.Tensor, object], torch.Tensor]
+
+
+def _int8_dynamic(w: torch.Tensor) -> object:
+    scale = w.abs().amax(1) / 127
+    zero = torch.zeros(w.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensors are deprecated; measured anyway
+        q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(q, None)
+
+
+KERNELS: dict[str, tuple[Prepare, Multiply]] = {
+    "MKL float32 F.linear": (lambda w: w, lambda x, w: F.linear(x, w)),
+    "fbgemm fp16 weights": (
+        lambda w: torch.ops.quantized.linear_prepack_fp16(w, None),
+        lambda x, p: torch.ops.quantized.linear_dynamic_fp16(x, p),
+    ),
+    "fbgemm int8 dynamic": (
+        _int8_dynamic,
+        lambda x, p: torch.ops.quantized.linear_dynamic(x, p, True),
+    ),
+    "bf16 F.linear": (lambda w: w.bfloat16(), lambda x, w: F.linear(x.bfloat16(), w)),
+}
+
+
+def step_ms(rows: int, prepare: Prepare, multiply: Multiply, steps: int) -> float:
+    weights = [torch.randn(*shape) * 0.02 for _ in range(LAYERS) for shape in SHAPES]
+    weights.append(torch.randn(*HEAD) * 0.02)
+    packed = [(w.shape[1], prepare(w)) for w in weights]
+    inputs = {k: torch.randn(rows, k) for k in {w.shape[1] for w in weights}}
+
+    def step() -> None:
+        for width, p in packed:
+            multiply(inputs[width], p)
+
+    step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    print(
+        f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, "
+        f"threads {torch.get_num_threads()}"
+    )
+    for rows in (1, 16):
+        base = None
+        for name, (prepare, multiply) in KERNELS.items():
+            ms = step_ms(rows, prepare, multiply, args.steps)
+            base = base or ms
+            print(f"M={rows:>2}  {name:<22} {ms:8.1f} ms/step  {base / ms:5.2f}x float32")
+
+
+if __name__ == "__main__":
+    main()
