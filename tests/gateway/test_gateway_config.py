@@ -15,6 +15,7 @@ pepper_file = "/tmp/x.pepper"
 shared_limits = true
 request_timeout_s = 120
 access_log = false
+max_request_body = 65536
 
 [health]
 interval_s = 2
@@ -64,6 +65,7 @@ def test_every_key_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     config = load_config(path)
     assert (config.host, config.port, config.shared_limits) == ("0.0.0.0", 9000, True)
     assert not config.access_log and parse_config(_minimal()).access_log
+    assert config.max_request_body == 65536
     assert config.health.interval_s == 2 and config.audit.redact == ("secret-\\d+",)
     model = config.model("smol")
     assert model is not None and model.policy == "fallback" and model.queue_max_depth == 8
@@ -98,6 +100,7 @@ def _minimal(**model: object) -> dict:
         ),
         ({"models": [{"name": "m"}]}, "at least one [[models.backends]]"),
         (_minimal(queue_max_depth=-1), ">= 0"),
+        ({"gateway": {"max_request_body": 0}, **_minimal()}, "positive integer"),
     ],
 )
 def test_mistakes_are_named(data: dict, message: str) -> None:

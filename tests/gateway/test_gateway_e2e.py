@@ -386,6 +386,24 @@ def test_image_to_a_text_only_model_is_refused_at_the_gateway(stack: Stack) -> N
     assert row["status"] == 400 and row["backend"] is None and row["latency_ms"] < 100
 
 
+def test_an_oversized_body_is_refused_unread_and_the_gateway_keeps_serving(stack: Stack) -> None:
+    secret = stack.key("bulky")
+    words = "word " * (9 * 2**20 // 5)  # 9 MiB of prompt, over the 8 MiB default
+    body = json.dumps({"model": "smol", "messages": [{"role": "user", "content": words}]})
+    url, auth = f"{stack.gateway_url}/v1/chat/completions", {"authorization": f"Bearer {secret}"}
+    declared = httpx.post(url, content=body, headers=auth, timeout=30)
+
+    def chunks() -> Iterator[bytes]:  # no content-length: counted while it arrives
+        for start in range(0, len(body), 2**20):
+            yield body[start : start + 2**20].encode()
+
+    streamed = httpx.post(url, content=chunks(), headers=auth, timeout=30)
+    for response in (declared, streamed):
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "request_too_large"
+    assert stack.client(secret).chat.completions.create(model="smol", messages=HELLO, max_tokens=1)
+
+
 def test_audit_rows_equal_the_requests_made(stack: Stack) -> None:
     secret = stack.key("audited", log_content=True)
     client = stack.client(secret)

@@ -102,4 +102,4 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> Gateway
             gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    return GatewayFront(gateway, app, access_log)
+    return GatewayFront(gateway, app, access_log, gateway.config.max_request_body)

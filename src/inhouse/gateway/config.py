@@ -89,6 +89,9 @@ class AuditSettings:
     creep_window: int = 100
 
 
+DEFAULT_MAX_REQUEST_BODY = 8 * 2**20  # as inhouse serve: far above any chat, far below RAM
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything `inhouse gateway` needs; see README "## Gateway" for each key."""
@@ -101,6 +104,7 @@ class GatewayConfig:
     shared_limits: bool = False
     request_timeout_s: float = 600.0
     access_log: bool = True
+    max_request_body: int = DEFAULT_MAX_REQUEST_BODY
     health: HealthSettings = field(default_factory=HealthSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
 
@@ -140,6 +144,9 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
         shared_limits=bool(gw.get("shared_limits", False)),
         request_timeout_s=float(gw.get("request_timeout_s", 600.0)),
         access_log=bool(gw.get("access_log", True)),
+        max_request_body=_positive_int(
+            gw.get("max_request_body", DEFAULT_MAX_REQUEST_BODY), "gateway.max_request_body"
+        ),
         health=HealthSettings(**health),
         audit=AuditSettings(**{**audit, "redact": tuple(audit.get("redact", ()))}),
     )
@@ -153,6 +160,7 @@ GATEWAY_KEYS = {
     "shared_limits",
     "request_timeout_s",
     "access_log",
+    "max_request_body",
 }
 MODEL_KEYS = {
     "name",
@@ -264,3 +272,9 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{what} must be a positive integer, got {value!r}")
+    return value
