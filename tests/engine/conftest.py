@@ -142,6 +142,14 @@ def bundled_model_fp32():
 
 
 @pytest.fixture(scope="session")
+def bundled_model_fp16():
+    """The bundled SmolLM2 with fp16 weights packed for fbgemm (the CPU default's format)."""
+    from inhouse.engine.models.loader import load_model
+
+    return load_model(None, quantization="fp16")
+
+
+@pytest.fixture(scope="session")
 def bundled_model(request):
     """The bundled SmolLM2 GGUF with the default dtype, as the engine loads it.
 

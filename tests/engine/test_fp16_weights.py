@@ -64,8 +64,10 @@ def test_tiny_models_with_fp16_weights_agree_with_hf(folder_fixture, request) ->
 
 
 @pytest.mark.slow
-def test_bundled_model_with_fp16_weights_agrees_with_hf(bundled_model_fp32) -> None:
-    loaded = load_model(None, quantization="fp16")
+def test_bundled_model_with_fp16_weights_agrees_with_hf(
+    bundled_model_fp16, bundled_model_fp32
+) -> None:
+    loaded = bundled_model_fp16
     tok = loaded.tokenizer
     questions = ["What is the capital of France?", "Explain why the sky is blue."]
     texts = [
