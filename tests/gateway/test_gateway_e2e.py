@@ -326,8 +326,14 @@ def test_stream_usage_is_forced_upstream_stripped_and_reconciled(stack: Stack) -
 def test_first_chunk_arrives_before_the_backend_finishes(stack: Stack) -> None:
     secret = stack.key("sse")
     start = time.perf_counter()
-    stream = stack.client(secret).chat.completions.create(
-        model="smol", messages=HELLO, max_tokens=48, stream=True, extra_body={"ignore_eos": True}
+    counting = [{"role": "user", "content": "Count from 1 to 60, separated by spaces."}]
+    stream = stack.client(secret).chat.completions.create(  # greedy: 48 tokens of text
+        model="smol",
+        messages=counting,
+        max_tokens=48,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
     )
     arrivals = [
         time.perf_counter() - start for c in stream if c.choices and c.choices[0].delta.content
@@ -344,7 +350,7 @@ def test_client_disconnect_closes_the_upstream_stream(stack: Stack) -> None:
         f"{stack.gateway_url}/v1/chat/completions",
         headers={"Authorization": f"Bearer {secret}"},
         json={"model": "smol", "messages": HELLO, "max_tokens": 1000, "stream": True,
-              "ignore_eos": True},
+              "temperature": 0, "ignore_eos": True},
         timeout=30,
     ) as response:  # fmt: skip
         assert response.headers["x-accel-buffering"] == "no"
