@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from inhouse.api.errors import APIError
 from inhouse.api.models import ModelCard, ModelList
+from inhouse.body_limit import BodySizeLimit
 from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.audit import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
@@ -47,8 +48,11 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
     )
 
 
-def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> GatewayFront:
-    """The ASGI app over a built Gateway; background tasks run for the app's lifetime."""
+def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySizeLimit:
+    """The ASGI app over a built Gateway; background tasks run for the app's lifetime.
+
+    Bodies over `max_request_body` get 413 before anything reads or authenticates them
+    (so they are not in the access log)."""
 
     def on_health_change(backend: Backend) -> None:
         gateway.router.wake(backend.model)
@@ -102,4 +106,4 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> Gateway
             gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    return GatewayFront(gateway, app, access_log, gateway.config.max_request_body)
+    return BodySizeLimit(GatewayFront(gateway, app, access_log), gateway.config.max_request_body)

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from inhouse.api.errors import DEFAULT_MAX_BODY_BYTES
+
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
 BACKEND_KINDS = frozenset({"inhouse", "vllm", "openai"})
 # Backends that accept vLLM's `cache_salt` and expose vLLM-style `/metrics`.
@@ -89,9 +91,6 @@ class AuditSettings:
     creep_window: int = 100
 
 
-DEFAULT_MAX_REQUEST_BODY = 8 * 2**20  # as inhouse serve: far above any chat, far below RAM
-
-
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything `inhouse gateway` needs; see README "## Gateway" for each key."""
@@ -104,7 +103,7 @@ class GatewayConfig:
     shared_limits: bool = False
     request_timeout_s: float = 600.0
     access_log: bool = True
-    max_request_body: int = DEFAULT_MAX_REQUEST_BODY
+    max_request_body: int = DEFAULT_MAX_BODY_BYTES
     health: HealthSettings = field(default_factory=HealthSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
 
@@ -145,7 +144,7 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
         request_timeout_s=float(gw.get("request_timeout_s", 600.0)),
         access_log=bool(gw.get("access_log", True)),
         max_request_body=_positive_int(
-            gw.get("max_request_body", DEFAULT_MAX_REQUEST_BODY), "gateway.max_request_body"
+            gw.get("max_request_body", DEFAULT_MAX_BODY_BYTES), "gateway.max_request_body"
         ),
         health=HealthSettings(**health),
         audit=AuditSettings(**{**audit, "redact": tuple(audit.get("redact", ()))}),

@@ -3,9 +3,7 @@
 POST /v1/chat/completions, /v1/completions and /v1/embeddings go straight to
 `Gateway.handle` with the Authorization header and the body: FastAPI's middleware
 stack, routing and Request object would cost more CPU than the gateway's own work.
-Everything else (health, metrics, models, lifespan) goes to the FastAPI app. A body
-over `max_request_body` bytes is refused with 413 before it is buffered or
-authenticated, as a reverse proxy's body limit would.
+Everything else (health, metrics, models, lifespan) goes to the FastAPI app.
 """
 
 from __future__ import annotations
@@ -15,9 +13,8 @@ import time
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inhouse.api.errors import payload_too_large
 from inhouse.gateway.access_log import AccessLog
-from inhouse.gateway.handler import Gateway, error_response
+from inhouse.gateway.handler import Gateway
 
 PROXIED = {
     "/v1/chat/completions": "chat/completions",
@@ -29,13 +26,10 @@ PROXIED = {
 class GatewayFront:
     """Dispatches each request and, when `access_log` is given, logs it."""
 
-    def __init__(
-        self, gateway: Gateway, app: ASGIApp, access_log: AccessLog | None, max_body: int
-    ) -> None:
+    def __init__(self, gateway: Gateway, app: ASGIApp, access_log: AccessLog | None) -> None:
         self._gateway = gateway
         self._app = app
         self._access_log = access_log
-        self._max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,17 +49,13 @@ class GatewayFront:
         if endpoint is None:
             return await _answer_noting_status(self._app, scope, receive, send)
         if scope["method"] == "POST":
-            authorization, length = "", 0
+            authorization = ""
             for name, value in scope["headers"]:
                 if name == b"authorization":
                     authorization = value.decode("latin-1")
-                elif name == b"content-length" and value.isdigit():
-                    length = int(value)
-            body = None if length > self._max_body else await read_body(receive, self._max_body)
-            if body is None:
-                response = error_response(payload_too_large(self._max_body))
-            else:
-                response = await self._gateway.handle(authorization, body, endpoint)
+                    break
+            body = await read_body(receive)
+            response = await self._gateway.handle(authorization, body, endpoint)
         else:
             response = PlainTextResponse("Method Not Allowed", 405, headers={"allow": "POST"})
         await response(scope, receive, send)
@@ -85,15 +75,14 @@ async def _answer_noting_status(app: ASGIApp, scope: Scope, receive: Receive, se
     return status
 
 
-async def read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole request body, or None once it passes `limit` bytes (the rest unread)."""
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body (`BodySizeLimit` in front of this app caps its size)."""
     message = await receive()
     body = message.get("body", b"")
     if not message.get("more_body", False):
-        return body if len(body) <= limit else None
-    parts, size = [body], len(body)
-    while message.get("more_body", False) and size <= limit:
+        return body
+    parts = [body]
+    while message.get("more_body", False):
         message = await receive()
         parts.append(message.get("body", b""))
-        size += len(parts[-1])
-    return b"".join(parts) if size <= limit else None
+    return b"".join(parts)

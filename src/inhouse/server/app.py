@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
+from inhouse.body_limit import BodySizeLimit
 from inhouse.server.context import ServerContext
-from inhouse.server.errors import BodySizeLimit, install_error_handlers
+from inhouse.server.errors import install_error_handlers
 from inhouse.server.routes import chat, completions, embeddings, info
 
 log = logging.getLogger(__name__)

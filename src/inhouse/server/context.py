@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from inhouse.api.errors import APIError, not_found, service_unavailable
+from inhouse.api.errors import DEFAULT_MAX_BODY_BYTES, APIError, not_found, service_unavailable
 from inhouse.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
@@ -15,8 +15,6 @@ if TYPE_CHECKING:
     from inhouse.engine.structured import GrammarCompiler
     from inhouse.server.chat_template import ChatRenderer
     from inhouse.server.embeddings import Embedder
-
-DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 
 
 @dataclass(slots=True)

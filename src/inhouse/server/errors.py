@@ -1,4 +1,4 @@
-"""Every failure as OpenAI's error body: exception handlers and the body-size limit."""
+"""Every failure as OpenAI's error body: the exception handlers."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inhouse.api.errors import APIError, invalid_request, not_found, payload_too_large, server_error
+from inhouse.api.errors import APIError, invalid_request, not_found, server_error
 
 log = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
@@ -71,51 +70,3 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
         return error_response(server_error())
-
-
-class BodySizeLimit:
-    """ASGI middleware: answer 413 once a request body passes ``max_bytes``."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit():
-            if int(declared) > self.max_bytes:
-                await self._reject(scope, receive, send)
-            else:
-                await self.app(scope, receive, send)
-            return
-        # No trustworthy length (chunked upload): read the body here, then replay it.
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
-            if size > self.max_bytes:
-                await self._reject(scope, receive, send)
-                return
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
-
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await error_response(payload_too_large(self.max_bytes))(scope, receive, send)
