@@ -196,15 +196,18 @@ def _group(
     identity = b * q_max == num_tokens and bool((qlen == q_max).all())
     query_index = (start[:, None] + torch.minimum(j[None, :], qlen[:, None] - 1)).reshape(-1)
     real = j[None, :] < qlen[:, None]
-    # Query j of entry i sits at position computed + j; padded queries see the whole context.
-    limit = torch.minimum(ctx[:, None] - qlen[:, None] + j[None, :], ctx[:, None] - 1)
-    allowed = key_pos[None, None, :] <= limit[:, :, None]  # [B, Q, K]
     mask = window_mask = None
-    if not (q_max == 1 and bool((ctx == k_max).all())):
-        mask = _head_mask(allowed, query_group, device)
-    if sliding_window is not None and k_max > sliding_window:
-        recent = key_pos[None, None, :] > limit[:, :, None] - sliding_window
-        window_mask = _head_mask(allowed & recent, query_group, device)
+    causal = not (q_max == 1 and bool((ctx == k_max).all()))
+    windowed = sliding_window is not None and k_max > sliding_window
+    if causal or windowed:  # a decode batch of equal contexts needs neither
+        # Query j of entry i sits at position computed + j; padded queries see all the context.
+        limit = torch.minimum(ctx[:, None] - qlen[:, None] + j[None, :], ctx[:, None] - 1)
+        allowed = key_pos[None, None, :] <= limit[:, :, None]  # [B, Q, K]
+        if causal:
+            mask = _head_mask(allowed, query_group, device)
+        if windowed:
+            recent = key_pos[None, None, :] > limit[:, :, None] - sliding_window
+            window_mask = _head_mask(allowed & recent, query_group, device)
     output_rows = real.reshape(-1).nonzero().squeeze(1)
     return AttentionGroup(
         query_index=None if identity else query_index.to(device),

@@ -292,11 +292,11 @@ class LlamaForCausalLM(nn.Module):
         projection twice. A tied embedding keeps its table for lookups."""
         waiting: dict[str, set[str]] = {}
         for key in self.weight_keys():
-            waiting.setdefault(key.partition("#")[0].rpartition(".")[0], set()).add(key)
+            waiting.setdefault(_module_of(key), set()).add(key)
         modules = dict(self.named_modules())
 
         def loaded(key: str) -> None:
-            name = key.partition("#")[0].rpartition(".")[0]
+            name = _module_of(key)
             parts, module = waiting[name], modules[name]
             parts.discard(key)
             if parts or not isinstance(module, Linear):
@@ -340,6 +340,11 @@ class LlamaForCausalLM(nn.Module):
 def _parts_of(name: str) -> tuple[int | None, ...]:
     fused = name.rsplit(".", 2)[-2]
     return {"qkv_proj": (0, 1, 2), "gate_up_proj": (0, 1)}.get(fused, (None,))
+
+
+def _module_of(key: str) -> str:
+    """The module a weight key (``layers.0.mlp.gate_up_proj.weight#1``) belongs to."""
+    return key.partition("#")[0].rpartition(".")[0]
 
 
 def _part_key(name: str, part: int | None) -> str:
