@@ -71,18 +71,21 @@ def serve_command(
     from inhouse.server.loading import ContextLoader
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    engine_config = EngineConfig(
-        model=model,
-        dtype=dtype,
-        quantization=quantization,
-        device=device,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        kv_cache_memory=parse_bytes(kv_cache_memory) if kv_cache_memory else None,
-        enable_prefix_caching=enable_prefix_caching,
-        seed=seed,
-    )
+    try:
+        engine_config = EngineConfig(
+            model=model,
+            dtype=dtype,
+            quantization=quantization,
+            device=device,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_memory=parse_bytes(kv_cache_memory) if kv_cache_memory else None,
+            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+        )
+    except ValueError as err:  # a bad flag (EngineConfigError too): one line, exit 2
+        raise typer.BadParameter(str(err)) from None
     if embedding_model == "none":
         embedding_path, embedding_name = None, None
     elif embedding_model is None:
