@@ -143,10 +143,25 @@ def bundled_model_fp32():
 
 @pytest.fixture(scope="session")
 def bundled_model_fp16():
-    """The bundled SmolLM2 with fp16 weights packed for fbgemm (the CPU default's format)."""
+    """The bundled SmolLM2 with fp16 weights packed for fbgemm and float32 activations.
+
+    The dtype is named: on a CPU with bf16 "auto" means bfloat16, which fbgemm's fp16
+    weights cannot multiply, yet this path runs on every x86 CPU and is checked on each.
+    """
     from inhouse.engine.models.loader import load_model
 
-    return load_model(None, quantization="fp16")
+    return load_model(None, dtype="float32", quantization="fp16")
+
+
+@pytest.fixture(scope="session")
+def bundled_model_bf16():
+    """The bundled SmolLM2 in bfloat16: the default on CPUs with avx512_bf16 or AMX.
+
+    It runs everywhere (torch emulates bf16 products where the CPU lacks them, slowly).
+    """
+    from inhouse.engine.models.loader import load_model
+
+    return load_model(None, dtype="bfloat16")
 
 
 @pytest.fixture(scope="session")

@@ -100,7 +100,21 @@ def test_engine_greedy_equals_hf_generate_with_eos_and_stop(bundled_model_fp32, 
     assert (choice.finish_reason, choice.stop_reason) == ("stop", stop)
 
 
-@pytest.mark.parametrize("weights", ["bundled_model_fp32", "bundled_model_fp16"])
+def _default_path_id() -> str:
+    from inhouse.engine.models.loader import resolve_dtype
+
+    auto = resolve_dtype("auto", torch.device("cpu"))
+    return "bf16-native" if auto == torch.bfloat16 else "bf16-emulated"
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        pytest.param("bundled_model_fp32", id="fp32"),
+        pytest.param("bundled_model_fp16", id="fp16-weights"),
+        pytest.param("bundled_model_bf16", id=_default_path_id()),
+    ],
+)
 def test_sixteen_requests_together_equal_each_alone(weights, chat_prompts, request):
     loaded = request.getfixturevalue(weights)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
