@@ -6,7 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from inhouse.api.common import MAX_TOP_LOGPROBS, ProtocolModel, SamplingFields, Usage
+from inhouse.api.bounds import Logprobs, OutputTokens
+from inhouse.api.common import ProtocolModel, SamplingFields, Usage
 
 
 class TextPart(ProtocolModel):
@@ -118,14 +119,31 @@ class ResponseFormat(ProtocolModel):
         return self
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatFields(SamplingFields):
+    """Every field of a chat request but the conversation itself: what the gateway checks
+    before it forwards a request to any backend (which may take more kinds of content)."""
+
+    max_tokens: OutputTokens | None = None
+    max_completion_tokens: OutputTokens | None = None
+    logprobs: bool = False
+    top_logprobs: Logprobs | None = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatFields:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return self
+
+    @property
+    def completion_limit(self) -> int | None:
+        """``max_completion_tokens``, else the deprecated ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+class ChatCompletionRequest(ChatFields):
     """The body of ``POST /v1/chat/completions``."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -134,9 +152,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> ChatCompletionRequest:
-        if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs set to true")
+    def _check_tool_choice(self) -> ChatCompletionRequest:
         if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
             names = {t.function.name for t in self.tools or []}
             if not names:
@@ -145,11 +161,6 @@ class ChatCompletionRequest(SamplingFields):
             if isinstance(named, NamedToolChoice) and named.function.name not in names:
                 raise ValueError(f"tool_choice names unknown function {named.function.name!r}")
         return self
-
-    @property
-    def completion_limit(self) -> int | None:
-        """``max_completion_tokens``, else the deprecated ``max_tokens``."""
-        return self.max_completion_tokens or self.max_tokens
 
 
 class TopLogprob(BaseModel):

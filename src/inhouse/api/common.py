@@ -1,19 +1,45 @@
-"""Pieces shared by the chat and completions protocols: sampling fields, usage, options."""
+"""Pieces shared by the request protocols: base models, sampling fields, usage, options."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-MAX_N = 16
-MAX_TOP_LOGPROBS = 20
+from inhouse.api.body import tree_problem
+from inhouse.api.bounds import (
+    MAX_STOP_STRINGS,
+    Choices,
+    LogitBias,
+    MinP,
+    MinTokens,
+    Penalty,
+    RepetitionPenalty,
+    Seed,
+    StopTokenIds,
+    Temperature,
+    TopK,
+    TopP,
+)
 
 
 class ProtocolModel(BaseModel):
     """Base of request models: unknown fields are ignored, as vLLM and OpenAI SDKs expect."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class RequestModel(ProtocolModel):
+    """A whole request body: refused before field checks if it is nested too deep or
+    holds text that is not valid Unicode."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_tree(cls, data: Any) -> Any:
+        problem = tree_problem(data)
+        if problem is not None:
+            raise ValueError(problem)
+        return data
 
 
 class StreamOptions(ProtocolModel):
@@ -23,24 +49,25 @@ class StreamOptions(ProtocolModel):
     continuous_usage_stats: bool = False
 
 
-class SamplingFields(ProtocolModel):
-    """Sampling parameters common to chat and completions, with OpenAI's and vLLM's ranges."""
+class SamplingFields(RequestModel):
+    """Sampling parameters common to chat and completions, with the ranges of ``bounds``."""
 
     model: str | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
-    seed: int | None = None
+    n: Choices = 1
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    seed: Seed | None = None
+    logit_bias: LogitBias | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    stop_token_ids: StopTokenIds | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(ge=0)] = 0
+    min_tokens: MinTokens = 0
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -55,8 +82,8 @@ class SamplingFields(ProtocolModel):
         stops = [value] if isinstance(value, str) else value
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
-        if len(stops) > 16:
-            raise ValueError("at most 16 stop strings are allowed")
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
         return stops
 
 

@@ -6,9 +6,16 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from inhouse.api.bounds import (
+    DEFAULT_COMPLETIONS_MAX_TOKENS,
+    Choices,
+    Logprobs,
+    OutputTokens,
+    TokenId,
+)
 from inhouse.api.common import SamplingFields, Usage
 
-MAX_COMPLETION_LOGPROBS = 20
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class CompletionRequest(SamplingFields):
@@ -17,14 +24,14 @@ class CompletionRequest(SamplingFields):
     prompt: (
         str
         | Annotated[list[str], Field(min_length=1)]
-        | Annotated[list[int], Field(min_length=1)]
-        | Annotated[list[list[int]], Field(min_length=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1)]
     )
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
+    max_tokens: OutputTokens | None = DEFAULT_COMPLETIONS_MAX_TOKENS
+    logprobs: Logprobs | None = None
     echo: bool = False
     suffix: str | None = None
-    best_of: Annotated[int, Field(ge=1)] | None = None
+    best_of: Choices | None = None
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> CompletionRequest:

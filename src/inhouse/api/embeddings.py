@@ -6,23 +6,27 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from inhouse.api.common import ProtocolModel
+from inhouse.api.bounds import MAX_EMBEDDING_INPUTS, Dimensions, TokenId
+from inhouse.api.common import RequestModel
 
-MAX_EMBEDDING_INPUTS = 2048
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
-class EmbeddingRequest(ProtocolModel):
-    """Text (or token ids) to embed; a list embeds a batch."""
+class EmbeddingRequest(RequestModel):
+    """Text (or token ids) to embed; a list embeds a batch. Texts must not be empty."""
 
     model: str | None = None
     input: (
-        str
-        | Annotated[list[str], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
-        | Annotated[list[int], Field(min_length=1)]
-        | Annotated[list[list[int]], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+        Annotated[str, Field(min_length=1)]
+        | Annotated[
+            list[Annotated[str, Field(min_length=1)]],
+            Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS),
+        ]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
     )
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, Field(ge=1)] | None = None
+    dimensions: Dimensions | None = None
     user: str | None = None
 
 

@@ -6,6 +6,9 @@ Every failure a client can see has the shape
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from pydantic import BaseModel
 
 
@@ -52,6 +55,25 @@ class APIError(Exception):
 def invalid_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     """400: the request is well-formed JSON but asks for something we cannot do."""
     return APIError(400, message, param=param, code=code)
+
+
+def invalid_fields(errors: Sequence[Mapping[str, Any]]) -> APIError:
+    """A 400 naming the first field pydantic refused, in plain words without its internals
+    (``errors`` as ``ValidationError.errors()`` gives them; a leading ``body`` is dropped)."""
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return invalid_request("The request body is not valid JSON.")
+    if kind == "missing" and not loc:
+        return invalid_request("The request needs a JSON body.")
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    param = ".".join(loc) or None
+    if kind == "missing":
+        message = f"'{param}' is a required property."
+    elif param:
+        message = f"Invalid value for '{param}': {message}"
+    return invalid_request(message, param=loc[0] if loc else None)
 
 
 def authentication_error(message: str = "Incorrect API key provided.") -> APIError:

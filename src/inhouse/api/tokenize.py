@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from pydantic import BaseModel
 
-from pydantic import BaseModel, Field
-
+from inhouse.api.bounds import TokenId
 from inhouse.api.chat import ChatMessage
-from inhouse.api.common import ProtocolModel
+from inhouse.api.common import RequestModel
 
 
-class TokenizeRequest(ProtocolModel):
+class TokenizeRequest(RequestModel):
     """Either a raw ``prompt`` or chat ``messages`` rendered through the chat template."""
 
     model: str | None = None
@@ -28,11 +27,11 @@ class TokenizeResponse(BaseModel):
     tokens: list[int]
 
 
-class DetokenizeRequest(ProtocolModel):
+class DetokenizeRequest(RequestModel):
     """Token ids to turn back into text."""
 
     model: str | None = None
-    tokens: list[Annotated[int, Field(ge=0)]]
+    tokens: list[TokenId]
 
 
 class DetokenizeResponse(BaseModel):

@@ -12,7 +12,6 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from inhouse.api.errors import APIError
 from inhouse.api.models import ModelCard, ModelList
 from inhouse.body_limit import BodySizeLimit
 from inhouse.gateway.access_log import AccessLog
@@ -22,12 +21,14 @@ from inhouse.gateway.config import GatewayConfig
 from inhouse.gateway.db import open_database
 from inhouse.gateway.front import GatewayFront
 from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
-from inhouse.gateway.handler import Gateway, error_response
+from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.limits import KeyLimiter
 from inhouse.gateway.metrics import GatewayMetrics
+from inhouse.gateway.openapi import install_openapi
 from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
+from inhouse.http_errors import install_error_handlers
 
 
 def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time) -> Gateway:
@@ -78,10 +79,8 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
                 access_log.flush()
 
     app = FastAPI(title="inhouse gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
-
-    @app.exception_handler(APIError)
-    async def api_error(_request: Request, err: APIError) -> JSONResponse:
-        return error_response(err)
+    install_error_handlers(app)
+    install_openapi(app)
 
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:

@@ -1,6 +1,7 @@
 """The gateway's ASGI entry point: the proxied OpenAI routes as raw ASGI, the rest via FastAPI.
 
-POST /v1/chat/completions, /v1/completions and /v1/embeddings go straight to
+POST /v1/chat/completions, /v1/completions, /v1/embeddings, /tokenize and /detokenize go
+straight to
 `Gateway.handle` with the Authorization header and the body: FastAPI's middleware
 stack, routing and Request object would cost more CPU than the gateway's own work.
 Everything else (health, metrics, models, lifespan) goes to the FastAPI app.
@@ -10,16 +11,18 @@ from __future__ import annotations
 
 import time
 
-from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inhouse.gateway.access_log import AccessLog
-from inhouse.gateway.handler import Gateway
+from inhouse.gateway.handler import Gateway, error_response
+from inhouse.http_errors import method_not_allowed
 
 PROXIED = {
     "/v1/chat/completions": "chat/completions",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/tokenize": "tokenize",
+    "/detokenize": "detokenize",
 }
 
 
@@ -57,7 +60,8 @@ class GatewayFront:
             body = await read_body(receive)
             response = await self._gateway.handle(authorization, body, endpoint)
         else:
-            response = PlainTextResponse("Method Not Allowed", 405, headers={"allow": "POST"})
+            refused = method_not_allowed(scope["method"], scope["path"])
+            response = error_response(refused, {"allow": "POST"})
         await response(scope, receive, send)
         return response.status_code
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from starlette.responses import JSONResponse, Response
 
+from inhouse.api.body import json_object
 from inhouse.api.errors import (
     APIError,
     authentication_error,
@@ -110,7 +111,7 @@ class Gateway:
         model: str | None = None
         try:
             key = await self.authenticate(authorization)
-            body = _json_body(raw)
+            body = json_object(raw)
             model = body.get("model") if isinstance(body.get("model"), str) else None
             route = self._route(key, model)
             needs = read_needs(endpoint, body)
@@ -385,13 +386,3 @@ def _limit_error(reason: str, message: str) -> APIError:
         return APIError(429, message, type="insufficient_quota", code="insufficient_quota")
     code = "concurrency_limit_exceeded" if reason == "concurrency" else "rate_limit_exceeded"
     return APIError(429, message, type=reason, code=code)
-
-
-def _json_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise invalid_request("the request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise invalid_request("the request body must be a JSON object")
-    return body

@@ -7,15 +7,34 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
+from inhouse.api.chat import ChatFields
+from inhouse.api.common import RequestModel
+from inhouse.api.completions import CompletionRequest
+from inhouse.api.embeddings import EmbeddingRequest
+from inhouse.api.errors import invalid_fields
+from inhouse.api.tokenize import DetokenizeRequest, TokenizeRequest
 from inhouse.gateway.config import Upstream
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
 
+# What the gateway checks of each body before it forwards it: the same fields and ranges
+# `inhouse serve` checks (chat messages are left to the backend, which may take more kinds).
+ENDPOINT_FIELDS: dict[str, type[RequestModel]] = {
+    "chat/completions": ChatFields,
+    "completions": CompletionRequest,
+    "embeddings": EmbeddingRequest,
+    "tokenize": TokenizeRequest,
+    "detokenize": DetokenizeRequest,
+}
 ENDPOINT_FEATURE = {
     "chat/completions": "chat",
     "completions": "completions",
     "embeddings": "embeddings",
+    "tokenize": "chat",  # the chat model's tokenizer, at the backend's own /tokenize
+    "detokenize": "chat",
 }
 
 
@@ -44,6 +63,7 @@ class Needs:
 
 def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
     """Inspect an OpenAI request body for the capabilities and tokens it needs."""
+    fields = _checked_fields(endpoint, body)
     features = {ENDPOINT_FEATURE[endpoint]}
     if endpoint == "chat/completions":
         messages = body.get("messages")
@@ -61,16 +81,25 @@ def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
             features.add("json_schema")
     elif endpoint == "completions":
         prompt = _input_tokens(body.get("prompt"), "prompt")
-    else:
+    elif endpoint == "embeddings":
         prompt = _input_tokens(body.get("input"), "input")
-    max_output = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_output is not None and (not isinstance(max_output, int) or max_output < 0):
-        raise BadRequest("max_tokens must be a non-negative integer", "max_tokens")
-    n = body.get("n", 1)
-    if not isinstance(n, int) or n < 1:
-        raise BadRequest("'n' must be a positive integer", "n")
-    output = 0 if endpoint == "embeddings" else max_output
-    return Needs(frozenset(features), prompt, output, n)
+    else:  # tokenize and detokenize run no model: nothing to reserve
+        prompt = 0
+    output: int | None = 0
+    if isinstance(fields, ChatFields):
+        output = fields.completion_limit
+    elif isinstance(fields, CompletionRequest):
+        output = fields.max_tokens if "max_tokens" in body else None
+    return Needs(frozenset(features), prompt, output, getattr(fields, "n", 1))
+
+
+def _checked_fields(endpoint: str, body: dict[str, Any]) -> RequestModel:
+    """The body's fields checked against the ranges of `inhouse.api.bounds`."""
+    try:
+        return ENDPOINT_FIELDS[endpoint].model_validate(body)
+    except ValidationError as err:
+        refused = invalid_fields(err.errors())
+        raise BadRequest(refused.message, refused.param) from None
 
 
 def refusal(upstream: Upstream, needs: Needs) -> str | None:

@@ -27,6 +27,10 @@ from inhouse.gateway.config import Upstream
 from inhouse.http1 import Http1Client
 from inhouse.http1 import Response as UpstreamResponse
 
+SALTED_ENDPOINTS = frozenset({"chat/completions", "completions"})
+# Endpoints outside /v1 (vLLM's and `inhouse serve`'s).
+UPSTREAM_PATHS = {"tokenize": "/tokenize", "detokenize": "/detokenize"}
+
 
 @dataclass(slots=True)
 class Outcome:
@@ -73,7 +77,7 @@ def prepare(
         wants_usage = bool(options.get("include_usage"))
         options["include_usage"] = True
         out["stream_options"] = options
-    if upstream.saltable and cache_salt is not None and endpoint != "embeddings":
+    if upstream.saltable and cache_salt is not None and endpoint in SALTED_ENDPOINTS:
         out["cache_salt"] = cache_salt
     else:
         out.pop("cache_salt", None)
@@ -98,7 +102,8 @@ class UpstreamClients:
     async def open(self, forward: Forward, stack: contextlib.AsyncExitStack) -> UpstreamResponse:
         """Send the request; the response (body unread) lives until `stack` closes."""
         body = json.dumps(forward.body).encode()
-        exchange = self.client(forward.upstream).post(f"/v1/{forward.endpoint}", body)
+        path = UPSTREAM_PATHS.get(forward.endpoint, f"/v1/{forward.endpoint}")
+        exchange = self.client(forward.upstream).post(path, body)
         return await stack.enter_async_context(exchange)
 
     async def aclose(self) -> None:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
+from inhouse import __version__
 from inhouse.body_limit import BodySizeLimit
 from inhouse.server.context import ServerContext
 from inhouse.server.errors import install_error_handlers
@@ -37,9 +38,9 @@ def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
     app = FastAPI(
         title="inhouse",
         lifespan=lifespan,
+        version=__version__,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
     )
     app.state.context = ctx
     install_error_handlers(app)

@@ -41,6 +41,7 @@ class ServerContext:
     grammars: GrammarCompiler | None = None
     embedder: Embedder | None = None
     load_error: str | None = None
+    engine_error: str | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
@@ -51,10 +52,16 @@ class ServerContext:
         return ctx
 
     def require_engine(self) -> AsyncEngine:
-        """The engine, or a 503 while it is still loading (or failed to load)."""
+        """The engine, or a 503 while it is still loading, or if it failed to load or died."""
+        if self.engine_error is not None:
+            raise service_unavailable(self.engine_error)
         if self.engine is None:
             raise service_unavailable(self.load_error or "The model is still loading; retry soon.")
         return self.engine
+
+    def mark_engine_dead(self, reason: str) -> None:
+        """The engine cannot serve any more: health and every model route say 503."""
+        self.engine_error = f"The engine has stopped ({reason}); restart the server."
 
     def check_model(self, requested: str | None) -> None:
         """404 when the request names a model this server does not serve."""

@@ -12,6 +12,8 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
+from inhouse.api.errors import service_unavailable
+from inhouse.engine.async_engine import EngineDeadError
 from inhouse.engine.errors import EngineInputError
 from inhouse.engine.outputs import RequestOutput, TokenLogprob
 from inhouse.engine.sampling import SamplingParams
@@ -38,8 +40,9 @@ async def generate(
 ) -> AsyncIterator[RequestOutput]:
     """The engine's deltas for one request, with latency metrics recorded.
 
-    Bad input raises a 400 :class:`APIError` before anything is yielded. If the
-    consumer stops early (a client disconnect), the request is aborted.
+    Bad input raises a 400 :class:`APIError` before anything is yielded; a dead engine
+    a 503 (and the server reports unhealthy from then on). If the consumer stops early
+    (a client disconnect), the request is aborted.
     """
     engine = ctx.require_engine()
     clock = TokenClock(ctx.metrics.itl, time.monotonic)
@@ -55,6 +58,9 @@ async def generate(
                 yield output
     except EngineInputError as exc:
         raise engine_input_error(exc) from exc
+    except EngineDeadError as exc:
+        ctx.mark_engine_dead(str(exc))
+        raise service_unavailable(f"The engine has stopped: {exc}") from exc
     finally:
         if not finished:
             engine.abort(rid)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from inhouse.api import bounds
 from inhouse.api.common import SamplingFields
 from inhouse.api.errors import APIError, invalid_request
 from inhouse.engine.errors import EngineInputError
 from inhouse.engine.sampling import Guide, SamplingParams
-
-DEFAULT_TEMPERATURE = 1.0
 
 
 def sampling_params(
@@ -20,16 +19,18 @@ def sampling_params(
     guide_factory: Callable[[], Guide] | None = None,
 ) -> SamplingParams:
     """The engine's parameters for ``request``; bad combinations become a 400."""
+    if request.logit_bias:
+        raise invalid_request("logit_bias is not supported by this server.", param="logit_bias")
     try:
         return SamplingParams(
             n=request.n,
-            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=-1 if request.top_k in (None, 0) else request.top_k,
-            min_p=request.min_p or 0.0,
-            presence_penalty=request.presence_penalty or 0.0,
-            frequency_penalty=request.frequency_penalty or 0.0,
-            repetition_penalty=request.repetition_penalty or 1.0,
+            temperature=_or(request.temperature, bounds.DEFAULT_TEMPERATURE),
+            top_p=_or(request.top_p, bounds.DEFAULT_TOP_P),
+            top_k=bounds.DEFAULT_TOP_K if request.top_k in (None, 0) else request.top_k,
+            min_p=_or(request.min_p, bounds.DEFAULT_MIN_P),
+            presence_penalty=_or(request.presence_penalty, bounds.DEFAULT_PRESENCE_PENALTY),
+            frequency_penalty=_or(request.frequency_penalty, bounds.DEFAULT_FREQUENCY_PENALTY),
+            repetition_penalty=_or(request.repetition_penalty, bounds.DEFAULT_REPETITION_PENALTY),
             seed=request.seed,
             stop=list(request.stop or []),
             stop_token_ids=list(request.stop_token_ids or []),
@@ -43,6 +44,10 @@ def sampling_params(
         )
     except EngineInputError as exc:
         raise engine_input_error(exc) from exc
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def engine_input_error(exc: EngineInputError) -> APIError:

@@ -30,8 +30,6 @@ async def create_embeddings(
     inputs = body.input
     if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
         inputs = [inputs]  # type: ignore[list-item]
-    if any(isinstance(x, str) and not x for x in inputs):
-        raise invalid_request("Embedding inputs must not be empty strings.", param="input")
     vocab = embedder.tokenizer.vocab_size
     if any(isinstance(x, list) and not all(0 <= t < vocab for t in x) for x in inputs):
         raise invalid_request(f"Token ids must be in [0, {vocab}).", param="input")

@@ -27,7 +27,9 @@ authorized = APIRouter(dependencies=[Depends(require_api_key)])
 
 @router.get("/health")
 async def health(ctx: ServerContext = Depends(context)) -> JSONResponse:
-    """200 when the model is loaded, 503 while it loads (or if loading failed)."""
+    """200 when the model is loaded, 503 while it loads, if loading failed or the engine died."""
+    if ctx.engine_error is not None:
+        return JSONResponse({"status": "dead", "detail": ctx.engine_error}, status_code=503)
     if ctx.engine is None:
         status = "failed" if ctx.load_error else "loading"
         return JSONResponse({"status": status, "detail": ctx.load_error}, status_code=503)
