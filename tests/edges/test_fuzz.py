@@ -1,0 +1,91 @@
+"""A bounded schemathesis run (stateless, schema-valid and schema-breaking bodies) against
+a real `inhouse serve` and a real gateway in front of it: no 5xx, every error body in
+OpenAI's shape, and the server healthy afterwards.
+
+The long run is the same test with more examples per operation and mode, e.g.
+``INHOUSE_FUZZ_EXAMPLES=300 pytest tests/edges/test_fuzz.py -s`` (it prints its counts).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from conftest import Edges, Target
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+from schemathesis.generation import GenerationMode
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = int(os.environ.get("INHOUSE_FUZZ_EXAMPLES", "8"))
+EMBEDDING_PATHS = {"/v1/embeddings"}
+
+
+def _aim(case: Any, target: Target, use_real_model: bool) -> None:
+    """Point most generated bodies at a model the target serves (a random name is a 404
+    that tests nothing past routing)."""
+    if use_real_model and isinstance(case.body, dict) and "model" in case.body:
+        embedding = case.path in EMBEDDING_PATHS
+        case.body["model"] = target.embedding_model if embedding else target.chat_model
+
+
+def _check(response: Any) -> str | None:
+    """What is wrong with a response, or None."""
+    if response.status_code >= 500:
+        return f"{response.status_code}: {response.text[:300]}"
+    if response.status_code >= 400:
+        try:
+            body = response.json()
+        except ValueError:
+            return f"{response.status_code} is not JSON: {response.text[:300]}"
+        error = body.get("error") if isinstance(body, dict) else None
+        if set(body) != {"error"} or not isinstance(error, dict):
+            return f"{response.status_code} not OpenAI-shaped: {response.text[:300]}"
+        if set(error) != {"message", "type", "param", "code"}:
+            return f"{response.status_code} not OpenAI-shaped: {response.text[:300]}"
+    return None
+
+
+def fuzz(target: Target, examples: int) -> tuple[Counter[str], list[str]]:
+    """Run every operation of the target's /openapi.json; status classes seen and problems."""
+    schema = schemathesis.openapi.from_url(f"{target.url}/openapi.json")
+    statuses: Counter[str] = Counter()
+    problems: list[str] = []
+
+    @settings(
+        max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(data=st.data())
+    def run(data: st.DataObject, strategy: st.SearchStrategy[Any], label: str) -> None:
+        case = data.draw(strategy)
+        _aim(case, target, data.draw(st.booleans()))
+        response = case.call(base_url=target.url, headers=target.headers, timeout=120)
+        statuses[f"{response.status_code // 100}xx"] += 1
+        problem = _check(response)
+        if problem is not None:
+            problems.append(f"{label}: {problem}")
+
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        for mode in GenerationMode:
+            try:
+                run(strategy=operation.as_strategy(mode), label=f"{operation.label} {mode.value}")
+            except Unsatisfiable:  # no schema-breaking input exists (a GET without parameters)
+                continue
+    return statuses, problems
+
+
+@pytest.mark.parametrize("via", ["serve", "gateway"])
+def test_fuzzed_requests_get_no_5xx_and_openai_shaped_errors(edges: Edges, via: str) -> None:
+    target = getattr(edges, via)
+    statuses, problems = fuzz(target, EXAMPLES)
+    print(f"fuzz {via}: {sum(statuses.values())} requests, {dict(sorted(statuses.items()))}")
+    assert not problems, "\n".join(problems[:20])
+    assert statuses["2xx"] > 0 and statuses["4xx"] > 0
+    assert httpx.get(f"{target.url}/health", timeout=10).status_code == 200

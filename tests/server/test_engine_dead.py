@@ -1,0 +1,46 @@
+"""When the engine really stops, the server says so: the request in flight and every later
+one get 503 in OpenAI's shape, and /health turns 503 (not 500 forever)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from fastapi.testclient import TestClient
+
+from inhouse.engine.config import EngineConfig
+from inhouse.server.app import build_app
+from inhouse.server.context import ServerConfig, ServerContext
+from inhouse.server.loading import ContextLoader
+
+pytestmark = pytest.mark.slow
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "ignore_eos": True}
+
+
+def test_a_dead_engine_makes_the_server_unhealthy_and_503() -> None:
+    ctx = ServerContext.create(ServerConfig(), "m")
+    ContextLoader(EngineConfig(max_model_len=128, kv_cache_memory=16 * 2**20))(ctx)
+    assert ctx.engine is not None
+    client = TestClient(build_app(ctx))
+    assert client.get("/health").status_code == 200
+    answers = []
+    in_flight = threading.Thread(
+        target=lambda: answers.append(client.post("/v1/chat/completions", json=CHAT))
+    )
+    in_flight.start()
+    for _ in range(1200):  # bounded (60 s): the request runs once the engine has stepped it
+        if ctx.engine.stats().num_running:
+            break
+        if answers:  # it finished before the engine stopped: nothing was tested
+            pytest.fail(f"the request ended first: {answers[0].status_code}")
+        in_flight.join(0.05)
+    asyncio.run(ctx.engine.shutdown())
+    in_flight.join(60)
+    later = client.post("/v1/chat/completions", json=CHAT)
+    for response in (*answers, later):
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["type"] == "service_unavailable"
+    health = client.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "dead"
