@@ -38,6 +38,11 @@ def _poisons(target: Target) -> list[tuple[str, str, bytes]]:
         ("max_tokens 2**63", "/v1/chat/completions", chat_body(max_tokens=2**63)),
         ("max_completion_tokens 0", "/v1/chat/completions", chat_body(max_completion_tokens=0)),
         ("n 2**63", "/v1/chat/completions", chat_body(n=2**63)),
+        (  # past the vocabulary: indexed the logits when banned by min_tokens
+            "stop_token_ids 2**31-1",
+            "/v1/chat/completions",
+            chat_body(stop_token_ids=[2**31 - 1], min_tokens=2, max_tokens=4),
+        ),
         ("logit_bias key 2**40", "/v1/chat/completions", chat_body(logit_bias={str(2**40): 1})),
         (
             "temperature 1e999",

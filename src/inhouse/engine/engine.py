@@ -89,10 +89,11 @@ class LLMEngine:
                 f"{self.max_model_len}",
                 "max_tokens",
             )
-        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt_token_ids):
-            raise EngineInputError(
-                f"prompt token ids must be integers in [0, {self.vocab_size})", "prompt"
-            )
+        for param, ids in (("prompt", prompt_token_ids), ("stop_token_ids", params.stop_token_ids)):
+            if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
+                raise EngineInputError(
+                    f"{param} token ids must be integers in [0, {self.vocab_size})", param
+                )
         if cache_salt is not None and not 1 <= len(cache_salt) <= MAX_CACHE_SALT_CHARS:
             raise EngineInputError(
                 f"cache_salt must have 1 to {MAX_CACHE_SALT_CHARS} characters", "cache_salt"
