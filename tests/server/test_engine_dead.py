@@ -16,12 +16,12 @@ from inhouse.server.loading import ContextLoader
 
 pytestmark = pytest.mark.slow
 
-CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "ignore_eos": True}
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "ignore_eos": True}
 
 
 def test_a_dead_engine_makes_the_server_unhealthy_and_503() -> None:
     ctx = ServerContext.create(ServerConfig(), "m")
-    ContextLoader(EngineConfig(max_model_len=128, kv_cache_memory=16 * 2**20))(ctx)
+    ContextLoader(EngineConfig(max_model_len=256, kv_cache_memory=16 * 2**20))(ctx)
     assert ctx.engine is not None
     client = TestClient(build_app(ctx))
     assert client.get("/health").status_code == 200
