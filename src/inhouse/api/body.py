@@ -31,29 +31,45 @@ def too_deep() -> APIError:
 
 def tree_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
     """Why a parsed JSON value cannot be served (too deep, or a string that is not
-    valid Unicode, with where it is), or None. Walks without recursion."""
-    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
-    while stack:
-        node, depth, path = stack.pop()
-        if isinstance(node, str):
-            if not _valid_text(node):
-                return f"{path or 'The body'} is not valid Unicode text (a lone surrogate)."
-            continue
-        if isinstance(node, dict):
-            items = node.items()
-        elif isinstance(node, list):
-            items = enumerate(node)
-        else:
-            continue
-        if depth > max_depth:
+    valid Unicode, with where it is), or None. Walks level by level, without recursion."""
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        below: list[Any] = []
+        for node in level:
+            if node.__class__ is dict:
+                for key in node:
+                    if not _valid_text(key):
+                        return f"A key in {_path_to(value, node)} is not valid Unicode text."
+                children = node.values()
+            else:
+                children = node
+            for child in children:
+                kind = child.__class__
+                if kind is str:
+                    if not _valid_text(child):
+                        where = _path_to(value, child)
+                        return f"{where} is not valid Unicode text (a lone surrogate)."
+                elif kind is dict or kind is list:
+                    below.append(child)
+        if below and depth >= max_depth:
             return f"The request body is nested deeper than {max_depth} levels."
-        for key, child in items:
-            if isinstance(key, str) and not _valid_text(key):
-                where = path or "the body"
-                return f"A key in {where} is not valid Unicode text (a lone surrogate)."
-            if isinstance(child, str | dict | list):
-                stack.append((child, depth + 1, f"{path}.{key}" if path else str(key)))
+        level = below
     return None
+
+
+def _path_to(root: Any, target: Any) -> str:
+    """Where ``target`` (by identity) sits in ``root``, as ``messages.0.content``."""
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path or "the body"
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            if child is target or isinstance(child, dict | list):
+                stack.append((child, f"{path}.{key}" if path else str(key)))
+    return "the body"
 
 
 def _valid_text(text: str) -> bool:
