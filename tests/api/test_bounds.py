@@ -90,3 +90,9 @@ def test_json_object_refuses_with_a_400(raw: bytes) -> None:
 def test_json_object_parses_escaped_surrogates_for_the_tree_check_to_refuse() -> None:
     body = json_object(json.dumps({"prompt": "\udfff"}).encode())
     assert tree_problem(body) is not None
+
+
+def test_the_gateway_forwards_stream_as_the_bool_it_means() -> None:
+    body = {"messages": HI, "stream": "false"}
+    read_needs("chat/completions", body)
+    assert body["stream"] is False

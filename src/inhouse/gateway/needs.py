@@ -94,12 +94,17 @@ def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
 
 
 def _checked_fields(endpoint: str, body: dict[str, Any]) -> RequestModel:
-    """The body's fields checked against the ranges of `inhouse.api.bounds`."""
+    """The body's fields checked against the ranges of `inhouse.api.bounds`. ``stream`` is
+    written back as the bool it means ("false" is false), so the gateway and the backend
+    agree on whether the answer is a stream."""
     try:
-        return ENDPOINT_FIELDS[endpoint].model_validate(body)
+        fields = ENDPOINT_FIELDS[endpoint].model_validate(body)
     except ValidationError as err:
         refused = invalid_fields(err.errors())
         raise BadRequest(refused.message, refused.param) from None
+    if "stream" in body:
+        body["stream"] = getattr(fields, "stream", False)
+    return fields
 
 
 def refusal(upstream: Upstream, needs: Needs) -> str | None:
