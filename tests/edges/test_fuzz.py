@@ -25,14 +25,26 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = int(os.environ.get("INHOUSE_FUZZ_EXAMPLES", "8"))
 EMBEDDING_PATHS = {"/v1/embeddings"}
+SHORT_OUTPUT = 16
 
 
-def _aim(case: Any, target: Target, use_real_model: bool) -> None:
-    """Point most generated bodies at a model the target serves (a random name is a 404
-    that tests nothing past routing)."""
-    if use_real_model and isinstance(case.body, dict) and "model" in case.body:
-        embedding = case.path in EMBEDDING_PATHS
-        case.body["model"] = target.embedding_model if embedding else target.chat_model
+def _aim(case: Any, target: Target, aim: int) -> None:
+    """Leave a third of the generated bodies as they are; point the rest at a model the
+    target serves, with an output short enough to fit the context, and half of those at a
+    plain conversation too (a random model name is a 404, a random max_tokens or message
+    list a 400, that test nothing past the first check; sampling values stay as generated)."""
+    body = case.body
+    if aim == 0 or not isinstance(body, dict):
+        return
+    if "model" in body:
+        body["model"] = (
+            target.embedding_model if case.path in EMBEDDING_PATHS else target.chat_model
+        )
+    for name in ("max_tokens", "max_completion_tokens"):
+        if isinstance(body.get(name), int) and body[name] > SHORT_OUTPUT:
+            body[name] = SHORT_OUTPUT
+    if aim == 2 and "messages" in body:
+        body["messages"] = [{"role": "user", "content": "Say hi."}]
 
 
 def _check(response: Any) -> str | None:
@@ -64,7 +76,7 @@ def fuzz(target: Target, examples: int) -> tuple[Counter[str], list[str]]:
     @given(data=st.data())
     def run(data: st.DataObject, strategy: st.SearchStrategy[Any], label: str) -> None:
         case = data.draw(strategy)
-        _aim(case, target, data.draw(st.booleans()))
+        _aim(case, target, data.draw(st.integers(0, 2)))
         response = case.call(base_url=target.url, headers=target.headers, timeout=120)
         statuses[f"{response.status_code // 100}xx"] += 1
         problem = _check(response)

@@ -60,9 +60,14 @@ MinP = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])]
 RepetitionPenalty = Annotated[float, Field(gt=0.0, le=REPETITION_PENALTY_MAX)]
 Logprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
-LogitBias = Annotated[
+LogitBias = Annotated[  # JSON keys are strings: token ids written in decimal
     dict[TokenId, Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]],
-    Field(max_length=MAX_LOGIT_BIAS_ENTRIES),
+    Field(
+        max_length=MAX_LOGIT_BIAS_ENTRIES,
+        json_schema_extra={"propertyNames": {"pattern": "^[0-9]{1,10}$"}},
+    ),
 ]
 StopTokenIds = Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]
+StopString = Annotated[str, Field(min_length=1)]
+Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 Dimensions = Annotated[int, Field(ge=1, le=MAX_EMBEDDING_DIMENSIONS)]

@@ -8,7 +8,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from inhouse.api.body import tree_problem
 from inhouse.api.bounds import (
-    MAX_STOP_STRINGS,
     Choices,
     LogitBias,
     MinP,
@@ -16,6 +15,7 @@ from inhouse.api.bounds import (
     Penalty,
     RepetitionPenalty,
     Seed,
+    Stop,
     StopTokenIds,
     Temperature,
     TopK,
@@ -63,7 +63,7 @@ class SamplingFields(RequestModel):
     repetition_penalty: RepetitionPenalty | None = None
     seed: Seed | None = None
     logit_bias: LogitBias | None = None
-    stop: str | list[str] | None = None
+    stop: Stop | None = None
     stop_token_ids: StopTokenIds | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
@@ -77,14 +77,7 @@ class SamplingFields(RequestModel):
     @field_validator("stop")
     @classmethod
     def _stop_as_list(cls, value: str | list[str] | None) -> list[str] | None:
-        if value is None:
-            return None
-        stops = [value] if isinstance(value, str) else value
-        if any(not s for s in stops):
-            raise ValueError("stop strings must not be empty")
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
-        return stops
+        return [value] if isinstance(value, str) else value
 
 
 class PromptTokensDetails(BaseModel):
