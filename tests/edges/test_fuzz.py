@@ -23,7 +23,7 @@ from schemathesis.generation import GenerationMode
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = int(os.environ.get("INHOUSE_FUZZ_EXAMPLES", "8"))
+EXAMPLES = int(os.environ.get("INHOUSE_FUZZ_EXAMPLES", "5"))
 EMBEDDING_PATHS = {"/v1/embeddings"}
 SHORT_OUTPUT = 16
 
