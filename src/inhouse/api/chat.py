@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from inhouse.api.bounds import Logprobs, OutputTokens
+from inhouse.api.bounds import DEFAULT_CHAT_MAX_TOKENS, Logprobs, OutputTokens
 from inhouse.api.common import ProtocolModel, SamplingFields, Usage
 
 
@@ -123,8 +123,8 @@ class ChatFields(SamplingFields):
     """Every field of a chat request but the conversation itself: what the gateway checks
     before it forwards a request to any backend (which may take more kinds of content)."""
 
-    max_tokens: OutputTokens | None = None
-    max_completion_tokens: OutputTokens | None = None
+    max_tokens: OutputTokens | None = DEFAULT_CHAT_MAX_TOKENS
+    max_completion_tokens: OutputTokens | None = DEFAULT_CHAT_MAX_TOKENS
     logprobs: bool = False
     top_logprobs: Logprobs | None = None
 

@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from inhouse.api.body import tree_problem
 from inhouse.api.bounds import (
+    DEFAULT_MIN_TOKENS,
+    DEFAULT_N,
     Choices,
     LogitBias,
     MinP,
@@ -53,7 +55,7 @@ class SamplingFields(RequestModel):
     """Sampling parameters common to chat and completions, with the ranges of ``bounds``."""
 
     model: str | None = None
-    n: Choices = 1
+    n: Choices = DEFAULT_N
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: TopK | None = None
@@ -67,7 +69,7 @@ class SamplingFields(RequestModel):
     stop_token_ids: StopTokenIds | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    min_tokens: MinTokens = 0
+    min_tokens: MinTokens = DEFAULT_MIN_TOKENS
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
