@@ -3,7 +3,8 @@ a real `inhouse serve` and a real gateway in front of it: no 5xx, every error bo
 OpenAI's shape, and the server healthy afterwards.
 
 The long run is the same test with more examples per operation and mode, e.g.
-``INHOUSE_FUZZ_EXAMPLES=300 pytest tests/edges/test_fuzz.py -s`` (it prints its counts).
+``INHOUSE_FUZZ_EXAMPLES=50 pytest tests/edges/test_fuzz.py -s --timeout=0`` (it prints its
+counts; pytest-timeout's 600 s would stop it).
 """
 
 from __future__ import annotations
