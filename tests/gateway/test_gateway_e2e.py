@@ -203,7 +203,7 @@ def test_rpm_under_50_concurrent_requests(stack: Stack) -> None:
 
 
 def test_tpm_under_50_concurrent_requests(stack: Stack) -> None:
-    probe = stack.key("tpm-probe")
+    probe = stack.key("tpm-probe", tpm=100_000)  # reserves as the limited key does
     used = stack.client(probe).chat.completions.create(model="smol", messages=HELLO, max_tokens=4)
     reserved = stack.audit("tpm-probe", 1)[0]["reserved_tokens"]
     real = used.usage.total_tokens

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import httpx
 from fastapi import FastAPI, Request
@@ -18,8 +19,8 @@ from inhouse.body_limit import BodySizeLimit
 from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.audit import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
-from inhouse.gateway.config import GatewayConfig
-from inhouse.gateway.db import open_database
+from inhouse.gateway.config import GatewayConfig, default_state_dir
+from inhouse.gateway.db import open_database, sqlite_path
 from inhouse.gateway.front import GatewayFront
 from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
 from inhouse.gateway.handler import Gateway, error_response
@@ -41,11 +42,21 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
         keys,
         limiter,
         Router(config.models, config.health.interval_s),
-        AuditWriter(engine, config.audit),
+        AuditWriter(engine, config.audit, journal_dir(config)),
         GatewayMetrics(config.audit.creep_window),
         UpstreamClients(),
         limits_block=config.shared_limits,
     )
+
+
+def journal_dir(config: GatewayConfig) -> Path:
+    """`audit.journal_dir`, else `<database file>.audit` beside SQLite, else the state dir."""
+    if config.audit.journal_dir is not None:
+        return config.audit.journal_dir
+    db_file = sqlite_path(config.database)
+    if db_file is None:
+        return default_state_dir() / "audit-journal"
+    return db_file.with_name(db_file.name + ".audit")
 
 
 def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySizeLimit:
@@ -71,7 +82,7 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await gateway.drain()
-            await gateway.audit.flush()
+            await gateway.audit.close()
             await health_client.aclose()
             await gateway.upstreams.aclose()
             if access_log is not None:

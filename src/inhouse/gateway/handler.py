@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
 
 from inhouse.api.errors import (
     APIError,
@@ -31,6 +33,7 @@ from inhouse.gateway.limits import Admission, KeyLimiter, quota_refusal
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.needs import BadRequest, Needs, read_needs
 from inhouse.gateway.proxy import (
+    Forward,
     Outcome,
     RelayResponse,
     UpstreamClients,
@@ -39,8 +42,13 @@ from inhouse.gateway.proxy import (
     relay_events,
 )
 from inhouse.gateway.routing import Lease, Overloaded, Router
+from inhouse.gateway.tokens import count_prompt
+from inhouse.http1 import Response as UpstreamResponse
 
 T = TypeVar("T")
+CLIENT_CLOSED = 499  # nginx's "client closed request"
+SHUTTING_DOWN = service_unavailable("the gateway is shutting down; retry on another replica")
+DRAIN_SETTLE_S = 2.0
 log = logging.getLogger("inhouse.gateway")
 AUTH_MESSAGES = {
     "missing": "Missing API key: send it as 'Authorization: Bearer <key>'.",
@@ -58,6 +66,8 @@ class Call:
     route: ModelRoute
     endpoint: str
     needs: Needs
+    prompt: int
+    output_cap: int
     reserve: int
     stream: bool
     ts: float
@@ -65,6 +75,8 @@ class Call:
     headers: dict[str, str]
     prompt_text: str | None
     lease: Lease | None = None
+    settled: bool = False
+    client_left: bool = False
 
 
 class Gateway:
@@ -91,6 +103,7 @@ class Gateway:
         self._limits_block = limits_block
         self._redact = Redactor(config.audit.redact)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.active = 0  # admitted requests not yet settled
 
     async def authenticate(self, header: str) -> ApiKey:
         """The live key named by an Authorization header, or a 401 APIError."""
@@ -103,8 +116,13 @@ class Gateway:
         except AuthError as err:
             raise authentication_error(AUTH_MESSAGES[err.reason]) from None
 
-    async def handle(self, authorization: str, raw: bytes, endpoint: str) -> Response:
-        """Answer one OpenAI API call (its Authorization header and body) on behalf of a key."""
+    async def handle(
+        self, authorization: str, raw: bytes, endpoint: str, receive: Receive | None = None
+    ) -> Response:
+        """Answer one OpenAI API call (its Authorization header and body) on behalf of a key.
+
+        With `receive`, a non-streamed request whose client disconnects is cancelled upstream.
+        """
         ts, started = time.time(), time.perf_counter()
         key: ApiKey | None = None
         model: str | None = None
@@ -125,7 +143,8 @@ class Gateway:
             )
         except APIError as err:
             return self._refuse(err, key, model, endpoint, ts, started)
-        reserve = needs.reserve(route.default_max_tokens)
+        prompt, cap = await self._budget(key, route, endpoint, body, needs)
+        reserve = needs.reserve(prompt, cap)
         admission = await self._limits(self.limiter.admit, key, reserve)
         if admission.allowed and key.quota_tokens is not None:
             admission = await self._reserve_quota(key, reserve, ts, admission.headers)
@@ -136,19 +155,85 @@ class Gateway:
             )
         self.metrics.observe_prompt(route.name, needs.prompt_tokens)
         call = Call(
-            key, route, endpoint, needs, reserve, bool(body.get("stream")), ts, started,
-            admission.headers, self._prompt_text(key, body),
+            key, route, endpoint, needs, prompt, cap, reserve, bool(body.get("stream")), ts,
+            started, admission.headers, self._prompt_text(key, body),
         )  # fmt: skip
+        self.active += 1
         try:
-            return await self._forward(call, body)
+            return await self._forward(call, body, receive)
         except Exception:  # a bug must not leak the key's slots: answer 500 and settle
             log.exception("gateway: request to model %r failed", route.name)
+            if call.settled:
+                return error_response(server_error(), call.headers)
             return await self._fail(call, Outcome(), server_error(), None)
 
-    async def _forward(self, call: Call, body: dict[str, Any]) -> Response:
-        tried: set[int] = set()
+    async def _budget(
+        self, key: ApiKey, route: ModelRoute, endpoint: str, body: dict[str, Any], needs: Needs
+    ) -> tuple[int, int]:
+        """Prompt tokens to reserve and the output cap to send upstream.
+
+        Only a key with a tokens/minute limit or a quota needs the prompt counted: exactly by
+        a replica's `/tokenize`, else its upper bound. Without a cap in the request, the
+        model's `default_max_tokens` (within `max_output`) is sent, shrunk to fit the context.
+        """
+        cap = needs.output_cap(route.default_max_tokens, route.limit("max_output"))
+        prompt, context = needs.prompt_tokens, route.limit("max_context")
+        if key.tpm is not None or key.quota_tokens is not None:
+            counted = await count_prompt(
+                self.upstreams, self.router, route.name, endpoint, body, needs
+            )
+            prompt, context = counted.tokens, counted.max_model_len or context
+        if needs.max_output is None and context is not None and endpoint != "embeddings":
+            cap = max(1, min(cap, context - prompt))
+        return prompt, cap
+
+    async def _forward(self, call: Call, body: dict[str, Any], receive: Receive | None) -> Response:
         outcome = Outcome()
         stack = contextlib.AsyncExitStack()
+        watcher: asyncio.Task[None] | None = None
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s) as deadline:
+                if receive is not None and not call.stream:
+                    watcher = asyncio.ensure_future(_on_disconnect(receive, deadline, call))
+                opened = await self._open(call, body, outcome, stack)
+                if isinstance(opened, Response):
+                    return opened
+                upstream, forward = opened
+                if outcome.status == 200 and call.stream:
+                    if call.key.log_content:
+                        outcome.text = []
+                    strip = not forward.client_wants_usage
+                    chunks = relay_events(upstream.iter_body(), outcome, strip)
+                    settle = functools.partial(self._settle, call, outcome)
+                    return RelayResponse(chunks, stack, settle, call.headers)
+                answer = await upstream.read()
+        except (OSError, TimeoutError) as exc:
+            await stack.aclose()
+            if call.client_left:  # answered to nobody: the client is gone
+                self._settle_soon(call, outcome)
+                return Response(status_code=CLIENT_CLOSED)
+            return await self._fail(call, outcome, _upstream_error(exc), None)
+        except asyncio.CancelledError:  # shutdown past its drain deadline: the request ends
+            await stack.aclose()
+            if call.settled:
+                raise
+            return await self._fail(call, outcome, SHUTTING_DOWN, None)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        await stack.aclose()
+        read_answer(answer, outcome, call.key.log_content)
+        outcome.completed = True
+        self._settle_soon(call, outcome)
+        media = upstream.headers.get("content-type", "application/json")
+        return Response(answer, outcome.status, headers=call.headers, media_type=media)
+
+    async def _open(
+        self, call: Call, body: dict[str, Any], outcome: Outcome, stack: contextlib.AsyncExitStack
+    ) -> tuple[UpstreamResponse, Forward] | Response:
+        """Send the request to a replica (skipping those that refuse the connection) or the
+        fallback; its response, or the error response when none can take it."""
+        tried: set[int] = set()
         while True:
             try:
                 call.lease = await self.router.acquire(
@@ -159,11 +244,10 @@ class Gateway:
             lease = call.lease
             if lease.fallback:
                 self.metrics.fallbacks.labels(call.route.name).inc()
-            forward = prepare(lease.upstream, call.endpoint, body, self.keys.cache_salt(call.key))
+            salt = self.keys.cache_salt(call.key)
+            forward = prepare(lease.upstream, call.endpoint, body, salt, call.output_cap)
             try:
-                async with asyncio.timeout(self.config.request_timeout_s):
-                    upstream = await self.upstreams.open(forward, stack)
-                break
+                upstream = await self.upstreams.open(forward, stack)
             except (ConnectionRefusedError, socket.gaierror) as exc:
                 self.router.release(lease)
                 call.lease = None
@@ -175,27 +259,9 @@ class Gateway:
                 tried.add(id(lease.backend))
                 if lease.backend.record_failure(self.config.health, f"proxy: {exc!r}"[:200]):
                     self.router.wake(call.route.name)
-            except (OSError, TimeoutError) as exc:
-                return await self._fail(call, outcome, _upstream_error(exc), None)
-        outcome.status = upstream.status
-        if outcome.status == 200 and call.stream:
-            if call.key.log_content:
-                outcome.text = []
-            strip = not forward.client_wants_usage
-            chunks = relay_events(upstream.iter_body(), outcome, strip)
-            return RelayResponse(chunks, stack, lambda: self._settle(call, outcome), call.headers)
-        try:
-            async with asyncio.timeout(self.config.request_timeout_s):
-                answer = await upstream.read()
-        except (OSError, TimeoutError) as exc:
-            return await self._fail(call, outcome, _upstream_error(exc), None)
-        finally:
-            await stack.aclose()
-        read_answer(answer, outcome, call.key.log_content)
-        outcome.completed = True
-        self._settle_soon(call, outcome)
-        media = upstream.headers.get("content-type", "application/json")
-        return Response(answer, outcome.status, headers=call.headers, media_type=media)
+                continue
+            outcome.status = upstream.status
+            return upstream, forward
 
     async def _settle(self, call: Call, outcome: Outcome) -> None:
         """Charge real usage, free the slots, write metrics and the audit row."""
@@ -212,10 +278,12 @@ class Gateway:
 
     def _account(self, call: Call, outcome: Outcome) -> int:
         """Free the replica slot, write metrics and the audit row; the tokens to charge."""
+        call.settled = True
+        self.active -= 1
         reached = call.lease is not None and outcome.status != 0
         prompt = outcome.prompt_tokens
         if prompt is None:
-            prompt = call.needs.prompt_tokens if reached else 0
+            prompt = call.prompt if reached else 0
         completion = outcome.completion_tokens
         if completion is None:
             completion = outcome.content_chunks
@@ -341,8 +409,12 @@ class Gateway:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def drain(self) -> None:
-        """Wait for settlements still running (on shutdown)."""
+    async def drain(self, timeout_s: float = DRAIN_SETTLE_S) -> None:
+        """On shutdown: let cancelled requests settle (bounded), then wait for settlements."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self.active:
+                    await asyncio.sleep(0.01)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
@@ -372,6 +444,14 @@ def error_response(
         out["retry-after"] = str(max(1, math.ceil(retry_after)))
         out["retry-after-ms"] = str(max(1, math.ceil(retry_after * 1000)))
     return JSONResponse(err.body().model_dump(), status_code=err.status_code, headers=out)
+
+
+async def _on_disconnect(receive: Receive, deadline: asyncio.Timeout, call: Call) -> None:
+    """When the client disconnects, end the wait for upstream now (which closes it)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    call.client_left = True
+    deadline.reschedule(asyncio.get_running_loop().time())
 
 
 def _upstream_error(exc: BaseException) -> APIError:

@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from inhouse.gateway.backends import auth_headers
 from inhouse.gateway.config import Upstream
+from inhouse.gateway.needs import output_param
 from inhouse.http1 import Http1Client
 from inhouse.http1 import Response as UpstreamResponse
 
@@ -43,9 +44,14 @@ class Outcome:
     error_type: str | None = None
 
     def read_usage(self, usage: Any) -> None:
-        if isinstance(usage, dict):
-            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
-            self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
+        """Take the counts of a `usage` object that are whole numbers (0 to 2^53)."""
+        if not isinstance(usage, dict):
+            return
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if _is_count(prompt):
+            self.prompt_tokens = prompt
+        if _is_count(completion):
+            self.completion_tokens = completion
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +69,17 @@ def prepare(
     endpoint: str,
     body: dict[str, Any],
     cache_salt: str | None,
+    output_cap: int,
 ) -> Forward:
-    """The upstream body: model renamed, usage forced on streams, the tenant's cache salt."""
+    """The upstream body: model renamed, the output cap explicit, usage forced on streams,
+    the tenant's cache salt."""
     out = dict(body)
     out["model"] = upstream.model
+    if endpoint != "embeddings":
+        param, _ = output_param(body)
+        out.pop("max_tokens", None)
+        out.pop("max_completion_tokens", None)
+        out[param] = output_cap
     wants_usage = False
     if out.get("stream"):
         options = dict(out.get("stream_options") or {})
@@ -185,6 +198,10 @@ def _note_event(
         if choice.get("finish_reason"):
             outcome.finish_reason = choice["finish_reason"]
     return True
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**53
 
 
 def _choice_text(choice: dict[str, Any]) -> str:
