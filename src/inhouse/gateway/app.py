@@ -107,7 +107,7 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        status, body = gateway.health()
+        status, body = gateway.router.health()
         return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")

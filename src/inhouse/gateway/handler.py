@@ -26,10 +26,9 @@ from inhouse.api.errors import (
     service_unavailable,
 )
 from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
-from inhouse.gateway.backends import BackendState
 from inhouse.gateway.config import GatewayConfig, ModelRoute
 from inhouse.gateway.keys import ApiKey, AuthError, KeyStore
-from inhouse.gateway.limits import Admission, KeyLimiter, quota_refusal
+from inhouse.gateway.limits import Admission, KeyLimiter, limit_error, quota_refusal
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.needs import BadRequest, Needs, read_needs
 from inhouse.gateway.proxy import (
@@ -42,7 +41,7 @@ from inhouse.gateway.proxy import (
     relay_events,
 )
 from inhouse.gateway.routing import Lease, Overloaded, Router
-from inhouse.gateway.tokens import count_prompt
+from inhouse.gateway.tokens import budget
 from inhouse.http1 import Response as UpstreamResponse
 
 T = TypeVar("T")
@@ -143,13 +142,13 @@ class Gateway:
             )
         except APIError as err:
             return self._refuse(err, key, model, endpoint, ts, started)
-        prompt, cap = await self._budget(key, route, endpoint, body, needs)
+        prompt, cap = await budget(self.upstreams, self.router, key, route, endpoint, body, needs)
         reserve = needs.reserve(prompt, cap)
         admission = await self._limits(self.limiter.admit, key, reserve)
         if admission.allowed and key.quota_tokens is not None:
             admission = await self._reserve_quota(key, reserve, ts, admission.headers)
         if not admission.allowed:
-            err = _limit_error(admission.reason or "requests", admission.message)
+            err = limit_error(admission.reason or "requests", admission.message)
             return self._refuse(
                 err, key, model, endpoint, ts, started, admission.headers, admission.retry_after_s
             )
@@ -166,26 +165,6 @@ class Gateway:
             if call.settled:
                 return error_response(server_error(), call.headers)
             return await self._fail(call, Outcome(), server_error(), None)
-
-    async def _budget(
-        self, key: ApiKey, route: ModelRoute, endpoint: str, body: dict[str, Any], needs: Needs
-    ) -> tuple[int, int]:
-        """Prompt tokens to reserve and the output cap to send upstream.
-
-        Only a key with a tokens/minute limit or a quota needs the prompt counted: exactly by
-        a replica's `/tokenize`, else its upper bound. Without a cap in the request, the
-        model's `default_max_tokens` (within `max_output`) is sent, shrunk to fit the context.
-        """
-        cap = needs.output_cap(route.default_max_tokens, route.limit("max_output"))
-        prompt, context = needs.prompt_tokens, route.limit("max_context")
-        if key.tpm is not None or key.quota_tokens is not None:
-            counted = await count_prompt(
-                self.upstreams, self.router, route.name, endpoint, body, needs
-            )
-            prompt, context = counted.tokens, counted.max_model_len or context
-        if needs.max_output is None and context is not None and endpoint != "embeddings":
-            cap = max(1, min(cap, context - prompt))
-        return prompt, cap
 
     async def _forward(self, call: Call, body: dict[str, Any], receive: Receive | None) -> Response:
         outcome = Outcome()
@@ -210,6 +189,8 @@ class Gateway:
         except (OSError, TimeoutError) as exc:
             await stack.aclose()
             if call.client_left:  # answered to nobody: the client is gone
+                outcome.status, outcome.error_type = CLIENT_CLOSED, "client_disconnected"
+                outcome.completed = True
                 self._settle_soon(call, outcome)
                 return Response(status_code=CLIENT_CLOSED)
             return await self._fail(call, outcome, _upstream_error(exc), None)
@@ -418,22 +399,6 @@ class Gateway:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def health(self) -> tuple[int, dict[str, Any]]:
-        """Per-model backend states; 503 when some model has neither a replica up nor a fallback."""
-        models: dict[str, Any] = {}
-        ok = True
-        for name, backends in self.router.backends.items():
-            route = self.router.routes[name]
-            up = any(b.state is BackendState.UP for b in backends)
-            ok = ok and (up or route.fallback is not None)
-            models[name] = {
-                "status": "up" if up else "down",
-                "queue_depth": self.router.queue_depth(name),
-                "fallback": None if route.fallback is None else route.fallback.name,
-                "backends": [b.describe() for b in backends],
-            }
-        return (200 if ok else 503), {"status": "ok" if ok else "degraded", "models": models}
-
 
 def error_response(
     err: APIError, headers: dict[str, str] | None = None, retry_after: float | None = None
@@ -458,13 +423,6 @@ def _upstream_error(exc: BaseException) -> APIError:
     if isinstance(exc, TimeoutError):
         return APIError(504, "the upstream did not answer in time", type="server_error")
     return APIError(502, f"upstream error: {type(exc).__name__}", type="server_error")
-
-
-def _limit_error(reason: str, message: str) -> APIError:
-    if reason == "insufficient_quota":
-        return APIError(429, message, type="insufficient_quota", code="insufficient_quota")
-    code = "concurrency_limit_exceeded" if reason == "concurrency" else "rate_limit_exceeded"
-    return APIError(429, message, type=reason, code=code)
 
 
 def _json_body(raw: bytes) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Exact prompt tokens from a backend's `/tokenize`, for token reservations.
+"""What a request reserves: exact prompt tokens from a backend's `/tokenize`, and its output cap.
 
 inhouse and vLLM backends render chat messages through their chat template in `/tokenize`
 and answer the count and their `max_model_len`; the gateway asks one replica that is up.
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from inhouse.gateway.backends import BackendState
-from inhouse.gateway.config import SALTABLE_KINDS, Upstream
+from inhouse.gateway.config import SALTABLE_KINDS, ModelRoute, Upstream
+from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import Needs, tools_bound
 from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
@@ -29,6 +30,26 @@ class PromptCount:
 
     tokens: int
     max_model_len: int | None = None
+
+
+async def budget(
+    upstreams: UpstreamClients, router: Router, key: ApiKey, route: ModelRoute, endpoint: str,
+    body: dict[str, Any], needs: Needs,
+) -> tuple[int, int]:  # fmt: skip
+    """Prompt tokens to reserve and the output cap to send upstream.
+
+    Only a key with a tokens/minute limit or a quota needs the prompt counted: exactly by
+    a replica's `/tokenize`, else its upper bound. Without a cap in the request, the
+    model's `default_max_tokens` (within `max_output`) is sent, shrunk to fit the context.
+    """
+    cap = needs.output_cap(route.default_max_tokens, route.limit("max_output"))
+    prompt, context = needs.prompt_tokens, route.limit("max_context")
+    if key.tpm is not None or key.quota_tokens is not None:
+        counted = await count_prompt(upstreams, router, route.name, endpoint, body, needs)
+        prompt, context = counted.tokens, counted.max_model_len or context
+    if needs.max_output is None and context is not None and endpoint != "embeddings":
+        cap = max(1, min(cap, context - prompt))
+    return prompt, cap
 
 
 async def count_prompt(
