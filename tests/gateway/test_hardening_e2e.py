@@ -137,6 +137,7 @@ def test_tpm_burst_never_exceeds_the_limit(stack: Stack) -> None:
         elapsed = time.monotonic() - start
         used = sum(body.usage.total_tokens for status, _, body in results if status == 200)
         assert {status for status, _, _ in results} == {200, 429}
+        print(f"tpm round {rep}: {used} of {tpm} tokens used in {elapsed:.1f}s")
         assert used <= tpm + elapsed * tpm / 60, f"round {rep}: {used} tokens in {elapsed:.1f}s"
         rows = audit_rows(stack.db_url, f"tpm-burst-{rep}", 20)
         for row in (r for r in rows if r["status"] == 200):
@@ -181,6 +182,8 @@ def test_a_non_streaming_client_that_leaves_cancels_upstream(stack: Stack) -> No
     serve_key = load_config(stack.base / "inhouse.toml").models[0].backends[0].api_key
     direct = _seconds_to_stop(stack, stack.serve_url, serve_key, {**body, "model": UPSTREAM_MODEL})
     via = _seconds_to_stop(stack, stack.gateway_url, stack.key("leaver"), {**body, "model": "smol"})
+    print(f"disconnect: backend stopped {via:.2f}s after the client left via the gateway,"
+          f" {direct:.2f}s direct")  # fmt: skip
     assert via <= direct + 1.0, f"{via:.2f}s through the gateway, {direct:.2f}s direct"
     assert audit_rows(stack.db_url, "leaver", 1)[0]["status"] == 499
 
@@ -245,6 +248,7 @@ def test_sigterm_drains_short_requests_then_cancels_long_ones(stack: Stack) -> N
     sent = time.monotonic()
     stack.gateway.popen.wait(timeout=DRAIN_S + 10)
     took = time.monotonic() - sent
+    print(f"sigterm: exited {took:.2f}s after SIGTERM (drain_timeout_s {DRAIN_S})")
     assert took <= DRAIN_S + 2, f"the gateway took {took:.1f}s to exit"
     for thread in [*threads, short]:
         thread.join(timeout=10)
@@ -273,6 +277,7 @@ def test_sigkill_during_traffic_loses_no_audit_row(stack: Stack) -> None:
             time.sleep(0.2)
         time.sleep(0.5)  # anything more the replay brings
         rows = _count_rows(stack, names)
+        print(f"sigkill round {round_}: {answered} answered, {rows} rows, {cut_off} cut off")
         assert answered >= 10, f"round {round_}: too little traffic ({answered})"
         assert answered <= rows <= answered + cut_off, (round_, answered, rows, cut_off)
 

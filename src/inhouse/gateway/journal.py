@@ -117,9 +117,13 @@ class Journal:
             self.current.remove()
 
     def _new_segment(self) -> Segment:
-        segment = _lock(self.directory / f"{uuid.uuid4().hex}{SUFFIX}", create=True)
-        assert segment is not None
-        return segment
+        # Another gateway's `orphans` may lock a file in the instant between its creation
+        # and our lock (it then commits it empty and deletes it): take a new name.
+        for _ in range(100):
+            segment = _lock(self.directory / f"{uuid.uuid4().hex}{SUFFIX}", create=True)
+            if segment is not None:
+                return segment
+        raise OSError(f"could not lock a new audit journal segment in {self.directory}")
 
 
 def _lock(path: Path, create: bool) -> Segment | None:
