@@ -33,6 +33,7 @@ from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.needs import BadRequest, Needs, read_needs
 from inhouse.gateway.proxy import (
     Forward,
+    LeaveWatch,
     Outcome,
     RelayResponse,
     UpstreamClients,
@@ -169,11 +170,11 @@ class Gateway:
     async def _forward(self, call: Call, body: dict[str, Any], receive: Receive | None) -> Response:
         outcome = Outcome()
         stack = contextlib.AsyncExitStack()
-        watcher: asyncio.Task[None] | None = None
+        watch: LeaveWatch | None = None
         try:
             async with asyncio.timeout(self.config.request_timeout_s) as deadline:
                 if receive is not None and not call.stream:
-                    watcher = asyncio.ensure_future(_on_disconnect(receive, deadline, call))
+                    watch = LeaveWatch(receive, deadline, functools.partial(_left, call))
                 opened = await self._open(call, body, outcome, stack)
                 if isinstance(opened, Response):
                     return opened
@@ -200,8 +201,8 @@ class Gateway:
                 raise
             return await self._fail(call, outcome, SHUTTING_DOWN, None)
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            if watch is not None:
+                watch.stop()
         await stack.aclose()
         read_answer(answer, outcome, call.key.log_content)
         outcome.completed = True
@@ -411,12 +412,8 @@ def error_response(
     return JSONResponse(err.body().model_dump(), status_code=err.status_code, headers=out)
 
 
-async def _on_disconnect(receive: Receive, deadline: asyncio.Timeout, call: Call) -> None:
-    """When the client disconnects, end the wait for upstream now (which closes it)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+def _left(call: Call) -> None:
     call.client_left = True
-    deadline.reschedule(asyncio.get_running_loop().time())
 
 
 def _upstream_error(exc: BaseException) -> APIError:
