@@ -39,6 +39,7 @@ UPSTREAM_MODEL = "SmolLM2-135M-Instruct"
 HELLO = [{"role": "user", "content": "Say hello."}]
 DEFAULT_CAP = 6
 DRAIN_S = 3.0
+LEAVE_AFTER_S = 4.0  # long enough for a loaded 2-core host to start the request
 
 
 @dataclass
@@ -177,7 +178,7 @@ def test_a_poison_number_is_refused_and_the_audit_keeps_writing(stack: Stack) ->
 
 
 def test_a_non_streaming_client_that_leaves_cancels_upstream(stack: Stack) -> None:
-    """The backend stops the request within 1 s of what it needs when the client is its own."""
+    """The backend stops the request at most 1 s later than when the client is its own."""
     body = {"messages": HELLO, "max_tokens": 1500, "ignore_eos": True}
     serve_key = load_config(stack.base / "inhouse.toml").models[0].backends[0].api_key
     direct = _seconds_to_stop(stack, stack.serve_url, serve_key, {**body, "model": UPSTREAM_MODEL})
@@ -189,18 +190,19 @@ def test_a_non_streaming_client_that_leaves_cancels_upstream(stack: Stack) -> No
 
 
 def _seconds_to_stop(stack: Stack, url: str, key: str | None, body: dict[str, Any]) -> float:
-    """Send a long non-streamed chat, leave after 2 s; seconds until the backend stops it."""
+    """Send a long non-streamed chat, leave after `LEAVE_AFTER_S`; seconds until the backend
+    stops it."""
     left: list[float] = []
 
-    def leave_after_2s() -> None:
+    def leave() -> None:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{url}/v1/chat/completions", json=body, timeout=2,
+            httpx.post(f"{url}/v1/chat/completions", json=body, timeout=LEAVE_AFTER_S,
                        headers={"Authorization": f"Bearer {key}"})  # fmt: skip
         left.append(time.monotonic())
 
-    client = threading.Thread(target=leave_after_2s)
+    client = threading.Thread(target=leave)
     client.start()
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + LEAVE_AFTER_S
     while stack.running() == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert stack.running() == 1
