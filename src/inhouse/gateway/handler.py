@@ -189,7 +189,7 @@ class Gateway:
                 answer = await upstream.read()
         except (OSError, TimeoutError) as exc:
             await stack.aclose()
-            if call.client_left:  # answered to nobody: the client is gone
+            if call.client_left and not call.settled:  # answered to nobody: the client left
                 outcome.status, outcome.error_type = CLIENT_CLOSED, "client_disconnected"
                 outcome.completed = True
                 self._settle_soon(call, outcome)
@@ -320,7 +320,8 @@ class Gateway:
         outcome.error_type = err.type
         reason = "no_backend" if err.status_code == 503 else (err.code or err.type)
         self.metrics.rejections.labels(call.key.name, call.route.name, reason).inc()
-        await self._settle(call, outcome)
+        if not call.settled:  # a deadline can end a request whose refusal already settled it
+            await self._settle(call, outcome)
         return error_response(err, call.headers, retry_after)
 
     def _refuse(
