@@ -64,6 +64,11 @@ class Stack:
         lines = [x for x in text.splitlines() if x.startswith("inhouse:num_requests_running")]
         return sum(float(x.split()[-1]) for x in lines)
 
+    def in_flight(self) -> int:
+        """Requests the gateway has sent to its backend and not yet settled."""
+        backends = httpx.get(f"{self.gateway_url}/health").json()["models"]["smol"]["backends"]
+        return sum(b["in_flight"] for b in backends)
+
     def restart(self) -> None:
         self.gateway.start()
         self.gateway.wait_healthy(f"{self.gateway_url}/health", 60)
@@ -225,7 +230,7 @@ def test_state_files_are_readable_by_their_owner_only(stack: Stack) -> None:
 
 def test_sigterm_drains_short_requests_then_cancels_long_ones(stack: Stack) -> None:
     secret = stack.key("drained")
-    long = {"model": "smol", "messages": HELLO, "max_tokens": 1500, "ignore_eos": True}
+    long = {"model": "smol", "messages": HELLO, "max_tokens": 1000, "ignore_eos": True}
     outcomes: list[int | str] = []
 
     def call(body: dict[str, Any]) -> None:
@@ -244,7 +249,9 @@ def test_sigterm_drains_short_requests_then_cancels_long_ones(stack: Stack) -> N
         time.sleep(0.05)
     short = threading.Thread(target=call, args=({**long, "max_tokens": 4},))
     short.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 5
+    while stack.in_flight() < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert stack.gateway.popen is not None
     stack.gateway.popen.send_signal(signal.SIGTERM)
     sent = time.monotonic()
