@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
 
@@ -16,7 +18,7 @@ class GatewayMetrics:
     """Per-key and per-model counters, latency histograms, backend health, queue depth,
     and the mean prompt length over the last N requests (context creep)."""
 
-    def __init__(self, creep_window: int) -> None:
+    def __init__(self, creep_window: int, models: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -82,6 +84,9 @@ class GatewayMetrics:
         self._creep: dict[str, _Window] = {}
         self._creep_window = creep_window
         self._children: dict[tuple[str, str, int], tuple[Any, Any, Any, Any, Any]] = {}
+        for model in models:  # a model without fallbacks yet exports 0, not "no data"
+            self.fallbacks.labels(model)
+            self.queue_depth.labels(model)
 
     def observe_request(
         self,
@@ -141,3 +146,33 @@ class _Window:
         self._values.append(value)
         self._sum += value
         self._gauge.set(self._sum / len(self._values))
+
+
+UNSCRAPED_KINDS = frozenset({"openai"})  # hosted APIs: no /metrics of ours to read
+
+
+def scrape_targets(backends: Iterable[Backend]) -> list[dict[str, Any]]:
+    """Prometheus HTTP-SD target groups: one per backend URL that exports /metrics.
+
+    A replica serving two public models (chat and embeddings) is listed once; its label
+    ``backend`` is the name the gateway gives it.
+    """
+    groups: dict[str, dict[str, Any]] = {}
+    for b in backends:
+        if b.upstream.kind in UNSCRAPED_KINDS:
+            continue
+        url = urlsplit(b.upstream.url)
+        key = f"{url.scheme}://{url.netloc}{url.path}"
+        groups.setdefault(
+            key,
+            {
+                "targets": [url.netloc],
+                "labels": {
+                    "__scheme__": url.scheme or "http",
+                    "__metrics_path__": url.path.rstrip("/") + "/metrics",
+                    "backend": b.upstream.name,
+                    "engine": b.upstream.kind,
+                },
+            },
+        )
+    return list(groups.values())
