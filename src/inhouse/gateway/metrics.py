@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from inhouse.gateway.backends import Backend, BackendState
 
@@ -62,11 +62,10 @@ class GatewayMetrics:
             ["model_name"],
             registry=r,
         )
-        self.backend_state = Enum(
+        self.backend_state = Gauge(  # a state set: 1 for the backend's state, 0 for the rest
             "inhouse:gateway_backend_state",
-            "Health of each backend replica.",
-            ["model_name", "backend"],
-            states=[s.value for s in BackendState],
+            "Health of each backend replica: 1 on its current state.",
+            ["model_name", "backend", "state"],
             registry=r,
         )
         self.backend_in_flight = Gauge(
@@ -125,7 +124,10 @@ class GatewayMetrics:
 
     def observe_backends(self, backends: list[Backend]) -> None:
         for b in backends:
-            self.backend_state.labels(b.model, b.upstream.name).state(b.state.value)
+            for state in BackendState:
+                self.backend_state.labels(b.model, b.upstream.name, state.value).set(
+                    state is b.state
+                )
             self.backend_in_flight.labels(b.model, b.upstream.name).set(b.in_flight)
 
     def render(self) -> bytes:
