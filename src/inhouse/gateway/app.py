@@ -26,7 +26,7 @@ from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
 from inhouse.gateway.handler import Gateway, error_response
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.limits import KeyLimiter
-from inhouse.gateway.metrics import GatewayMetrics
+from inhouse.gateway.metrics import GatewayMetrics, scrape_targets
 from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
 
@@ -43,7 +43,7 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
         limiter,
         Router(config.models, config.health.interval_s),
         AuditWriter(engine, config.audit, journal_dir(config)),
-        GatewayMetrics(config.audit.creep_window),
+        GatewayMetrics(config.audit.creep_window, [m.name for m in config.models]),
         UpstreamClients(),
         limits_block=config.shared_limits,
     )
@@ -116,5 +116,10 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
         for name in gateway.router.routes:
             gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/metrics/targets")
+    async def metrics_targets() -> JSONResponse:
+        """The backends' /metrics for Prometheus' HTTP service discovery (no keys in it)."""
+        return JSONResponse(scrape_targets(gateway.router.all_backends()))
 
     return BodySizeLimit(GatewayFront(gateway, app, access_log), gateway.config.max_request_body)

@@ -153,7 +153,6 @@ class Gateway:
             return self._refuse(
                 err, key, model, endpoint, ts, started, admission.headers, admission.retry_after_s
             )
-        self.metrics.observe_prompt(route.name, needs.prompt_tokens)
         call = Call(
             key, route, endpoint, needs, prompt, cap, reserve, bool(body.get("stream")), ts,
             started, admission.headers, self._prompt_text(key, body),
@@ -279,6 +278,8 @@ class Gateway:
         self.metrics.observe_request(
             name, model, status, (prompt, completion), end - call.started, ttft
         )
+        if outcome.prompt_tokens is not None:  # context creep on real tokens, not the estimate
+            self.metrics.observe_prompt(model, outcome.prompt_tokens)
         lease = call.lease
         self.audit.record(
             AuditRecord(
