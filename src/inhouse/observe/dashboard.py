@@ -220,7 +220,8 @@ def rows() -> list[Row]:
                     "Rejections per key and reason",
                     [
                         (
-                            f"sum by (key_name, reason) ({rate(GATEWAY + 'rejections_total', key)})",
+                            f"sum by (key_name, reason) "
+                            f"({rate(GATEWAY + 'rejections_total', key)})",
                             "{{key_name}} {{reason}}",
                         )
                     ],
