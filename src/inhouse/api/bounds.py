@@ -48,20 +48,23 @@ DEFAULT_MIN_TOKENS = 0
 DEFAULT_COMPLETIONS_MAX_TOKENS = 16  # legacy /v1/completions; chat defaults to the context
 DEFAULT_CHAT_MAX_TOKENS: int | None = None  # None: up to max_model_len
 
-Choices = Annotated[int, Field(ge=1, le=MAX_N)]
-OutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)]
-MinTokens = Annotated[int, Field(ge=0, le=MAX_OUTPUT_TOKENS)]
-TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
-Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]  # vLLM: torch.iinfo(torch.long)
-TopK = Annotated[int, Field(ge=-1, le=MAX_TOP_K)]  # -1 and 0 disable it
+# Integers are strict, as OpenAI's are: true, "5" and 5.0 are not integers.
+Choices = Annotated[int, Field(ge=1, le=MAX_N, strict=True)]
+OutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS, strict=True)]
+MinTokens = Annotated[int, Field(ge=0, le=MAX_OUTPUT_TOKENS, strict=True)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID, strict=True)]
+Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX, strict=True)]  # vLLM: int64
+TopK = Annotated[int, Field(ge=-1, le=MAX_TOP_K, strict=True)]  # -1 and 0 disable it
 Temperature = Annotated[float, Field(ge=0.0, le=TEMPERATURE_MAX)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 MinP = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])]
 RepetitionPenalty = Annotated[float, Field(gt=0.0, le=REPETITION_PENALTY_MAX)]
-Logprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
-LogitBias = Annotated[  # JSON keys are strings: token ids written in decimal
-    dict[TokenId, Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]],
+Logprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS, strict=True)]
+TokenIdKey = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]  # JSON keys are strings: "50256"
+LogitBiasValue = Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]
+LogitBias = Annotated[
+    dict[TokenIdKey, LogitBiasValue],
     Field(
         max_length=MAX_LOGIT_BIAS_ENTRIES,
         json_schema_extra={"propertyNames": {"pattern": "^[0-9]{1,10}$"}},
@@ -70,4 +73,4 @@ LogitBias = Annotated[  # JSON keys are strings: token ids written in decimal
 StopTokenIds = Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]
 StopString = Annotated[str, Field(min_length=1)]
 Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
-Dimensions = Annotated[int, Field(ge=1, le=MAX_EMBEDDING_DIMENSIONS)]
+Dimensions = Annotated[int, Field(ge=1, le=MAX_EMBEDDING_DIMENSIONS, strict=True)]

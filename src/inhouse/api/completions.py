@@ -28,6 +28,7 @@ class CompletionRequest(SamplingFields):
         | Annotated[list[TokenIds], Field(min_length=1)]
     )
     max_tokens: OutputTokens | None = DEFAULT_COMPLETIONS_MAX_TOKENS
+    max_completion_tokens: OutputTokens | None = None  # the chat name, taken here too
     logprobs: Logprobs | None = None
     echo: bool = False
     suffix: str | None = None
@@ -40,6 +41,11 @@ class CompletionRequest(SamplingFields):
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of different from n is not supported")
         return self
+
+    @property
+    def completion_limit(self) -> int | None:
+        """``max_completion_tokens``, else ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of prompts (each text or token ids)."""

@@ -58,7 +58,7 @@ class GatewayFront:
                     authorization = value.decode("latin-1")
                     break
             body = await read_body(receive)
-            response = await self._gateway.handle(authorization, body, endpoint)
+            response = await self._gateway.handle(authorization, body, endpoint, receive)
         else:
             refused = method_not_allowed(scope["method"], scope["path"])
             response = error_response(refused, {"allow": "POST"})

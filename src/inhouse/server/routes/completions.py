@@ -40,7 +40,7 @@ async def create_completion(
         p if isinstance(p, list) else engine.tokenizer.encode(p, add_special_tokens=True)
         for p in body.prompts()
     ]
-    params = sampling_params(body, max_tokens=body.max_tokens, logprobs=body.logprobs)
+    params = sampling_params(body, max_tokens=body.completion_limit, logprobs=body.logprobs)
     rid = request_id("cmpl")
     rids = [f"{rid}-{k}" for k in range(len(prompts))]
     echoes = [engine.tokenizer.decode(p) if body.echo else "" for p in prompts]
