@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 import schemathesis
-from conftest import Edges, Target
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis.generation import GenerationMode
+
+if TYPE_CHECKING:  # the fixture's types; conftest is not a module to import at run time
+    from conftest import Edges, Target
 
 pytestmark = pytest.mark.slow
 

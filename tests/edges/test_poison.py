@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
 import pytest
-from conftest import Edges, Target
+
+if TYPE_CHECKING:  # the fixture's types; conftest is not a module to import at run time
+    from conftest import Edges, Target
 
 pytestmark = pytest.mark.slow
 

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import httpx
 import pytest
-from conftest import Edges
+
+if TYPE_CHECKING:  # the fixture's types; conftest is not a module to import at run time
+    from conftest import Edges
 
 pytestmark = pytest.mark.slow
 
