@@ -197,10 +197,10 @@ def test_metrics_alerts_and_dashboard_against_a_live_prometheus(observed: Observ
     answered = observed.query('sum(inhouse:gateway_requests_total{status="200"})')[0]
     prompts = observed.query('sum(inhouse:gateway_tokens_total{kind="prompt"})')[0]
     creep = observed.query("max(inhouse:gateway_mean_prompt_tokens)")[0]
-    # every answer so far is inside the creep window: its mean is the usage-reported mean
-    assert float(creep["value"][1]) == pytest.approx(
-        float(prompts["value"][1]) / float(answered["value"][1])
-    )
+    # every answer so far is inside the creep window, so the gauge is the mean of the prompt
+    # tokens backends reported: several times the old estimate (characters / 4) of "Say hello."
+    mean = float(prompts["value"][1]) / float(answered["value"][1])
+    assert float(creep["value"][1]) == pytest.approx(mean, rel=0.05)
     rejected = observed.query("sum by (key_name, reason) (inhouse:gateway_rejections_total)")
     assert {r["metric"]["key_name"] for r in rejected} == {"tight"}
 
