@@ -80,8 +80,12 @@ class EngineCore:
                 "max_tokens",
             )
         vocab = self.info.vocab_size
-        if not all(isinstance(t, int) and 0 <= t < vocab for t in request.prompt_token_ids):
-            raise EngineInputError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
+        for param, ids in (
+            ("prompt", request.prompt_token_ids),
+            ("stop_token_ids", params.stop_token_ids),
+        ):
+            if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+                raise EngineInputError(f"{param} token ids must be integers in [0, {vocab})", param)
         salt = request.cache_salt
         if salt is not None and not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS:
             raise EngineInputError(
