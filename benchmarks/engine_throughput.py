@@ -24,6 +24,7 @@ import torch
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.engine import LLMEngine
 from inhouse.engine.models.loader import LoadedModel, load_model
+from inhouse.engine.request import EngineRequest
 from inhouse.engine.sampling import SamplingParams
 
 QUESTIONS = [
@@ -69,7 +70,7 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> 
     done: dict[str, float] = {}
     tokens = 0
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"bench-{start}-{i}", prompt, params)
+        engine.add_request(EngineRequest(f"bench-{start}-{i}", prompt, params))
     while engine.has_unfinished():
         for out in engine.step():
             now = time.perf_counter()

@@ -28,6 +28,7 @@ import uvicorn
 
 from inhouse.api.chat import ChatMessage
 from inhouse.engine.config import EngineConfig
+from inhouse.engine.request import EngineRequest
 from inhouse.engine.sampling import SamplingParams
 from inhouse.server.app import build_app
 from inhouse.server.context import ServerConfig, ServerContext
@@ -64,10 +65,10 @@ async def direct(ctx: ServerContext, messages: list, max_tokens: int) -> int:
     engine = ctx.require_engine()
     assert ctx.renderer is not None
     prompt = ctx.renderer.render([ChatMessage.model_validate(m) for m in messages])
-    ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+    ids = engine.info.tokenizer.encode(prompt, add_special_tokens=False)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     made = 0
-    async for output in engine.generate(uuid.uuid4().hex, ids, params):
+    async for output in engine.generate(EngineRequest(uuid.uuid4().hex, ids, params)):
         made += sum(len(o.token_ids) for o in output.outputs)
     return made
 

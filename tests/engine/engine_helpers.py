@@ -8,6 +8,7 @@ from inhouse.engine.config import EngineConfig
 from inhouse.engine.engine import LLMEngine
 from inhouse.engine.models.loader import LoadedModel
 from inhouse.engine.outputs import RequestOutput
+from inhouse.engine.request import EngineRequest
 from inhouse.engine.sampling import SamplingParams
 
 TINY_BLOCK = 4
@@ -24,7 +25,7 @@ def tiny_engine(loaded: LoadedModel, num_blocks: int = 256, **config: object) ->
         **config,
     }
     engine = LLMEngine(EngineConfig(**settings), loaded=loaded)
-    assert engine.budget.num_blocks == num_blocks
+    assert engine.info.budget.num_blocks == num_blocks
     return engine
 
 
@@ -86,10 +87,18 @@ def run_to_end(
 
 
 def assert_all_blocks_free(engine: LLMEngine) -> None:
-    pool = engine.kv_cache.pool
+    pool = engine.core.kv_cache.pool
     assert pool.num_free == pool.num_blocks
     assert all(block.ref_cnt == 0 for block in pool.blocks)
-    assert not engine.scheduler.running and not engine.scheduler.waiting
+    assert not engine.core.scheduler.running and not engine.core.scheduler.waiting
+    assert not engine.processor.has_unfinished()
+
+
+def add(
+    engine: LLMEngine, request_id: str, prompt: list[int], params: SamplingParams, **kw: object
+) -> None:
+    """Queue one request as the server would: an EngineRequest made once."""
+    engine.add_request(EngineRequest(request_id, list(prompt), params, **kw))
 
 
 def greedy(max_tokens: int, **kwargs: object) -> SamplingParams:
@@ -100,5 +109,5 @@ def generate(
     engine: LLMEngine, prompts: dict[str, list[int]], params: SamplingParams, **kwargs: object
 ) -> dict[str, Result]:
     for request_id, prompt in prompts.items():
-        engine.add_request(request_id, prompt, params, **kwargs)
+        add(engine, request_id, prompt, params, **kwargs)
     return run_to_end(engine)

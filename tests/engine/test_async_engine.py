@@ -1,5 +1,6 @@
 """AsyncEngine: concurrent streams equal the synchronous engine, aborts free blocks at once,
-bad input raises before scheduling, a failing step fails its requests but not the engine."""
+bad input raises before scheduling, a request that fails in the step fails alone, a failing
+step fails its requests but not the engine."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from engine_helpers import TINY_BLOCK, TINY_BLOCK_BYTES, generate, greedy, tiny_
 
 from inhouse.engine.async_engine import AsyncEngine, EngineDeadError
 from inhouse.engine.config import EngineConfig
-from inhouse.engine.errors import EngineInputError
+from inhouse.engine.errors import EngineInputError, RequestFailedError
 from inhouse.engine.models.loader import load_model
+from inhouse.engine.request import EngineRequest
 from inhouse.engine.sampling import SamplingParams
 
 NUM_BLOCKS = 128
@@ -38,7 +40,7 @@ def make_async(loaded) -> AsyncEngine:
 
 async def collect(engine: AsyncEngine, rid: str, prompt: list[int], params: SamplingParams):
     tokens, text, outputs = [], "", []
-    async for out in engine.generate(rid, prompt, params):
+    async for out in engine.generate(EngineRequest(rid, prompt, params)):
         outputs.append(out)
         for delta in out.outputs:
             tokens += delta.token_ids
@@ -86,10 +88,10 @@ def test_concurrent_generate_streams_equal_the_sync_engine(tiny):
 def test_consumer_leaving_or_cancelling_aborts_and_frees_blocks(tiny):
     async def main():
         engine = make_async(tiny)
-        pool = engine.engine.kv_cache.pool
+        pool = engine.core.kv_cache.pool
         long = SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
         try:
-            stream = engine.generate("leave", list(range(3, 40)), long)
+            stream = engine.generate(EngineRequest("leave", list(range(3, 40)), long))
             async for _ in stream:
                 break
             await stream.aclose()
@@ -132,13 +134,13 @@ def test_bad_input_raises_before_anything_is_scheduled(tiny):
         engine = make_async(tiny)
         try:
             with pytest.raises(EngineInputError, match="max_model_len is 128"):
-                await anext(engine.generate("big", list(range(3, 200)), greedy(1)))
+                await anext(engine.generate(EngineRequest("big", list(range(3, 200)), greedy(1))))
             with pytest.raises(EngineInputError, match="empty"):
-                await anext(engine.generate("empty", [], greedy(1)))
+                await anext(engine.generate(EngineRequest("empty", [], greedy(1))))
             running = asyncio.create_task(collect(engine, "dup", list(range(3, 9)), greedy(30)))
             await wait_until(lambda: engine.stats().num_running == 1)
             with pytest.raises(EngineInputError, match="already running"):
-                await anext(engine.generate("dup", [5, 6], greedy(1)))
+                await anext(engine.generate(EngineRequest("dup", [5, 6], greedy(1))))
             tokens, _, _ = await running
             assert len(tokens) == 30
             assert engine.stats().prompt_tokens == 6
@@ -151,7 +153,7 @@ def test_bad_input_raises_before_anything_is_scheduled(tiny):
 def test_failed_step_fails_its_requests_and_the_engine_keeps_serving(tiny):
     async def main():
         engine = make_async(tiny)
-        runner = engine.engine.runner
+        runner = engine.core.runner
         real_execute = runner.execute
         calls = {"n": 0}
 
@@ -183,7 +185,7 @@ def test_shutdown_ends_running_streams(tiny):
         await engine.shutdown()
         with pytest.raises(EngineDeadError, match="shut down"):
             await task
-        assert engine.engine.kv_cache.pool.num_free == NUM_BLOCKS
+        assert engine.core.kv_cache.pool.num_free == NUM_BLOCKS
 
     asyncio.run(main())
 
@@ -200,6 +202,54 @@ def test_a_failing_guide_factory_fails_only_its_request(tiny):
                 await collect(engine, "g", [5, 6, 7], params)
             tokens, _, _ = await collect(engine, "ok", [5, 6, 7], greedy(5))
             assert len(tokens) == 5
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(main())
+
+
+class ExplodingGuide:
+    """A grammar whose matcher breaks on the third token: a fault of one request only."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def mask_logits(self, logits_row: object) -> None:
+        if self.seen == 2:
+            raise RuntimeError("grammar matcher crashed")
+
+    def accept(self, token_id: int) -> None:
+        self.seen += 1
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [
+        SamplingParams(temperature=0, max_tokens=12, guide_factory=ExplodingGuide),
+        SamplingParams(temperature=0.7, max_tokens=12, seed=2**70),  # overflows torch's seed
+    ],
+    ids=["raising-guide", "overflowing-seed"],
+)
+def test_a_request_failing_in_the_step_fails_alone_and_every_other_completes(tiny, poison):
+    batch = prompts(6)
+    expected = generate(tiny_engine(tiny), batch, greedy(12))
+
+    async def main():
+        engine = make_async(tiny)
+        try:
+            others = [collect(engine, rid, p, greedy(12)) for rid, p in batch.items()]
+            poisoned = collect(engine, "poison", list(range(3, 30)), poison)
+            *results, failure = await asyncio.gather(*others, poisoned, return_exceptions=True)
+            assert isinstance(failure, RequestFailedError)
+            for (rid, _), result in zip(batch.items(), results, strict=True):
+                tokens, _, outputs = result
+                assert tokens == expected[rid].choices[0].token_ids
+                assert outputs[-1].finished
+            await wait_until(lambda: engine.stats().kv_cache_usage == 0)
+            assert engine.stats().finished_requests == {"length": 6, "error": 1}
         finally:
             await engine.shutdown()
 

@@ -10,6 +10,7 @@ from engine_helpers import (
     TINY_BLOCK,
     Result,
     absorb,
+    add,
     generate,
     greedy,
     run_to_end,
@@ -77,10 +78,28 @@ def test_batch_of_16_equals_each_alone(batched, alone):
 
 
 def test_batch_invariant_under_preemption(batched, alone):
+    """With no reserve, admission fills the cache and preemption (the safety net) recomputes."""
     prompts, _, alone_tokens = alone
-    engine = tiny_engine(batched, num_blocks=40, max_model_len=128)  # 160 slots for 16 requests
+    engine = tiny_engine(batched, num_blocks=40, max_model_len=128, kv_reserve=0.0)  # 160 slots
     assert batch_tokens(engine, prompts) == expected(alone_tokens, prompts)
     assert engine.stats().num_preemptions > 0
+
+
+def test_admission_under_kv_pressure_queues_instead_of_preempting(batched, alone):
+    """The default reserve admits only what the cache can finish: same tokens, no recompute."""
+    prompts, _, alone_tokens = alone
+    engine = tiny_engine(batched, num_blocks=40, max_model_len=128)
+    most_running = 0
+    results: dict[str, Result] = {}
+    for rid, prompt in prompts.items():
+        add(engine, rid, prompt, greedy(NEW_TOKENS))
+    while engine.has_unfinished():
+        step_into(engine, results)
+        most_running = max(most_running, engine.stats().num_running)
+    got = {tuple(prompts[rid]): r.choices[0].token_ids for rid, r in results.items()}
+    assert got == {tuple(p): alone_tokens[tuple(p)] for p in prompts.values()}
+    assert engine.stats().num_preemptions == 0
+    assert 1 < most_running < len(prompts)  # it batched, and it queued
 
 
 def test_batch_invariant_under_chunked_prefill(batched, alone):
@@ -158,14 +177,14 @@ def test_stop_token_ids_eos_and_min_tokens(tiny):
     assert (choice.finish_reason, choice.stop_reason) == ("stop", stop_token)
     eos = next(iter(tiny.eos_token_ids))
     engine = tiny_engine(tiny)
-    engine.eos_token_ids = frozenset({stop_token})  # make that token the model's EOS
+    engine.core.scheduler.eos_token_ids = frozenset({stop_token})  # make that token the model's EOS
     res = generate(engine, {"x": prompt}, SamplingParams(temperature=0, max_tokens=NEW_TOKENS))
     choice = res["x"].choices[0]
     assert choice.token_ids == free.token_ids[: first + 1] and choice.stop_reason is None
     assert choice.finish_reason == "stop" and eos not in choice.token_ids[:-1]
     late = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=first + 2)
     engine = tiny_engine(tiny)
-    engine.eos_token_ids = frozenset({stop_token})
+    engine.core.scheduler.eos_token_ids = frozenset({stop_token})
     choice = generate(engine, {"x": prompt}, late)["x"].choices[0]
     assert len(choice.token_ids) >= first + 2 and stop_token not in choice.token_ids[: first + 1]
 
@@ -190,8 +209,8 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(tiny):
     engine = tiny_engine(tiny, seed=99)
     others = random_prompts(6, seed=3)
     for rid, p in others.items():
-        engine.add_request(rid, p, SamplingParams(temperature=0.8, max_tokens=NEW_TOKENS))
-    engine.add_request("s", prompt, params)
+        add(engine, rid, p, SamplingParams(temperature=0.8, max_tokens=NEW_TOKENS))
+    add(engine, "s", prompt, params)
     assert run_to_end(engine)["s"].choices[0].token_ids == alone
 
 
@@ -199,14 +218,14 @@ def test_n_siblings_share_prompt_blocks_and_finish_independently(tiny):
     engine = tiny_engine(tiny)
     prompt = list(range(100, 130))
     params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12, stop_token_ids=[])
-    engine.add_request("n", prompt, params)
+    add(engine, "n", prompt, params)
     results: dict[str, Result] = {}
     step_into(engine, results)
     step_into(engine, results)
-    seqs = engine._requests["n"].seqs
+    seqs = engine.core.scheduler.sequences("n")
     shared = seqs[0].block_table[: len(prompt) // TINY_BLOCK]
     assert all(s.block_table[: len(shared)] == shared for s in seqs)
-    assert all(engine.kv_cache.pool.blocks[b].ref_cnt == 3 for b in shared)
+    assert all(engine.core.kv_cache.pool.blocks[b].ref_cnt == 3 for b in shared)
     res = run_to_end(engine, results)["n"]
     tokens = [res.choices[i].token_ids for i in range(3)]
     assert len({tuple(t) for t in tokens}) == 3
@@ -229,7 +248,7 @@ def test_siblings_finish_at_different_steps(tiny):
     params = SamplingParams(
         n=4, temperature=1.5, seed=3, max_tokens=NEW_TOKENS, stop_token_ids=[early]
     )
-    engine.add_request("p", prompt, params)
+    add(engine, "p", prompt, params)
     finished_at = {}
     step = 0
     while engine.has_unfinished():
@@ -247,7 +266,7 @@ def test_abort_mid_generation_frees_blocks_and_others_continue(tiny):
     prompts = random_prompts(4, seed=9)
     reference = generate(tiny_engine(tiny), {"r1": prompts["r1"]}, greedy(NEW_TOKENS))
     for rid, p in prompts.items():
-        engine.add_request(rid, p, greedy(NEW_TOKENS, n=2 if rid == "r0" else 1))
+        add(engine, rid, p, greedy(NEW_TOKENS, n=2 if rid == "r0" else 1))
     results: dict[str, Result] = {}
     for _ in range(5):
         step_into(engine, results)
@@ -255,7 +274,7 @@ def test_abort_mid_generation_frees_blocks_and_others_continue(tiny):
     absorb(results, final)
     assert final.finished and {c.finish_reason for c in final.outputs} == {"abort"}
     assert engine.abort("r0") is None
-    engine.add_request("late", prompts["r2"], greedy(3))
+    add(engine, "late", prompts["r2"], greedy(3))
     engine.abort("late")  # still waiting: aborted before it ever ran
     res = run_to_end(engine, results)
     assert res["r1"].choices[0].token_ids == reference["r1"].choices[0].token_ids
@@ -266,7 +285,7 @@ def test_bad_input_is_rejected_before_scheduling_and_others_keep_going(tiny):
     engine = tiny_engine(tiny, max_model_len=64)
     good = list(range(3, 20))
     reference = generate(tiny_engine(tiny, max_model_len=64), {"g": good}, greedy(10))
-    engine.add_request("g", good, greedy(10))
+    add(engine, "g", good, greedy(10))
     results: dict[str, Result] = {}
     step_into(engine, results)
     cases = [
@@ -279,9 +298,9 @@ def test_bad_input_is_rejected_before_scheduling_and_others_keep_going(tiny):
     ]
     for rid, prompt, params, message in cases:
         with pytest.raises(EngineInputError, match=message):
-            engine.add_request(rid, prompt, params)
+            add(engine, rid, prompt, params)
     with pytest.raises(EngineInputError, match="cache_salt"):
-        engine.add_request("salt", good, greedy(1), cache_salt="")
+        add(engine, "salt", good, greedy(1), cache_salt="")
     res = run_to_end(engine, results)
     assert list(res) == ["g"]
     assert res["g"].choices[0].token_ids == reference["g"].choices[0].token_ids
@@ -301,7 +320,7 @@ def test_logprobs_in_outputs(tiny):
 def test_stats_and_timings(tiny):
     engine = tiny_engine(tiny, max_num_seqs=2)
     for rid, p in random_prompts(4, seed=4).items():
-        engine.add_request(rid, p, greedy(3))
+        add(engine, rid, p, greedy(3))
     engine.step()
     stats = engine.stats()
     assert (stats.num_running, stats.num_waiting) == (2, 2)
@@ -320,7 +339,7 @@ def test_kv_budget_must_hold_one_full_sequence(tiny):
     with pytest.raises(EngineConfigError, match="fewer than max_model_len 128"):
         tiny_engine(tiny, num_blocks=10, max_model_len=128)
     engine = tiny_engine(tiny, num_blocks=10, max_model_len=None)
-    assert engine.max_model_len == 10 * TINY_BLOCK
+    assert engine.info.max_model_len == 10 * TINY_BLOCK
     res = generate(
         engine,
         {"a": list(range(3, 30))},
@@ -329,10 +348,15 @@ def test_kv_budget_must_hold_one_full_sequence(tiny):
     assert len(res["a"].choices[0].token_ids) == 40 - 27
 
 
-def test_default_cpu_kv_budget_is_capped_but_holds_one_full_sequence():
-    from inhouse.engine.config import DEFAULT_KV_CAP_CPU, default_kv_cache_memory
+def test_default_cpu_kv_budget_is_a_quarter_of_memory_capped_and_says_why():
+    from inhouse.engine.config import DEFAULT_KV_CAP_CPU, _mem_available, default_kv_cache_memory
 
-    assert 0 < default_kv_cache_memory("cpu") <= DEFAULT_KV_CAP_CPU
-    one_sequence = DEFAULT_KV_CAP_CPU + 2**20
-    assert default_kv_cache_memory("cpu", one_sequence) == one_sequence
-    assert default_kv_cache_memory("cpu", 2**60) <= DEFAULT_KV_CAP_CPU  # beyond a quarter of RAM
+    quarter = _mem_available() // 4
+    memory, why = default_kv_cache_memory("cpu")
+    assert abs(memory - min(quarter, DEFAULT_KV_CAP_CPU)) < 2**24  # free memory moves a little
+    assert "a quarter of" in why and "available memory" in why
+    if quarter > DEFAULT_KV_CAP_CPU:
+        assert "capped at 4.0 GiB" in why
+        one_sequence = DEFAULT_KV_CAP_CPU + 2**20
+        assert default_kv_cache_memory("cpu", one_sequence)[0] == min(one_sequence, quarter)
+    assert default_kv_cache_memory("cpu", 2**60)[0] <= quarter + 2**24  # never past the quarter

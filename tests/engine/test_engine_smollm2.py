@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import generate, run_to_end
+from engine_helpers import add, generate, run_to_end
 
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.engine import LLMEngine
@@ -127,7 +127,7 @@ def test_sixteen_requests_together_equal_each_alone(weights, chat_prompts, reque
     }
     engine = smol_engine(loaded, max_num_batched_tokens=64)
     for rid, p in prompts.items():
-        engine.add_request(rid, p, params)
+        add(engine, rid, p, params)
     together = run_to_end(engine)
     assert {rid: r.choices[0].token_ids for rid, r in together.items()} == alone
     assert engine.stats().prefix_cache_hits > 0  # the chat template's system prompt is shared

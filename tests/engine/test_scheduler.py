@@ -1,37 +1,45 @@
-"""Scheduler decisions: token budget, chunked prefill, preemption, admission, siblings.
-
-The model is out of the loop here: a step "computes" what was scheduled and appends
-a token to every sequence that caught up, exactly what LLMEngine.step does around it.
-"""
+"""Scheduler decisions and the step's aftermath, driven through the real ``schedule`` and
+``update`` (the model is out of the loop: every sampled token is given here), and a state
+machine over add / step / abort / finish that checks the block accounting after every step."""
 
 from __future__ import annotations
 
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
 from inhouse.engine.kv_cache import KVCacheManager
+from inhouse.engine.sampler import SampledToken
 from inhouse.engine.sampling import SamplingParams
 from inhouse.engine.scheduler import Scheduler, SchedulerOutput
 from inhouse.engine.sequence import Sequence, SequenceStatus
 
 BS = 4
+EOS = 2
 
 
-def make_scheduler(num_blocks: int = 64, max_num_seqs: int = 8, budget: int = 64) -> Scheduler:
-    return Scheduler(KVCacheManager(num_blocks, BS), max_num_seqs, budget)
+def make_scheduler(
+    num_blocks: int = 64,
+    max_num_seqs: int = 8,
+    budget: int = 64,
+    max_model_len: int = 1000,
+    kv_reserve: float = 1.0,
+) -> Scheduler:
+    kv = KVCacheManager(num_blocks, BS)
+    return Scheduler(kv, max_num_seqs, budget, max_model_len, {EOS}, kv_reserve)
 
 
-def make_seq(prompt_len: int, request_id: str = "r", index: int = 0, n: int = 1) -> Sequence:
-    tokens = [(7 * len(request_id) + i) % 50 for i in range(prompt_len)]
-    return Sequence(request_id, tokens, SamplingParams(n=n), index=index)
+def make_seq(
+    prompt_len: int, request_id: str = "r", index: int = 0, n: int = 1, max_tokens: int = 16
+) -> Sequence:
+    tokens = [3 + (7 * len(request_id) + i) % 50 for i in range(prompt_len)]
+    return Sequence(request_id, tokens, SamplingParams(n=n, max_tokens=max_tokens), index=index)
 
 
-def step(sched: Scheduler, max_output: int = 1000) -> SchedulerOutput:
+def step(sched: Scheduler, token: int = 1) -> SchedulerOutput:
+    """One engine step, model out of the loop: every caught-up sequence samples ``token``."""
     out = sched.schedule()
-    for seq, n in out.scheduled:
-        seq.num_computed_tokens += n
-        sched.kv_cache.cache_computed_blocks(seq)
-        if seq.num_computed_tokens == seq.num_tokens:
-            seq.token_ids.append(1)
-            if seq.num_output_tokens >= max_output:
-                sched.finish(seq, "length")
+    sched.update(out, [SampledToken(token) for _ in out.sampling_rows()])
     return out
 
 
@@ -66,7 +74,7 @@ def test_max_num_seqs_limits_admission():
 
 
 def test_out_of_blocks_preempts_newest_running_and_requeues_it_first():
-    sched = make_scheduler(num_blocks=4, budget=64)
+    sched = make_scheduler(num_blocks=4, budget=64, kv_reserve=0.0)
     old, new = make_seq(4, "old"), make_seq(4, "new")
     sched.add([old])
     sched.add([new])
@@ -88,18 +96,19 @@ def test_out_of_blocks_preempts_newest_running_and_requeues_it_first():
 
 
 def test_single_request_always_progresses_when_pool_holds_max_model_len():
-    sched = make_scheduler(num_blocks=5, budget=6)  # 20 slots
+    sched = make_scheduler(num_blocks=5, budget=6, max_model_len=20)  # 20 slots
     seq = make_seq(9)
     sched.add([seq])
     for _ in range(40):
-        if seq.num_tokens == 20:
+        if seq.is_finished:
             break
         step(sched)
-    assert seq.num_tokens == 20 and sched.num_preemptions == 0
+    assert seq.num_tokens == 20 and seq.finish_reason == "length"
+    assert sched.num_preemptions == 0 and sched.kv_cache.num_free_blocks == 5
 
 
 def test_preempted_sequence_recomputes_from_prefix_cache_and_continues():
-    sched = make_scheduler(num_blocks=6, budget=64)
+    sched = make_scheduler(num_blocks=6, budget=64, kv_reserve=0.0)
     a, b = make_seq(8, "a"), make_seq(8, "bb")
     sched.add([a])
     sched.add([b])
@@ -131,15 +140,168 @@ def test_siblings_wait_for_leader_prompt_then_share_its_blocks():
 
 
 def test_finish_and_preemption_return_every_block():
-    sched = make_scheduler(num_blocks=10, budget=16)
-    seqs = [make_seq(5 + i, f"r{i}") for i in range(6)]
+    sched = make_scheduler(num_blocks=10, budget=16, kv_reserve=0.0)
+    seqs = [make_seq(5 + i, f"r{i}", max_tokens=6) for i in range(6)]
     for seq in seqs:
         sched.add([seq])
     for _ in range(30):
-        step(sched, max_output=6)
-    for seq in list(sched.running) + list(sched.waiting):
-        sched.finish(seq, "abort")
-    assert sched.num_unfinished == 0
+        step(sched)
+    for seq in seqs:
+        sched.finish_request(seq.request_id, "abort")
+    assert not sched.has_unfinished() and not sched.running and not sched.waiting
     assert sched.kv_cache.num_free_blocks == 10
     assert all(b.ref_cnt == 0 for b in sched.kv_cache.pool.blocks)
     assert sched.num_preemptions > 0
+
+
+def test_update_finishes_on_eos_stop_token_and_length_after_min_tokens():
+    sched = make_scheduler()
+    eos = Sequence("e", [5, 6, 7], SamplingParams(max_tokens=10, min_tokens=2))
+    stop = Sequence(
+        "s", [5, 6, 7], SamplingParams(max_tokens=10, stop_token_ids=[9], ignore_eos=True)
+    )
+    length = Sequence("l", [5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True))
+    for seq in (eos, stop, length):
+        sched.add([seq])
+    step(sched, token=EOS)  # below min_tokens for "e": EOS is just a token; the others ignore it
+    assert not eos.is_finished and not stop.is_finished and not length.is_finished
+    step(sched, token=EOS)
+    assert (eos.finish_reason, eos.stop_reason) == ("stop", None)
+    assert (length.finish_reason, length.num_output_tokens) == ("length", 2)
+    step(sched, token=9)
+    assert (stop.finish_reason, stop.stop_reason) == ("stop", 9)
+    assert stop.output_token_ids == [EOS, EOS, 9]
+    assert not sched.has_unfinished() and sched.kv_cache.num_free_blocks == 64
+    assert sched.finished_requests == {"stop": 2, "length": 1}
+
+
+class RaisingGuide:
+    """A grammar whose matcher raises on the second token it is given."""
+
+    def __init__(self) -> None:
+        self.accepted = 0
+
+    def mask_logits(self, logits_row: object) -> None:
+        pass
+
+    def accept(self, token_id: int) -> None:
+        self.accepted += 1
+        if self.accepted == 2:
+            raise ValueError("matcher state corrupted")
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+def test_a_sequence_that_raises_in_update_fails_its_request_and_the_rest_go_on():
+    sched = make_scheduler()
+    bad = [make_seq(5, "bad", index=i, n=2) for i in range(2)]
+    bad[0].guide = RaisingGuide()
+    good = make_seq(5, "good", max_tokens=4)
+    sched.add(bad)
+    sched.add([good])
+    news = []
+    for _ in range(6):
+        out = sched.schedule()
+        news += sched.update(out, [SampledToken(1) for _ in out.sampling_rows()])
+    errors = [out for seq, out in news if out.error is not None]
+    assert len(errors) == 1 and "matcher state corrupted" in errors[0].error
+    assert all(seq.finish_reason == "error" for seq in bad)
+    assert good.finish_reason == "length" and good.num_output_tokens == 4
+    assert sched.finished_requests == {"error": 1, "length": 1}
+    assert sched.kv_cache.num_free_blocks == 64
+
+
+def test_admission_reserves_what_running_sequences_need_to_finish():
+    """10 blocks of 4; each request needs 4 blocks to reach 4 + 12 tokens: two run at once."""
+    for reserve, most, preempted in ((1.0, 2, False), (0.0, 4, True)):
+        sched = make_scheduler(num_blocks=10, kv_reserve=reserve)
+        seqs = [make_seq(4, f"r{i}", max_tokens=12) for i in range(4)]
+        for seq in seqs:
+            sched.add([seq])
+        running = 0
+        while sched.has_unfinished():
+            step(sched)
+            running = max(running, len(sched.running))
+        assert running == most and (sched.num_preemptions > 0) == preempted
+        assert all(s.num_output_tokens == 12 for s in seqs)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """Random add / step / abort / finish: after every one, each block's ref count equals
+    the number of live sequences holding it, free blocks are exactly the unheld ones, and
+    with a full reserve nothing is ever preempted."""
+
+    @initialize(reserve=st.sampled_from([0.0, 0.5, 1.0]))
+    def start(self, reserve: float) -> None:
+        self.sched = make_scheduler(
+            num_blocks=16, max_num_seqs=4, budget=12, max_model_len=40, kv_reserve=reserve
+        )
+        self.requests: list[list[Sequence]] = []
+        self.count = 0
+
+    @rule(
+        prompt=st.lists(st.integers(3, 5), min_size=1, max_size=24),
+        n=st.integers(1, 3),
+        max_tokens=st.integers(1, 12),
+    )
+    def add(self, prompt: list[int], n: int, max_tokens: int) -> None:
+        self.count += 1
+        params = SamplingParams(n=n, max_tokens=max_tokens, ignore_eos=False)
+        seqs = [Sequence(f"q{self.count}", list(prompt), params, index=i) for i in range(n)]
+        self.sched.add(seqs)
+        self.requests.append(seqs)
+
+    @rule(token=st.sampled_from([1, 3, 4, EOS]))
+    def step(self, token: int) -> None:
+        step(self.sched, token)
+
+    @precondition(lambda self: self.live_requests())
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        seqs = data.draw(st.sampled_from(self.live_requests()))
+        self.sched.finish_request(seqs[0].request_id, "abort")
+
+    @precondition(lambda self: self.live_requests())
+    @rule(data=st.data())
+    def finish_one(self, data: st.DataObject) -> None:
+        seqs = data.draw(st.sampled_from(self.live_requests()))
+        live = [s for s in seqs if not s.is_finished]
+        self.sched.finish(data.draw(st.sampled_from(live)), "stop", "a stop string")
+
+    def live_requests(self) -> list[list[Sequence]]:
+        return [seqs for seqs in self.requests if not all(s.is_finished for s in seqs)]
+
+    @invariant()
+    def ref_counts_equal_holders_and_nothing_leaks(self) -> None:
+        if not hasattr(self, "sched"):
+            return
+        pool = self.sched.kv_cache.pool
+        holders = [0] * pool.num_blocks
+        for seqs in self.requests:
+            for seq in seqs:
+                if seq.is_finished:
+                    assert seq.block_table == []
+                for block_id in seq.block_table:
+                    holders[block_id] += 1
+        assert [b.ref_cnt for b in pool.blocks] == holders
+        free = sorted(b.block_id for b in pool.free_queue)
+        assert free == [i for i, n in enumerate(holders) if n == 0]
+        assert pool.num_free == len(free)
+        live = {s.seq_id for seqs in self.live_requests() for s in seqs if not s.is_finished}
+        queued = [s.seq_id for s in (*self.sched.running, *self.sched.waiting)]
+        assert sorted(queued) == sorted(live)
+        if self.sched.kv_reserve == 1.0:
+            assert self.sched.num_preemptions == 0
+
+    def teardown(self) -> None:
+        if not hasattr(self, "sched"):
+            return
+        for seqs in self.requests:
+            self.sched.finish_request(seqs[0].request_id, "abort")
+        assert not self.sched.has_unfinished()
+        assert self.sched.kv_cache.num_free_blocks == self.sched.kv_cache.pool.num_blocks
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -1,10 +1,12 @@
-"""AsyncEngine: the LLMEngine step loop in its own thread, per-request async streams.
+"""AsyncEngine: the ``EngineCore`` step loop in its own thread, output processing on asyncio.
 
-The asyncio side never waits on a forward pass: ``generate`` validates at once
-(raising EngineInputError before anything is scheduled), hands the request to the
-loop thread, and awaits deltas on its own queue. ``abort`` (also triggered when the
-consumer of ``generate`` stops iterating or is cancelled) is applied by the loop
-before its next step, which frees the request's blocks.
+The engine thread only schedules, runs the model and samples; it hands each request's
+token-id news to that request's queue. ``generate`` (on the caller's event loop) turns
+them into text with the ``OutputProcessor``: detokenizing, stop strings and logprob
+text never hold up the next forward pass. A stop string found there goes back to the
+loop as a ``Finish``. ``generate`` validates at once (EngineInputError before anything
+is scheduled); ``abort`` (also when the consumer stops iterating or is cancelled) is
+applied before the loop's next step, which frees the request's blocks.
 """
 
 from __future__ import annotations
@@ -15,35 +17,29 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from inhouse.engine.config import EngineConfig
-from inhouse.engine.engine import LLMEngine
-from inhouse.engine.errors import EngineInputError
+from inhouse.engine.core import EngineCore
+from inhouse.engine.engine import apply_finishes
+from inhouse.engine.errors import EngineInputError, RequestFailedError
+from inhouse.engine.info import EngineInfo
 from inhouse.engine.models.loader import LoadedModel
-from inhouse.engine.outputs import RequestOutput
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.output_processor import Finish, OutputProcessor
+from inhouse.engine.outputs import CoreOutput, RequestOutput
+from inhouse.engine.request import EngineRequest
 from inhouse.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
 
 class EngineDeadError(RuntimeError):
-    """The engine loop failed while running this request."""
+    """The engine loop failed (or was shut down) while running this request."""
 
 
 @dataclass(slots=True)
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
-
-
-@dataclass(slots=True)
-class _Add:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    cache_salt: str | None
+    queue: asyncio.Queue[CoreOutput | BaseException]
 
 
 @dataclass(slots=True)
@@ -55,34 +51,20 @@ class AsyncEngine:
     """Serves many concurrent ``generate`` calls from one background step loop."""
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
-        self.engine = LLMEngine(config, loaded)
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self.core = EngineCore(config, loaded)
+        self.processor = OutputProcessor(self.info.tokenizer)
+        self._commands: queue.SimpleQueue[EngineRequest | _Abort | Finish | None] = (
+            queue.SimpleQueue()
+        )
         self._streams: dict[str, _Stream] = {}
         self._streams_lock = threading.Lock()
-        self._stats = self.engine.stats()
+        self._stats = self.core.stats()
         self._thread: threading.Thread | None = None
 
-    # -- facts the server shows -------------------------------------------------------
-
     @property
-    def loaded(self) -> LoadedModel:
-        return self.engine.loaded
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.engine.tokenizer
-
-    @property
-    def chat_template(self) -> str | None:
-        return self.engine.loaded.chat_template
-
-    @property
-    def max_model_len(self) -> int:
-        return self.engine.max_model_len
-
-    @property
-    def model_id(self) -> str:
-        return self.engine.loaded.model_id
+    def info(self) -> EngineInfo:
+        """What the engine serves: model, dtype, tokenizer, max_model_len, KV budget."""
+        return self.core.info
 
     def stats(self) -> EngineStats:
         """The snapshot taken after the loop's latest step."""
@@ -106,45 +88,46 @@ class AsyncEngine:
 
     # -- requests ---------------------------------------------------------------------
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Yield the request's deltas as they come; the last one has ``finished`` set."""
-        stream = self._open(request_id, prompt_token_ids, params, cache_salt)
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Yield the request's deltas as they come; the last one has ``finished`` set.
+
+        Raises RequestFailedError if the request fails inside the engine.
+        """
+        rid = request.request_id
+        stream = self._open(request)
         finished = False
         try:
             while not finished:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
                     raise item
-                finished = item.finished
-                yield item
+                output, finishes = self.processor.process(item)
+                for finish in finishes:
+                    self._commands.put(finish)
+                if output is None:
+                    continue
+                finished = output.finished
+                if output.error is not None:
+                    raise RequestFailedError(output.error)
+                yield output
         finally:
             with self._streams_lock:
-                self._streams.pop(request_id, None)
+                self._streams.pop(rid, None)
+            self.processor.drop(rid)
             if not finished:
-                self.abort(request_id)
+                self.abort(rid)
 
-    def _open(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        cache_salt: str | None,
-    ) -> _Stream:
+    def _open(self, request: EngineRequest) -> _Stream:
         if self._thread is None:
             raise RuntimeError("AsyncEngine.start() was not called")
-        self.engine.validate_request(request_id, prompt_token_ids, params, cache_salt)
+        self.core.validate(request)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         with self._streams_lock:
-            if request_id in self._streams:
-                raise EngineInputError(f"request id {request_id!r} is already running")
-            self._streams[request_id] = stream
-        self._commands.put(_Add(request_id, list(prompt_token_ids), params, cache_salt))
+            if request.request_id in self._streams:
+                raise EngineInputError(f"request id {request.request_id!r} is already running")
+            self._streams[request.request_id] = stream
+        self.processor.add(request)
+        self._commands.put(request)
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -156,15 +139,15 @@ class AsyncEngine:
     def _run(self) -> None:
         running = True
         while running:
-            block = not self.engine.has_unfinished()
+            block = not self.core.has_unfinished()
             running = self._apply_commands(block)
-            if running and self.engine.has_unfinished():
+            if running and self.core.has_unfinished():
                 self._step()
-            self._stats = self.engine.stats()
+            self._stats = self.core.stats()
         self._fail_all(EngineDeadError("the engine was shut down"))
 
     def _apply_commands(self, block: bool) -> bool:
-        """Apply queued adds/aborts (waiting for one if idle); False on shutdown."""
+        """Apply queued adds, aborts and finishes (waiting for one if idle); False on shutdown."""
         while True:
             try:
                 command = self._commands.get(block=block)
@@ -174,18 +157,18 @@ class AsyncEngine:
             if command is None:
                 return False
             if isinstance(command, _Abort):
-                self._deliver([self.engine.abort(command.request_id)])
-                continue
-            try:
-                self.engine.add_request(
-                    command.request_id, command.prompt_token_ids, command.params, command.cache_salt
-                )
-            except Exception as error:  # bad input, or a guide factory that failed
-                self._deliver_error(command.request_id, error)
+                self._deliver([self.core.abort(command.request_id)])
+            elif isinstance(command, Finish):
+                apply_finishes(self.core, [command])
+            else:
+                try:
+                    self.core.add(command)
+                except Exception as error:  # bad input, or a guide factory that failed
+                    self._deliver_error(command.request_id, error)
 
     def _step(self) -> None:
         try:
-            outputs = self.engine.step()
+            outputs = self.core.step()
         except Exception as error:
             log.exception("engine step failed; aborting the requests in flight")
             self._fail_all(EngineDeadError(f"the engine step failed: {error}"))
@@ -196,10 +179,10 @@ class AsyncEngine:
         with self._streams_lock:
             request_ids = list(self._streams)
         for request_id in request_ids:
-            self.engine.abort(request_id)
+            self.core.abort(request_id)
             self._deliver_error(request_id, error)
 
-    def _deliver(self, outputs: list[RequestOutput | None]) -> None:
+    def _deliver(self, outputs: list[CoreOutput | None]) -> None:
         for output in outputs:
             if output is None:
                 continue

@@ -10,11 +10,10 @@ from inhouse.engine.errors import EngineConfigError
 MAX_DEFAULT_MODEL_LEN = 8192
 QUANTIZATIONS = ("auto", "none", "fp16")
 # Share of available memory the KV cache takes when no budget is given.
-DEFAULT_KV_FRACTION_CPU = 0.1
+DEFAULT_KV_FRACTION_CPU = 0.25
 DEFAULT_KV_FRACTION_CUDA = 0.8
-# The default CPU budget stays small so the whole engine fits in 1 GB with the bundled model.
-DEFAULT_KV_CAP_CPU = 192 * 2**20
-MAX_KV_FRACTION_CPU = 0.25
+# vLLM's CPU backend reserves 4 GiB for the KV cache by default (VLLM_CPU_KVCACHE_SPACE).
+DEFAULT_KV_CAP_CPU = 4 * 2**30
 
 
 @dataclass(slots=True)
@@ -24,7 +23,10 @@ class EngineConfig:
     ``model`` None loads the bundled SmolLM2. ``quantization`` is "auto", "none" or
     "fp16" (see ``loader.resolve_quantization``). ``max_model_len`` None takes
     min(the model's max_position_embeddings, 8192). ``kv_cache_memory`` None takes
-    a share of free memory (see ``default_kv_cache_memory``).
+    a share of free memory (see ``default_kv_cache_memory``). ``kv_reserve`` is the
+    share of the blocks running sequences still need to reach their length limit that
+    admission keeps free (1: admitted work always finishes without preemption; 0:
+    admit whenever the prompt fits and let preemption sort it out).
     """
 
     model: str | Path | None = None
@@ -38,6 +40,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None
     enable_prefix_caching: bool = True
     seed: int | None = None
+    kv_reserve: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -49,29 +52,39 @@ class EngineConfig:
             )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise EngineConfigError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if not 0 <= self.kv_reserve <= 1:
+            raise EngineConfigError(f"kv_reserve must be in [0, 1], got {self.kv_reserve}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise EngineConfigError(
                 f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}"
             )
 
 
-def default_kv_cache_memory(device: str, one_sequence_bytes: int = 0) -> int:
-    """Bytes for the KV cache when none are given: a share of what the device has free.
+def default_kv_cache_memory(device: str, one_sequence_bytes: int = 0) -> tuple[int, str]:
+    """Bytes for the KV cache when none are given, and why that many.
 
-    On CPU the share is capped (pages of the cache only become resident when used) but
-    raised to hold one ``max_model_len`` sequence when that costs at most a quarter of
-    the available memory, so the default never has to shorten ``max_model_len``.
+    CUDA: 80% of free device memory. CPU: a quarter of available memory, at most 4 GiB
+    (vLLM's CPU default), raised to one ``max_model_len`` sequence when that still fits
+    in the quarter. CPU pages become resident only once a block is written.
     """
     if device.startswith("cuda"):
         import torch
 
         free, _total = torch.cuda.mem_get_info(torch.device(device))
-        return int(free * DEFAULT_KV_FRACTION_CUDA)
+        share = int(free * DEFAULT_KV_FRACTION_CUDA)
+        return share, f"{DEFAULT_KV_FRACTION_CUDA:.0%} of {_gib(free)} free on {device}"
     available = _mem_available()
-    share = min(int(available * DEFAULT_KV_FRACTION_CPU), DEFAULT_KV_CAP_CPU)
-    if share < one_sequence_bytes <= available * MAX_KV_FRACTION_CPU:
-        return one_sequence_bytes
-    return share
+    quarter = int(available * DEFAULT_KV_FRACTION_CPU)
+    why = f"a quarter of {_gib(available)} available memory"
+    if quarter <= DEFAULT_KV_CAP_CPU:
+        return quarter, why
+    if one_sequence_bytes > DEFAULT_KV_CAP_CPU:
+        return min(one_sequence_bytes, quarter), why + ", held to one max-model-len sequence"
+    return DEFAULT_KV_CAP_CPU, why + f", capped at {_gib(DEFAULT_KV_CAP_CPU)} (vLLM's CPU default)"
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.1f} GiB"
 
 
 def _mem_available(meminfo: Path = Path("/proc/meminfo")) -> int:

@@ -14,3 +14,8 @@ class EngineInputError(ValueError):
 
 class EngineConfigError(ValueError):
     """An engine configuration that cannot work (e.g. the KV budget holds no full sequence)."""
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine (its grammar, sampling, detokenizing); the
+    engine and every other request went on."""

@@ -32,6 +32,7 @@ class KVBudget:
     num_blocks: int
     block_size: int
     max_model_len: int
+    reason: str
 
     @property
     def num_tokens(self) -> int:
@@ -59,7 +60,10 @@ def plan_kv_budget(config: EngineConfig, loaded: LoadedModel) -> KVBudget:
     per_token = kv_bytes_per_token(loaded.config_dict, loaded.dtype)
     block_size = config.block_size
     one_sequence = -(-max_model_len // block_size) * block_size * per_token
-    memory = config.kv_cache_memory or default_kv_cache_memory(config.device, one_sequence)
+    if config.kv_cache_memory is not None:
+        memory, reason = config.kv_cache_memory, "--kv-cache-memory"
+    else:
+        memory, reason = default_kv_cache_memory(config.device, one_sequence)
     num_blocks = kv_cache_capacity(memory, per_token, block_size, max_model_len).num_blocks
     if num_blocks * block_size < max_model_len:
         fits = num_blocks * block_size
@@ -71,14 +75,15 @@ def plan_kv_budget(config: EngineConfig, loaded: LoadedModel) -> KVBudget:
             raise EngineConfigError(message + "; raise kv_cache_memory or lower max_model_len")
         log.warning("%s; lowering max_model_len to %d", message, fits)
         max_model_len = fits
-    budget = KVBudget(memory, per_token, num_blocks, block_size, max_model_len)
+    budget = KVBudget(memory, per_token, num_blocks, block_size, max_model_len, reason)
     log.info(
-        "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB); "
+        "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB: %s); "
         "maximum concurrency for %d tokens per request: %.2fx",
         budget.num_blocks,
         block_size,
         budget.num_tokens,
         memory / 2**20,
+        reason,
         max_model_len,
         budget.max_concurrency,
     )

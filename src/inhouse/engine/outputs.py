@@ -1,10 +1,42 @@
-"""What the engine hands back each step: per-request deltas of text, tokens and logprobs."""
+"""What the engine hands back each step.
+
+``SequenceOutput`` / ``CoreOutput``: the engine thread's news, token ids only (written by
+``Scheduler.update``). ``RequestOutput``: per-request deltas of text, tokens and logprobs,
+made from them by the ``OutputProcessor`` on the caller's side.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from inhouse.engine.stats import RequestTiming
+
+
+@dataclass(slots=True)
+class SequenceOutput:
+    """One sequence's news from one step: the token it sampled and whether it finished.
+
+    ``error`` says why the sequence (and with it its request) failed; the engine goes on.
+    """
+
+    index: int
+    token_id: int | None = None
+    logprob: float | None = None
+    top: list[tuple[int, float]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class CoreOutput:
+    """One step's news for one request, as the engine thread sends it; the prefix-cache
+    hit and first scheduling come with the leader's (index 0) news."""
+
+    request_id: str
+    seqs: list[SequenceOutput]
+    num_cached_tokens: int | None = None
+    first_scheduled_time: float | None = None
 
 
 @dataclass(slots=True)
@@ -21,8 +53,8 @@ class TokenLogprob:
 class CompletionOutput:
     """The delta of one choice (sibling ``index``) since the previous output.
 
-    ``finish_reason`` is "stop", "length" or "abort" on the last delta; ``stop_reason``
-    is the matched stop string or stop token id (None for EOS and length).
+    ``finish_reason`` is "stop", "length", "abort" or "error" on the last delta;
+    ``stop_reason`` is the matched stop string or stop token id (None for EOS and length).
     """
 
     index: int
@@ -37,7 +69,8 @@ class CompletionOutput:
 class RequestOutput:
     """One step's news for one request; ``finished`` once every choice has finished.
 
-    The finished output carries ``timing`` (arrival, first scheduled, first token, end).
+    The finished output carries ``timing`` (arrival, first scheduled, first token, end);
+    ``error`` is set when the request failed inside the engine (the others went on).
     """
 
     request_id: str
@@ -46,3 +79,4 @@ class RequestOutput:
     num_cached_tokens: int
     finished: bool
     timing: RequestTiming | None = None
+    error: str | None = None

@@ -1,4 +1,4 @@
-"""One request inside the engine: its sibling sequences, their detokenizers, pending news."""
+"""One request on the output side: its choices' detokenizers, counts, timings, pending deltas."""
 
 from __future__ import annotations
 
@@ -6,49 +6,65 @@ import time
 from dataclasses import dataclass, field
 
 from inhouse.engine.detokenizer import IncrementalDetokenizer
-from inhouse.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
-from inhouse.engine.sampling import SamplingParams
-from inhouse.engine.sequence import Sequence
+from inhouse.engine.outputs import CompletionOutput, RequestOutput
+from inhouse.engine.request import EngineRequest
 from inhouse.engine.stats import RequestTiming
 
 
 @dataclass(slots=True)
-class RequestState:
-    """The ``n`` sequences of a request and the deltas gathered for them this step."""
+class ChoiceState:
+    """One choice (sibling sequence) as its client sees it."""
 
-    request_id: str
-    params: SamplingParams
-    seqs: list[Sequence]
-    detokenizers: list[IncrementalDetokenizer]
+    detokenizer: IncrementalDetokenizer
+    num_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestState:
+    """The ``n`` choices of a request and the deltas gathered for them since the last output."""
+
+    request: EngineRequest
+    choices: list[ChoiceState]
+    num_cached_tokens: int = 0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    error: str | None = None
     pending: dict[int, CompletionOutput] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
-        return all(seq.is_finished for seq in self.seqs)
+        return all(choice.finished for choice in self.choices)
 
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.seqs[0].num_prompt_tokens
-
-    def record(self, seq: Sequence, token_id: int | None, logprob: TokenLogprob | None) -> None:
-        """Add one step's token (None: none, e.g. on abort) and text to the sequence's delta."""
-        delta = self.pending.get(seq.index)
+    def delta(self, index: int) -> CompletionOutput:
+        """The choice's delta for the output being gathered."""
+        delta = self.pending.get(index)
         if delta is None:
-            delta = CompletionOutput(
-                index=seq.index,
-                text="",
-                token_ids=[],
-                logprobs=[] if self.params.logprobs is not None else None,
-            )
-            self.pending[seq.index] = delta
-        if token_id is not None:
-            delta.token_ids.append(token_id)
-        if logprob is not None and delta.logprobs is not None:
-            delta.logprobs.append(logprob)
-        delta.text += self.detokenizers[seq.index].take_delta(seq.is_finished)
-        if seq.is_finished:
-            delta.finish_reason = seq.finish_reason
-            delta.stop_reason = seq.stop_reason
+            logprobs = [] if self.request.params.logprobs is not None else None
+            delta = self.pending[index] = CompletionOutput(index, "", [], logprobs)
+        return delta
+
+    def close_delta(self, index: int) -> None:
+        """Move the choice's releasable text into its delta, with its finish once finished."""
+        choice = self.choices[index]
+        delta = self.delta(index)
+        delta.text += choice.detokenizer.take_delta(choice.finished)
+        if choice.finished:
+            delta.finish_reason = choice.finish_reason
+            delta.stop_reason = choice.stop_reason
+
+    def fail(self, error: str) -> None:
+        """End every unfinished choice with "error"."""
+        self.error = error
+        for index, choice in enumerate(self.choices):
+            if not choice.finished:
+                choice.finish_reason = "error"
+                self.close_delta(index)
 
     def take_output(self) -> RequestOutput:
         """The gathered deltas as one RequestOutput; clears them."""
@@ -56,24 +72,23 @@ class RequestState:
         self.pending = {}
         finished = self.finished
         return RequestOutput(
-            request_id=self.request_id,
+            request_id=self.request.request_id,
             outputs=outputs,
-            num_prompt_tokens=self.num_prompt_tokens,
-            num_cached_tokens=self.seqs[0].num_cached_tokens,
+            num_prompt_tokens=len(self.request.prompt_token_ids),
+            num_cached_tokens=self.num_cached_tokens,
             finished=finished,
             timing=self._timing() if finished else None,
+            error=self.error,
         )
 
     def _timing(self) -> RequestTiming:
-        leader = self.seqs[0]
-        first_tokens = [s.first_token_time for s in self.seqs if s.first_token_time is not None]
         return RequestTiming(
-            request_id=self.request_id,
-            arrival_time=leader.arrival_time,
-            first_scheduled_time=leader.first_scheduled_time,
-            first_token_time=min(first_tokens) if first_tokens else None,
+            request_id=self.request.request_id,
+            arrival_time=self.request.arrival_time,
+            first_scheduled_time=self.first_scheduled_time,
+            first_token_time=self.first_token_time,
             finished_time=time.monotonic(),
-            num_prompt_tokens=self.num_prompt_tokens,
-            num_generation_tokens=sum(s.num_output_tokens for s in self.seqs),
-            finish_reason=leader.finish_reason or "abort",
+            num_prompt_tokens=len(self.request.prompt_token_ids),
+            num_generation_tokens=sum(choice.num_tokens for choice in self.choices),
+            finish_reason=self.choices[0].finish_reason or "abort",
         )

@@ -1,7 +1,9 @@
 """The batched sampler: one logits row per sequence in, one token per sequence out.
 
 Work is batched across rows; only rows that need it pay for per-row steps
-(guides, penalties, min_tokens bans, seeded generators). Greedy rows take one
+(guides, penalties, min_tokens bans, seeded generators). A row that raises (a guide
+that fails, a seed that overflows) comes back as its exception; the others still
+get their tokens. Greedy rows take one
 argmax. Sampling draws by the exponential race ``argmax(p / q)``, ``q ~ Exp(1)``,
 which lets each seeded row draw its noise from its own ``torch.Generator`` so its
 tokens do not depend on its neighbours in the batch.
@@ -40,12 +42,33 @@ class Sampler:
     @torch.inference_mode()
     def __call__(
         self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: Collection[int]
-    ) -> list[SampledToken]:
+    ) -> list[SampledToken | Exception]:
+        """One token per row, or the exception that row raised (a guide, a penalty, a seed);
+        a failing row never costs the others their token."""
         params = [seq.sampling_params for seq in seqs]
         raw_logprobs = self._raw_logprobs(logits, params)
-        self._adjust_rows(logits, seqs, eos_token_ids)
-        token_ids = self._choose(logits, seqs)
-        return self._with_logprobs(token_ids, raw_logprobs, params)
+        failed = self._adjust_rows(logits, seqs, eos_token_ids)
+        ok = [row for row in range(len(seqs)) if row not in failed]
+        picked: dict[int, int | Exception] = {}
+        if ok:
+            rows = logits[ok] if failed else logits
+            picked = dict(zip(ok, self._choose_each(rows, [seqs[i] for i in ok]), strict=True))
+        out: list[SampledToken | Exception] = []
+        for row, p in enumerate(params):
+            result = failed[row] if row in failed else picked[row]
+            if not isinstance(result, Exception):
+                result = _sampled(result, raw_logprobs.get(row), p.logprobs or 0)
+            out.append(result)
+        return out
+
+    def _choose_each(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int | Exception]:
+        """The batched choice; if it raises, each row alone, so only the culprit fails."""
+        try:
+            return list(self._choose(logits, seqs))
+        except Exception as error:
+            if len(seqs) == 1:
+                return [error]
+        return [self._choose_each(logits[r : r + 1], [seq])[0] for r, seq in enumerate(seqs)]
 
     def _raw_logprobs(
         self, logits: torch.Tensor, params: list[SamplingParams]
@@ -58,17 +81,23 @@ class Sampler:
 
     def _adjust_rows(
         self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: Collection[int]
-    ) -> None:
+    ) -> dict[int, Exception]:
+        """Penalties, min_tokens bans and grammar masks, in place; returns the rows that raised."""
+        failed: dict[int, Exception] = {}
         for row, seq in enumerate(seqs):
             p = seq.sampling_params
-            if p.has_penalties:
-                _apply_penalties(logits[row], seq, p)
-            if seq.num_output_tokens < p.min_tokens:
-                banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))
-                if banned:
-                    logits[row, banned] = float("-inf")
-            if seq.guide is not None:
-                seq.guide.mask_logits(logits[row])
+            try:
+                if p.has_penalties:
+                    _apply_penalties(logits[row], seq, p)
+                if seq.num_output_tokens < p.min_tokens:
+                    banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))
+                    if banned:
+                        logits[row, banned] = float("-inf")
+                if seq.guide is not None:
+                    seq.guide.mask_logits(logits[row])
+            except Exception as error:
+                failed[row] = error
+        return failed
 
     def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         chosen = logits.argmax(dim=-1)
@@ -140,19 +169,16 @@ class Sampler:
             self._generators[device] = generator
         return generator
 
-    @staticmethod
-    def _with_logprobs(
-        token_ids: list[int], raw: dict[int, torch.Tensor], params: list[SamplingParams]
-    ) -> list[SampledToken]:
-        out = [SampledToken(token_id) for token_id in token_ids]
-        for row, logprobs in raw.items():
-            sampled = out[row]
-            sampled.logprob = float(logprobs[sampled.token_id])
-            k = params[row].logprobs or 0
-            if k:
-                values, ids = torch.topk(logprobs, k)
-                sampled.top = list(zip(ids.tolist(), values.tolist(), strict=True))
-        return out
+
+def _sampled(token_id: int, logprobs: torch.Tensor | None, top: int) -> SampledToken:
+    """The token with its raw logprob and ``top`` alternatives when they were asked for."""
+    sampled = SampledToken(token_id)
+    if logprobs is not None:
+        sampled.logprob = float(logprobs[token_id])
+        if top:
+            values, ids = torch.topk(logprobs, top)
+            sampled.top = list(zip(ids.tolist(), values.tolist(), strict=True))
+    return sampled
 
 
 def _sequence_generator(seq: Sequence, device: torch.device) -> torch.Generator:

@@ -1,15 +1,15 @@
 """One generation stream's state: its tokens, how many are computed, the blocks it holds.
 
 A request with ``n > 1`` becomes ``n`` sibling sequences that share ``request_id``
-and differ in ``index``. The scheduler decides, the block pool accounts, the runner
-computes; all three read and update this object.
+and differ in ``index``. Each field has one writer: ``Scheduler`` (status, token ids,
+computed and cached counts, finish), ``KVCacheManager`` (block table, block hashes),
+``Sampler`` (the seeded generator); the runner only reads.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,9 +47,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
-    first_token_time: float | None = None
     generator: Any = None
     guide: Any = None
 

@@ -12,9 +12,9 @@ from inhouse.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from inhouse.engine.async_engine import AsyncEngine
+    from inhouse.engine.embedder import Embedder
     from inhouse.engine.structured import GrammarCompiler
     from inhouse.server.chat_template import ChatRenderer
-    from inhouse.server.embeddings import Embedder
 
 
 @dataclass(slots=True)

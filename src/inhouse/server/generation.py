@@ -12,11 +12,11 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
-from inhouse.api.errors import service_unavailable
+from inhouse.api.errors import server_error, service_unavailable
 from inhouse.engine.async_engine import EngineDeadError
-from inhouse.engine.errors import EngineInputError
+from inhouse.engine.errors import EngineInputError, RequestFailedError
 from inhouse.engine.outputs import RequestOutput, TokenLogprob
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.request import EngineRequest
 from inhouse.server.context import ServerContext
 from inhouse.server.errors import ClientDisconnected
 from inhouse.server.metrics import TokenClock
@@ -31,24 +31,19 @@ def request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def generate(
-    ctx: ServerContext,
-    rid: str,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    cache_salt: str | None,
-) -> AsyncIterator[RequestOutput]:
+async def generate(ctx: ServerContext, request: EngineRequest) -> AsyncIterator[RequestOutput]:
     """The engine's deltas for one request, with latency metrics recorded.
 
-    Bad input raises a 400 :class:`APIError` before anything is yielded; a dead engine
-    a 503 (and the server reports unhealthy from then on). If the consumer stops early
-    (a client disconnect), the request is aborted.
+    Bad input raises a 400 :class:`APIError` before anything is yielded; a request
+    that fails inside the engine, a 500 (the others go on); a dead engine a 503 (and
+    the server reports unhealthy from then on). If the consumer stops early (a client
+    disconnect), the request is aborted.
     """
     engine = ctx.require_engine()
     clock = TokenClock(ctx.metrics.itl, time.monotonic)
     finished = False
     try:
-        async with aclosing(engine.generate(rid, prompt_ids, params, cache_salt)) as outputs:
+        async with aclosing(engine.generate(request)) as outputs:
             async for output in outputs:
                 clock.tick(output)
                 if output.finished:
@@ -58,12 +53,15 @@ async def generate(
                 yield output
     except EngineInputError as exc:
         raise engine_input_error(exc) from exc
+    except RequestFailedError as exc:
+        finished = True
+        raise server_error(f"The request failed in the engine: {exc}") from exc
     except EngineDeadError as exc:
         ctx.mark_engine_dead(str(exc))
         raise service_unavailable(f"The engine has stopped: {exc}") from exc
     finally:
         if not finished:
-            engine.abort(rid)
+            engine.abort(request.request_id)
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
@@ -105,16 +103,10 @@ class RequestResult:
         return sum(len(c.token_ids) for c in self.choices)
 
 
-async def collect(
-    ctx: ServerContext,
-    rid: str,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    cache_salt: str | None,
-) -> RequestResult:
+async def collect(ctx: ServerContext, request: EngineRequest) -> RequestResult:
     """Run a request to the end and gather its choices."""
-    result = RequestResult([ChoiceResult() for _ in range(params.n)])
-    async for output in generate(ctx, rid, prompt_ids, params, cache_salt):
+    result = RequestResult([ChoiceResult() for _ in range(request.params.n)])
+    async for output in generate(ctx, request):
         result.num_prompt_tokens = output.num_prompt_tokens
         result.num_cached_tokens = output.num_cached_tokens
         for delta in output.outputs:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from inhouse.engine.async_engine import AsyncEngine
 from inhouse.engine.config import EngineConfig
+from inhouse.engine.embedder import Embedder
 from inhouse.engine.structured import GrammarCompiler
 from inhouse.server.chat_template import ChatRenderer
 from inhouse.server.context import ServerContext
-from inhouse.server.embeddings import Embedder
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +31,10 @@ class ContextLoader:
 
     def __call__(self, ctx: ServerContext) -> None:
         engine = AsyncEngine(self.engine_config)
-        loaded = engine.loaded
-        template = read_chat_template(ctx.config.chat_template) or loaded.chat_template
-        ctx.renderer = ChatRenderer(loaded.tokenizer, template, ctx.model_name)
-        ctx.grammars = GrammarCompiler(
-            loaded.tokenizer, int(loaded.hf_config.vocab_size), loaded.eos_token_ids
-        )
+        info = engine.info
+        template = read_chat_template(ctx.config.chat_template) or info.chat_template
+        ctx.renderer = ChatRenderer(info.tokenizer, template, ctx.model_name)
+        ctx.grammars = GrammarCompiler(info.tokenizer, info.vocab_size, info.eos_token_ids)
         if ctx.config.embedding_model is not None:
             ctx.embedder = Embedder(ctx.config.embedding_model, ctx.config.embedding_model_name)
         engine.start()

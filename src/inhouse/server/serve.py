@@ -59,6 +59,13 @@ def serve_command(
         int, typer.Option(help="Largest request body in bytes (413 above).")
     ] = DEFAULT_MAX_BODY_BYTES,
     seed: Annotated[int | None, typer.Option(help="Engine seed for unseeded requests.")] = None,
+    kv_reserve: Annotated[
+        float,
+        typer.Option(
+            help="Share of the KV blocks running requests still need to reach max_tokens that "
+            "admission keeps free (1: no preemption; 0: admit whenever the prompt fits).",
+        ),
+    ] = 1.0,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API."""
     import uvicorn
@@ -83,6 +90,7 @@ def serve_command(
             kv_cache_memory=parse_bytes(kv_cache_memory) if kv_cache_memory else None,
             enable_prefix_caching=enable_prefix_caching,
             seed=seed,
+            kv_reserve=kv_reserve,
         )
     except ValueError as err:  # a bad flag (EngineConfigError too): one line, exit 2
         raise typer.BadParameter(str(err)) from None
@@ -124,14 +132,14 @@ def _announce(ctx, host: str, port: int) -> None:
     if ctx.load_error:
         typer.echo(ctx.load_error, err=True)
         return
-    budget = ctx.engine.engine.budget
-    loaded = ctx.engine.engine.loaded
-    weights = "float16, packed" if loaded.quantization == "fp16" else "as the dtype"
+    info = ctx.engine.info
+    budget = info.budget
+    weights = "float16, packed" if info.quantization == "fp16" else "as the dtype"
     rows = [
         ("model", ctx.model_name),
-        ("dtype", f"{str(loaded.dtype).removeprefix('torch.')} (weights {weights})"),
+        ("dtype", f"{info.dtype} (weights {weights})"),
         ("max model len", f"{budget.max_model_len} tokens"),
-        ("KV cache", f"{budget.kv_cache_memory / 2**20:.1f} MiB"),
+        ("KV cache", f"{budget.kv_cache_memory / 2**20:.1f} MiB ({budget.reason})"),
         ("KV blocks", f"{budget.num_blocks} x {budget.block_size} tokens"),
         ("KV tokens", f"{budget.num_tokens}"),
         ("max concurrency", f"{budget.max_concurrency:.2f}x at {budget.max_model_len} tokens"),

@@ -21,7 +21,7 @@ from inhouse.api.chat import (
 from inhouse.api.common import Usage
 from inhouse.api.errors import invalid_request
 from inhouse.engine.outputs import RequestOutput
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.request import EngineRequest
 from inhouse.engine.structured import CompiledGuide, GrammarError
 from inhouse.server.choices import ChoiceTranslator, merge_deltas, translator_for
 from inhouse.server.context import ServerContext
@@ -39,8 +39,7 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 class ChatPlan:
     """A chat request turned into engine input and a way to read the output back."""
 
-    prompt_ids: list[int]
-    params: SamplingParams
+    request: EngineRequest
     new_translator: Callable[[], ChoiceTranslator]
     top_logprobs: int | None
 
@@ -52,14 +51,12 @@ async def create_chat_completion(
     """OpenAI's chat completions."""
     ctx.check_model(body.model)
     plan = await _plan(ctx, body)
-    rid = request_id("chatcmpl")
+    rid = plan.request.request_id
     if body.stream:
-        outputs = generate(ctx, rid, plan.prompt_ids, plan.params, body.cache_salt)
+        outputs = generate(ctx, plan.request)
         first = await anext(outputs)  # bad input fails here, as a 400 before any byte is sent
         return sse_response(_chunks(ctx, body, plan, rid, first, outputs))
-    result = await unless_disconnected(
-        request, collect(ctx, rid, plan.prompt_ids, plan.params, body.cache_salt)
-    )
+    result = await unless_disconnected(request, collect(ctx, plan.request))
     choices = []
     for i, choice in enumerate(result.choices):
         translator = plan.new_translator()
@@ -92,7 +89,7 @@ async def _plan(ctx: ServerContext, body: ChatCompletionRequest) -> ChatPlan:
     prompt = ctx.renderer.render(
         body.messages, tools, body.add_generation_prompt, body.chat_template_kwargs
     )
-    prompt_ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+    prompt_ids = engine.info.tokenizer.encode(prompt, add_special_tokens=False)
     guide = await _guide(ctx, body, tools is not None)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(
@@ -103,7 +100,8 @@ async def _plan(ctx: ServerContext, body: ChatCompletionRequest) -> ChatPlan:
     )
     known = {t.function.name for t in tools or []}
     tool_choice = body.tool_choice if use_tools else None
-    return ChatPlan(prompt_ids, params, lambda: translator_for(tool_choice, known), top)
+    request = EngineRequest(request_id("chatcmpl"), prompt_ids, params, body.cache_salt)
+    return ChatPlan(request, lambda: translator_for(tool_choice, known), top)
 
 
 async def _guide(
@@ -146,8 +144,9 @@ async def _chunks(
 
     options = body.stream_options
     continuous = options is not None and options.continuous_usage_stats
-    translators = [plan.new_translator() for _ in range(plan.params.n)]
-    for i in range(plan.params.n):
+    n = plan.request.params.n
+    translators = [plan.new_translator() for _ in range(n)]
+    for i in range(n):
         yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
     generated = 0
     output = first

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from inhouse.api.common import Usage
 from inhouse.api.completions import Completion, CompletionChoice, CompletionRequest
 from inhouse.engine.outputs import RequestOutput
+from inhouse.engine.request import EngineRequest
 from inhouse.engine.sampling import SamplingParams
 from inhouse.server.context import ServerContext
 from inhouse.server.generation import (
@@ -35,19 +36,19 @@ async def create_completion(
 ) -> JSONResponse | StreamingResponse:
     """OpenAI's legacy completions; a batch of prompts gives ``len(prompts) * n`` choices."""
     ctx.check_model(body.model)
-    engine = ctx.require_engine()
+    tokenizer = ctx.require_engine().info.tokenizer
     prompts = [
-        p if isinstance(p, list) else engine.tokenizer.encode(p, add_special_tokens=True)
+        p if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=True)
         for p in body.prompts()
     ]
     params = sampling_params(body, max_tokens=body.completion_limit, logprobs=body.logprobs)
     rid = request_id("cmpl")
-    rids = [f"{rid}-{k}" for k in range(len(prompts))]
-    echoes = [engine.tokenizer.decode(p) if body.echo else "" for p in prompts]
+    requests = [
+        EngineRequest(f"{rid}-{k}", p, params, body.cache_salt) for k, p in enumerate(prompts)
+    ]
+    echoes = [tokenizer.decode(p) if body.echo else "" for p in prompts]
     if body.stream:
-        streams = [
-            generate(ctx, r, p, params, body.cache_salt) for r, p in zip(rids, prompts, strict=True)
-        ]
+        streams = [generate(ctx, r) for r in requests]
         try:  # bad input fails here, as a 400 before any byte is sent
             firsts = [await anext(s) for s in streams]
         except BaseException:
@@ -55,9 +56,7 @@ async def create_completion(
                 await stream.aclose()
             raise
         return sse_response(_chunks(ctx, body, params, rid, echoes, firsts, streams))
-    results = await unless_disconnected(
-        request, _collect_all(ctx, rids, prompts, params, body.cache_salt)
-    )
+    results = await unless_disconnected(request, _collect_all(ctx, requests))
     choices = []
     for k, result in enumerate(results):
         for i, choice in enumerate(result.choices):
@@ -85,18 +84,9 @@ async def create_completion(
     return JSONResponse(response.model_dump(exclude_none=True))
 
 
-async def _collect_all(
-    ctx: ServerContext,
-    rids: list[str],
-    prompts: list[list[int]],
-    params: SamplingParams,
-    cache_salt: str | None,
-) -> list[RequestResult]:
+async def _collect_all(ctx: ServerContext, requests: list[EngineRequest]) -> list[RequestResult]:
     """Run the prompts together; if one fails (or we are cancelled) the others are aborted."""
-    tasks = [
-        asyncio.ensure_future(collect(ctx, r, p, params, cache_salt))
-        for r, p in zip(rids, prompts, strict=True)
-    ]
+    tasks = [asyncio.ensure_future(collect(ctx, r)) for r in requests]
     try:
         return list(await asyncio.gather(*tasks))
     finally:

@@ -48,20 +48,20 @@ async def version(ctx: ServerContext = Depends(context)) -> dict:
     info: dict = {"version": __version__, "served_model_name": ctx.model_name}
     engine = ctx.engine
     if engine is not None:
-        loaded = engine.loaded
-        tokenizer_file = loaded.hf_folder / "tokenizer.json"
+        described = engine.info
+        tokenizer_file = described.hf_folder / "tokenizer.json"
         info |= {
-            "model_id": loaded.model_id,
-            "model_source": str(loaded.source_path),
-            "model_sha256": loaded.source_sha256,
+            "model_id": described.model_id,
+            "model_source": str(described.source_path),
+            "model_sha256": described.source_sha256,
             "tokenizer_sha256": _file_sha256(tokenizer_file) if tokenizer_file.is_file() else None,
             "chat_template_sha256": template_sha256(
                 ctx.renderer.template if ctx.renderer else None
             ),
-            "dtype": str(loaded.dtype).removeprefix("torch."),
-            "quantization": loaded.quantization,
-            "device": str(loaded.device),
-            "max_model_len": engine.max_model_len,
+            "dtype": described.dtype,
+            "quantization": described.quantization,
+            "device": described.device,
+            "max_model_len": described.max_model_len,
         }
     if ctx.embedder is not None:
         info["embedding_model"] = ctx.embedder.name
@@ -80,8 +80,8 @@ async def list_models(ctx: ServerContext = Depends(context)) -> ModelList:
         ModelCard(
             id=ctx.model_name,
             created=ctx.started_at,
-            root=engine.model_id,
-            max_model_len=engine.max_model_len,
+            root=engine.info.model_id,
+            max_model_len=engine.info.max_model_len,
         )
     ]
     if ctx.embedder is not None:
@@ -95,16 +95,16 @@ async def tokenize(
 ) -> TokenizeResponse:
     """Token ids of a prompt, or of chat messages rendered through the template."""
     ctx.check_model(body.model)
-    engine = ctx.require_engine()
+    info = ctx.require_engine().info
     if (body.prompt is None) == (body.messages is None):
         raise invalid_request("Give exactly one of 'prompt' and 'messages'.", param="prompt")
     if body.messages is not None:
         assert ctx.renderer is not None
         text = ctx.renderer.render(body.messages, add_generation_prompt=body.add_generation_prompt)
-        tokens = engine.tokenizer.encode(text, add_special_tokens=False)
+        tokens = info.tokenizer.encode(text, add_special_tokens=False)
     else:
-        tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-    return TokenizeResponse(count=len(tokens), max_model_len=engine.max_model_len, tokens=tokens)
+        tokens = info.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    return TokenizeResponse(count=len(tokens), max_model_len=info.max_model_len, tokens=tokens)
 
 
 @authorized.post("/detokenize")
@@ -113,8 +113,8 @@ async def detokenize(
 ) -> DetokenizeResponse:
     """The text of token ids."""
     ctx.check_model(body.model)
-    engine = ctx.require_engine()
-    vocab = len(engine.tokenizer)
+    tokenizer = ctx.require_engine().info.tokenizer
+    vocab = len(tokenizer)
     if any(t >= vocab for t in body.tokens):
         raise invalid_request(f"Token ids must be in [0, {vocab}).", param="tokens")
-    return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens))
+    return DetokenizeResponse(prompt=tokenizer.decode(body.tokens))

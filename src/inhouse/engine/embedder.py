@@ -1,4 +1,5 @@
-"""Sentence embeddings as sentence-transformers computes them: mean pooling, L2 norm.
+"""The embedding model's runner, next to the chat engine: sentence embeddings as
+sentence-transformers computes them (mean pooling, L2 norm).
 
 The default is the bundled all-MiniLM-L6-v2 (384 dimensions). Inputs longer than the
 model's ``max_seq_length`` (256 for MiniLM) are truncated, as sentence-transformers does.

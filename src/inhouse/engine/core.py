@@ -1,0 +1,178 @@
+"""EngineCore: what the engine thread does, and nothing else: schedule, run the model, sample.
+
+``add`` queues an ``EngineRequest`` (validated first); ``step`` runs one batched
+forward, samples, lets ``Scheduler.update`` apply the result, and returns token-id
+news per request (``CoreOutput``); text, stop strings and logprob text are the
+``OutputProcessor``'s, on the caller's side. A failure that belongs to one request
+(its grammar, its seed, its penalties) finishes that request with an error and the
+step goes on; only a fault of the step itself (the forward pass) raises.
+"""
+
+from __future__ import annotations
+
+from inhouse.engine.config import EngineConfig
+from inhouse.engine.errors import EngineInputError
+from inhouse.engine.info import EngineInfo
+from inhouse.engine.kv_budget import plan_kv_budget
+from inhouse.engine.kv_cache import KVCacheManager
+from inhouse.engine.models.loader import LoadedModel, load_model
+from inhouse.engine.outputs import CoreOutput, SequenceOutput
+from inhouse.engine.request import EngineRequest
+from inhouse.engine.runner import ModelRunner
+from inhouse.engine.sampler import Sampler
+from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.scheduler import Scheduler
+from inhouse.engine.sequence import Sequence
+from inhouse.engine.stats import EngineStats
+
+MAX_CACHE_SALT_CHARS = 1024
+
+
+class EngineCore:
+    """One model, one KV cache, one scheduler, one sampler; single-threaded."""
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        self.loaded = loaded or load_model(
+            config.model, config.dtype, config.device, quantization=config.quantization
+        )
+        self.budget = plan_kv_budget(config, self.loaded)
+        self.info = EngineInfo.describe(self.loaded, self.budget)
+        self.runner = ModelRunner(self.loaded, self.budget.num_blocks, config.block_size)
+        self.kv_cache = KVCacheManager(
+            self.budget.num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.kv_cache,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.budget.max_model_len,
+            self.loaded.eos_token_ids,
+            config.kv_reserve,
+        )
+        self.sampler = Sampler(config.seed)
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._num_steps = 0
+
+    # -- requests ---------------------------------------------------------------------
+
+    def validate(self, request: EngineRequest) -> None:
+        """Raise EngineInputError for a request the engine cannot serve; touches nothing."""
+        params = request.params
+        if not isinstance(params, SamplingParams):
+            raise EngineInputError("params must be SamplingParams", param="params")
+        max_model_len = self.info.max_model_len
+        num_prompt = len(request.prompt_token_ids)
+        if num_prompt == 0:
+            raise EngineInputError("the prompt is empty; it needs at least one token", "prompt")
+        if num_prompt >= max_model_len:
+            raise EngineInputError(
+                f"the prompt has {num_prompt} tokens, but max_model_len is "
+                f"{max_model_len} and at least one token must be left for the output",
+                "prompt",
+            )
+        if params.max_tokens is not None and num_prompt + params.max_tokens > max_model_len:
+            raise EngineInputError(
+                f"the prompt ({num_prompt} tokens) plus max_tokens ({params.max_tokens}) is "
+                f"{num_prompt + params.max_tokens} tokens, more than max_model_len "
+                f"{max_model_len}",
+                "max_tokens",
+            )
+        vocab = self.info.vocab_size
+        for param, ids in (
+            ("prompt", request.prompt_token_ids),
+            ("stop_token_ids", params.stop_token_ids),
+        ):
+            if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+                raise EngineInputError(f"{param} token ids must be integers in [0, {vocab})", param)
+        salt = request.cache_salt
+        if salt is not None and not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS:
+            raise EngineInputError(
+                f"cache_salt must have 1 to {MAX_CACHE_SALT_CHARS} characters", "cache_salt"
+            )
+
+    def add(self, request: EngineRequest) -> None:
+        """Validate and queue a request (``params.n`` sibling sequences)."""
+        self.validate(request)
+        if self.scheduler.sequences(request.request_id):
+            raise EngineInputError(f"request id {request.request_id!r} is already running")
+        params = request.params
+        seqs = [
+            Sequence(
+                request_id=request.request_id,
+                token_ids=list(request.prompt_token_ids),
+                sampling_params=params,
+                index=i,
+                cache_salt=request.cache_salt,
+                guide=params.guide_factory() if params.guide_factory else None,
+            )
+            for i in range(params.n)
+        ]
+        self.scheduler.add(seqs)
+        self._prompt_tokens += len(request.prompt_token_ids)
+
+    def abort(self, request_id: str, reason: str = "abort") -> CoreOutput | None:
+        """Stop a request now and free its blocks; its news (None if it was not running)."""
+        seqs = self.scheduler.finish_request(request_id, reason)
+        if not seqs:
+            return None
+        return CoreOutput(request_id, [SequenceOutput(s.index, finish_reason=reason) for s in seqs])
+
+    def finish(self, request_id: str, index: int, reason: str, stop_reason: str | None) -> None:
+        """Finish one sequence the output processor stopped (a stop string), if still running."""
+        for seq in self.scheduler.sequences(request_id):
+            if seq.index == index:
+                self.scheduler.finish(seq, reason, stop_reason)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step ---------------------------------------------------------------------
+
+    def step(self) -> list[CoreOutput]:
+        """Run one scheduled batch; return the news of every request that sampled a token."""
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        logits = self.runner.execute(plan.scheduled)
+        self._num_steps += 1
+        rows = plan.sampling_rows()
+        sampled = []
+        if rows:
+            if len(rows) < len(plan.scheduled):
+                logits = logits[rows]
+            seqs = [plan.scheduled[row][0] for row in rows]
+            sampled = self.sampler(logits, seqs, self.scheduler.eos_token_ids)
+        news = self.scheduler.update(plan, sampled)
+        self._generation_tokens += sum(1 for _, out in news if out.token_id is not None)
+        outputs: dict[str, CoreOutput] = {}
+        for seq, out in news:
+            output = outputs.get(seq.request_id)
+            if output is None:
+                output = outputs[seq.request_id] = CoreOutput(seq.request_id, [])
+            output.seqs.append(out)
+            if seq.index == 0:
+                output.num_cached_tokens = seq.num_cached_tokens
+                output.first_scheduled_time = seq.first_scheduled_time
+        return list(outputs.values())
+
+    # -- stats ------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        """A snapshot of gauges and counters for /metrics."""
+        counters = self.kv_cache.counters
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.kv_cache.pool.usage,
+            num_blocks=self.budget.num_blocks,
+            block_size=self.config.block_size,
+            prefix_cache_queries=counters.queries,
+            prefix_cache_hits=counters.hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            num_steps=self._num_steps,
+            finished_requests=dict(self.scheduler.finished_requests),
+        )

@@ -1,0 +1,55 @@
+"""EngineInfo: the one read-only description of a loaded engine that the server reads.
+
+Model identity and hashes, dtype and weight format, tokenizer and chat template,
+``max_model_len`` and the KV budget (blocks, tokens, concurrency and why that size).
+The server never reaches into the engine's parts for these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inhouse.engine.kv_budget import KVBudget
+    from inhouse.engine.models.loader import LoadedModel
+
+
+@dataclass(slots=True, frozen=True)
+class EngineInfo:
+    """What the engine serves and with how much KV cache."""
+
+    model_id: str
+    source_path: Path
+    source_sha256: str
+    hf_folder: Path
+    dtype: str
+    quantization: str
+    device: str
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    tokenizer: Any
+    chat_template: str | None
+    budget: KVBudget
+
+    @property
+    def max_model_len(self) -> int:
+        return self.budget.max_model_len
+
+    @classmethod
+    def describe(cls, loaded: LoadedModel, budget: KVBudget) -> EngineInfo:
+        return cls(
+            model_id=loaded.model_id,
+            source_path=loaded.source_path,
+            source_sha256=loaded.source_sha256,
+            hf_folder=loaded.hf_folder,
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            quantization=loaded.quantization,
+            device=str(loaded.device),
+            vocab_size=int(loaded.hf_config.vocab_size),
+            eos_token_ids=frozenset(loaded.eos_token_ids),
+            tokenizer=loaded.tokenizer,
+            chat_template=loaded.chat_template,
+            budget=budget,
+        )

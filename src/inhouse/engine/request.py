@@ -1,0 +1,24 @@
+"""EngineRequest: one request as the server hands it to the engine, created once at the edge.
+
+It crosses ``AsyncEngine`` and ``LLMEngine`` unchanged; a new field (priority, a
+deadline, an adapter) is added here and read where it is used, not threaded through
+every signature in between.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from inhouse.engine.sampling import SamplingParams
+
+
+@dataclass(slots=True, frozen=True)
+class EngineRequest:
+    """What to generate: prompt ids, how to sample, the tenant's cache salt, when it arrived."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
