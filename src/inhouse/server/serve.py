@@ -126,10 +126,13 @@ def _announce(ctx, host: str, port: int) -> None:
         return
     budget = ctx.engine.engine.budget
     loaded = ctx.engine.engine.loaded
-    weights = "float16, packed" if loaded.quantization == "fp16" else "as the dtype"
+    from inhouse.engine.models.precision import WEIGHT_FORMATS
+
+    weights = WEIGHT_FORMATS[loaded.quantization]
     rows = [
         ("model", ctx.model_name),
         ("dtype", f"{str(loaded.dtype).removeprefix('torch.')} (weights {weights})"),
+        ("why", loaded.path_reason),
         ("max model len", f"{budget.max_model_len} tokens"),
         ("KV cache", f"{budget.kv_cache_memory / 2**20:.1f} MiB"),
         ("KV blocks", f"{budget.num_blocks} x {budget.block_size} tokens"),

@@ -278,6 +278,62 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
   return out;
 }
 
+// Rotary embedding (HF's rotate-half) of q and k, and K/V stored at their cache slots, in
+// one pass. qkv [T, H + 2 KVH, D] as the fused projection gives it; cos/sin [T, D];
+// caches [slots, KVH, D]. Returns the rotated queries [T, H, D].
+torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& cos,
+                            const torch::Tensor& sin, torch::Tensor k_cache, torch::Tensor v_cache,
+                            const torch::Tensor& slots, int64_t heads) {
+  TORCH_CHECK(qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() &&
+              k_cache.is_contiguous() && v_cache.is_contiguous());
+  const int64_t tokens = qkv.size(0), dim = qkv.size(2), kv_heads = k_cache.size(1);
+  const int64_t half = dim / 2, width = heads + 2 * kv_heads;
+  auto q = torch::empty({tokens, heads, dim}, qkv.options());
+  auto slot_list = slots.contiguous();
+  const float* src = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const int64_t* slot = slot_list.data_ptr<int64_t>();
+  float* qp = q.data_ptr<float>();
+  float* kp = k_cache.data_ptr<float>();
+  float* vp = v_cache.data_ptr<float>();
+  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = cp + t * dim;
+      const float* s = sp + t * dim;
+      for (int64_t h = 0; h < heads + kv_heads; ++h) {
+        const float* x = src + (t * width + h) * dim;
+        float* out = h < heads ? qp + (t * heads + h) * dim
+                               : kp + (slot[t] * kv_heads + h - heads) * dim;
+        for (int64_t i = 0; i < half; ++i) {
+          out[i] = x[i] * c[i] - x[i + half] * s[i];
+          out[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+        }
+      }
+      const float* v = src + (t * width + heads + kv_heads) * dim;
+      std::copy(v, v + kv_heads * dim, vp + slot[t] * kv_heads * dim);
+    }
+  });
+  return q;
+}
+
+// silu(gate) * up for gate_up [T, 2I] (gate first), one pass.
+torch::Tensor silu_mul(const torch::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.is_contiguous() && gate_up.scalar_type() == torch::kFloat32);
+  const int64_t tokens = gate_up.size(0), inter = gate_up.size(1) / 2;
+  auto out = torch::empty({tokens, inter}, gate_up.options());
+  const float* g = gate_up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* gt = g + t * 2 * inter;
+    for (int64_t i = 0; i < inter; ++i) {
+      const float x = gt[i];
+      o[t * inter + i] = x / (1.f + std::exp(-x)) * gt[inter + i];
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(inhouse_cpu, m) {
@@ -286,10 +342,16 @@ TORCH_LIBRARY(inhouse_cpu, m) {
   m.def(
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor context_lens, int block_size, float scale, int window) -> Tensor");
+  m.def(
+      "rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor slots, int heads) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(inhouse_cpu, CPU, m) {
   m.impl("linear_q8", &linear_q8);
   m.impl("linear_q4", &linear_q4);
   m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("rope_write_kv", &rope_write_kv);
+  m.impl("silu_mul", &silu_mul);
 }

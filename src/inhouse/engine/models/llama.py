@@ -185,6 +185,7 @@ class Attention(nn.Module):
         self.o_proj = Linear(q_size, args.hidden_size, args.o_bias, weights)
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps, like) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps, like) if args.qk_norm else None
+        self.fused = False  # rotary + K/V write by the C++ kernel (see fuse_cpu_ops)
 
     def forward(
         self,
@@ -197,6 +198,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         heads, kv_heads = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(-1, heads + 2 * kv_heads, self.head_dim)
+        if self.fused:
+            cos, sin = cos.view(-1, self.head_dim), sin.view(-1, self.head_dim)
+            q = torch.ops.inhouse_cpu.rope_write_kv(
+                qkv, cos, sin, k_cache, v_cache, meta.slot_mapping, heads
+            )
+            attended = paged_attention(q, k_cache, v_cache, meta, self.scale, self.sliding)
+            return self.o_proj(attended)
         qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
@@ -213,8 +221,11 @@ class MLP(nn.Module):
         self.intermediate = args.intermediate_size
         self.gate_up_proj = Linear(args.hidden_size, 2 * self.intermediate, args.mlp_bias, weights)
         self.down_proj = Linear(self.intermediate, args.hidden_size, args.mlp_bias, weights)
+        self.fused = False  # silu(gate) * up by the C++ kernel (see fuse_cpu_ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return self.down_proj(torch.ops.inhouse_cpu.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -327,6 +338,14 @@ class LlamaForCausalLM(nn.Module):
                 module.quantize("q8" if head else quantization, keep_weight=embedding)
 
         return loaded
+
+    def fuse_cpu_ops(self) -> None:
+        """Run rotary + K/V write and SwiGLU's product through the C++ kernels (float32 on
+        CPU, kernels loaded). Qwen3's per-head q/k norm sits between projection and rotary,
+        so its attention keeps the eager ops."""
+        for layer in self.layers:
+            layer.self_attn.fused = layer.self_attn.q_norm is None
+            layer.mlp.fused = True
 
     def weight_keys(self) -> set[str]:
         """Keys :meth:`weight_target` hands out; a complete checkpoint covers all of them."""

@@ -266,6 +266,8 @@ def load_model(
         else:
             embedding = frozenset({"embed_tokens.weight"})
             load_weights(model, folder, _packing(model, quant), embedding)
+    if quant in ("q8", "q4"):
+        model.fuse_cpu_ops()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return LoadedModel(
         model=model,

@@ -58,6 +58,7 @@ async def version(ctx: ServerContext = Depends(context)) -> dict:
             ),
             "dtype": str(loaded.dtype).removeprefix("torch."),
             "quantization": loaded.quantization,
+            "path_reason": loaded.path_reason,
             "device": str(loaded.device),
             "max_model_len": engine.max_model_len,
         }
