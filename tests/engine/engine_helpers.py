@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.engine import LLMEngine
 from inhouse.engine.models.loader import LoadedModel
@@ -111,3 +113,13 @@ def generate(
     for request_id, prompt in prompts.items():
         add(engine, request_id, prompt, params, **kwargs)
     return run_to_end(engine)
+
+
+def _kernels_built() -> bool:
+    from inhouse.engine.kernels.build import load_kernels
+
+    return load_kernels() is not None
+
+
+# The C++ kernels build wherever a C++ compiler exists; without one the eager paths run.
+needs_kernels = pytest.mark.skipif(not _kernels_built(), reason="no C++ compiler for the kernels")

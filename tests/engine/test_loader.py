@@ -18,8 +18,8 @@ from inhouse.engine.models.loader import (
     default_cache_dir,
     file_sha256,
     load_model,
-    resolve_dtype,
 )
+from inhouse.engine.models.precision import resolve_dtype
 
 
 def _llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:

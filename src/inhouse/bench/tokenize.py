@@ -43,10 +43,11 @@ async def probe_token_counter(http: httpx.AsyncClient, model: str) -> ServerToke
     """A counter when the server answers `/tokenize`, otherwise None."""
     counter = ServerTokenCounter(http, model)
     try:
-        await counter.count("hello")
+        counted = await counter.count("hello")
     except (httpx.HTTPError, ValueError, KeyError):
         return None
-    return counter
+    # llama.cpp's /tokenize reads `content`, so our `prompt` comes back as no tokens
+    return counter if counted > 0 else None
 
 
 async def fill_missing_token_counts(

@@ -40,11 +40,23 @@ class AttentionGroup:
 
 
 @dataclass(slots=True)
+class DecodeTables:
+    """A step of one new token per sequence, for the C++ kernel that reads the paged
+    cache in place (no gather, no padding, no mask)."""
+
+    block_tables: torch.Tensor  # [B, W] int64 block ids (rows padded with block 0)
+    context_lens: torch.Tensor  # [B] int64 tokens each sequence attends to, the new one included
+    block_size: int
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     """Everything a layer needs to write and read the paged cache for one step."""
 
     slot_mapping: torch.Tensor  # [T] cache slot for each scheduled token
     groups: list[AttentionGroup]
+    decode: DecodeTables | None = None  # set when the C++ decode kernel runs this step
+    sliding_window: int = 0  # what a sliding layer passes that kernel (0: no window)
 
 
 def write_kv(
@@ -74,6 +86,19 @@ def paged_attention(
     A ``sliding`` layer sees only the last ``sliding_window`` positions (the metadata's).
     """
     num_tokens, num_heads, head_dim = q.shape
+    if meta.decode is not None:
+        d = meta.decode
+        window = meta.sliding_window if sliding else 0
+        return torch.ops.inhouse_cpu.paged_decode_attention(
+            q.contiguous(),
+            k_cache,
+            v_cache,
+            d.block_tables,
+            d.context_lens,
+            d.block_size,
+            scale,
+            window,
+        )
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
     if len(meta.groups) == 1 and meta.groups[0].token_rows is None:
@@ -123,6 +148,7 @@ def build_attention_metadata(
     query_group: int,
     device: torch.device,
     sliding_window: int | None = None,
+    decode_kernel: bool = False,
 ) -> tuple[AttentionMetadata, torch.Tensor]:
     """Metadata and token positions for one step.
 
@@ -131,6 +157,8 @@ def build_attention_metadata(
     one group and multi-token (prefill) entries another, so a long prefill does not
     pad every decode query. ``query_group`` is query heads per KV head. With a
     ``sliding_window`` w, sliding layers let position p see keys p-w+1 .. p (HF's rule).
+    With ``decode_kernel``, a step of single-token entries only is described for the
+    C++ kernel instead (:class:`DecodeTables`).
     """
     starts = [0]
     for n in counts[:-1]:
@@ -144,6 +172,13 @@ def build_attention_metadata(
     )
     decode = [i for i, n in enumerate(counts) if n == 1]
     prefill = [i for i, n in enumerate(counts) if n > 1]
+    if decode_kernel and not prefill:
+        lens = torch.tensor([c + 1 for c in computed])
+        tables_for_kernel = DecodeTables(tables.to(device), lens.to(device), block_size)
+        meta = AttentionMetadata(
+            slot_mapping.to(device), [], tables_for_kernel, sliding_window or 0
+        )
+        return meta, positions.to(device)
     groups = [
         _group(
             members,

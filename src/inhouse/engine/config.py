@@ -8,7 +8,7 @@ from pathlib import Path
 from inhouse.engine.errors import EngineConfigError
 
 MAX_DEFAULT_MODEL_LEN = 8192
-QUANTIZATIONS = ("auto", "none", "fp16")
+QUANTIZATIONS = ("auto", "none", "fp16", "q8", "q4")
 # Share of available memory the KV cache takes when no budget is given.
 DEFAULT_KV_FRACTION_CPU = 0.25
 DEFAULT_KV_FRACTION_CUDA = 0.8
@@ -20,13 +20,13 @@ DEFAULT_KV_CAP_CPU = 4 * 2**30
 class EngineConfig:
     """What to load and how to batch it.
 
-    ``model`` None loads the bundled SmolLM2. ``quantization`` is "auto", "none" or
-    "fp16" (see ``loader.resolve_quantization``). ``max_model_len`` None takes
-    min(the model's max_position_embeddings, 8192). ``kv_cache_memory`` None takes
-    a share of free memory (see ``default_kv_cache_memory``). ``kv_reserve`` is the
-    share of the blocks running sequences still need to reach their length limit that
-    admission keeps free (1: admitted work always finishes without preemption; 0:
-    admit whenever the prompt fits and let preemption sort it out).
+    ``model`` None loads the bundled SmolLM2. ``quantization`` is the weight format:
+    "auto", "none", "fp16", "q8" or "q4" (see ``models.precision.choose_precision``).
+    ``max_model_len`` None takes min(the model's max_position_embeddings, 8192).
+    ``kv_cache_memory`` None takes a share of free memory (see ``default_kv_cache_memory``).
+    ``kv_reserve`` is the share of the blocks running sequences still need to reach their
+    length limit that admission keeps free (1: admitted work always finishes without
+    preemption; 0: admit whenever the prompt fits and let preemption sort it out).
     """
 
     model: str | Path | None = None

@@ -26,6 +26,7 @@ class EngineInfo:
     hf_folder: Path
     dtype: str
     quantization: str
+    path_reason: str  # why this dtype and weight format on this machine
     device: str
     vocab_size: int
     eos_token_ids: frozenset[int]
@@ -46,6 +47,7 @@ class EngineInfo:
             hf_folder=loaded.hf_folder,
             dtype=str(loaded.dtype).removeprefix("torch."),
             quantization=loaded.quantization,
+            path_reason=loaded.path_reason,
             device=str(loaded.device),
             vocab_size=int(loaded.hf_config.vocab_size),
             eos_token_ids=frozenset(loaded.eos_token_ids),

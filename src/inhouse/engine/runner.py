@@ -36,6 +36,11 @@ class ModelRunner:
         self.query_group = args.num_heads // args.num_kv_heads
         self.sliding_window = args.sliding_window
         self.max_positions = loaded.model.rope_cos.shape[0]
+        self.decode_kernel = (
+            loaded.device.type == "cpu"
+            and loaded.dtype == torch.float32
+            and loaded.quantization in ("q8", "q4")
+        )
         shape = (args.num_layers, 2, num_blocks * block_size, args.num_kv_heads, args.head_dim)
         self.kv_cache = _zeroed(shape, loaded.dtype, loaded.device)
         self.kv_bytes_per_token = (
@@ -75,6 +80,7 @@ class ModelRunner:
             self.query_group,
             self.device,
             self.sliding_window,
+            self.decode_kernel,
         )
         input_ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
         last_rows = torch.tensor(counts).cumsum(0).sub_(1).to(self.device)

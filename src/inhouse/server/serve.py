@@ -132,12 +132,14 @@ def _announce(ctx, host: str, port: int) -> None:
     if ctx.load_error:
         typer.echo(ctx.load_error, err=True)
         return
+    from inhouse.engine.models.precision import WEIGHT_FORMATS
+
     info = ctx.engine.info
     budget = info.budget
-    weights = "float16, packed" if info.quantization == "fp16" else "as the dtype"
     rows = [
         ("model", ctx.model_name),
-        ("dtype", f"{info.dtype} (weights {weights})"),
+        ("dtype", f"{info.dtype} (weights {WEIGHT_FORMATS[info.quantization]})"),
+        ("why", info.path_reason),
         ("max model len", f"{budget.max_model_len} tokens"),
         ("KV cache", f"{budget.kv_cache_memory / 2**20:.1f} MiB ({budget.reason})"),
         ("KV blocks", f"{budget.num_blocks} x {budget.block_size} tokens"),

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inhouse.engine.attention import AttentionMetadata, paged_attention, write_kv
+from inhouse.engine.kernels import quant
 
 SUPPORTED_ARCHITECTURES = frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
@@ -112,7 +113,9 @@ class Linear(nn.Module):
 
     After :meth:`pack_fp16` the weight lives as fbgemm's packed float16 matrix and the
     product runs in float32 on it: half the bytes per weight of float32, with AVX2
-    kernels, which is what decides decode speed on a CPU without native bf16.
+    kernels. After :meth:`quantize` it lives in 32-weight blocks of int8 or 4-bit codes
+    (see :mod:`inhouse.engine.kernels.quant`) multiplied by our C++ kernels. The bytes a
+    decode step streams are what decide its speed on a CPU.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, like: dict) -> None:
@@ -120,6 +123,7 @@ class Linear(nn.Module):
         self.weight = _empty(out_features, in_features, like=like)
         self.bias = _empty(out_features, like=like) if bias else None
         self.packed: torch.ScriptObject | None = None
+        self.quantized: quant.QuantizedWeight | None = None
 
     def pack_fp16(self, keep_weight: bool = False) -> None:
         """Pack the weight for float16-weight float32-compute products (CPU, fbgemm)."""
@@ -128,7 +132,17 @@ class Linear(nn.Module):
         if not keep_weight:
             self.weight = None
 
+    def quantize(self, kind: str, keep_weight: bool = False) -> None:
+        """Hold the weight in block format ``kind`` ("q8" or "q4") for the C++ kernels."""
+        self.quantized = quant.quantize(self.weight.data, kind)
+        if self.bias is not None:
+            self.bias = nn.Parameter(self.bias.data.float(), requires_grad=False)
+        if not keep_weight:
+            self.weight = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return quant.linear(x, self.quantized, self.bias)
         if self.packed is not None:
             return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
         return F.linear(x, self.weight, self.bias)
@@ -171,6 +185,7 @@ class Attention(nn.Module):
         self.o_proj = Linear(q_size, args.hidden_size, args.o_bias, weights)
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps, like) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps, like) if args.qk_norm else None
+        self.fused = False  # rotary + K/V write by the C++ kernel (see fuse_cpu_ops)
 
     def forward(
         self,
@@ -183,6 +198,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         heads, kv_heads = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(-1, heads + 2 * kv_heads, self.head_dim)
+        if self.fused:
+            cos, sin = cos.view(-1, self.head_dim), sin.view(-1, self.head_dim)
+            q = torch.ops.inhouse_cpu.rope_write_kv(
+                qkv, cos, sin, k_cache, v_cache, meta.slot_mapping, heads
+            )
+            attended = paged_attention(q, k_cache, v_cache, meta, self.scale, self.sliding)
+            return self.o_proj(attended)
         qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
@@ -199,8 +221,11 @@ class MLP(nn.Module):
         self.intermediate = args.intermediate_size
         self.gate_up_proj = Linear(args.hidden_size, 2 * self.intermediate, args.mlp_bias, weights)
         self.down_proj = Linear(self.intermediate, args.hidden_size, args.mlp_bias, weights)
+        self.fused = False  # silu(gate) * up by the C++ kernel (see fuse_cpu_ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return self.down_proj(torch.ops.inhouse_cpu.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -286,10 +311,12 @@ class LlamaForCausalLM(nn.Module):
         h = self.norm(h[logit_rows])
         return self.lm_head(h).float()
 
-    def fp16_packer(self) -> Callable[[str], None]:
-        """A loader callback that packs each projection (see :meth:`Linear.pack_fp16`) as
-        soon as the last of its checkpoint parts is in, so loading never holds every
-        projection twice. A tied embedding keeps its table for lookups."""
+    def packer(self, quantization: str) -> Callable[[str], None]:
+        """A loader callback that packs each projection as soon as the last of its
+        checkpoint parts is in, so loading never holds every projection twice:
+        "fp16" by :meth:`Linear.pack_fp16`, "q8"/"q4" by :meth:`Linear.quantize` (the
+        embedding/LM head always q8; a projection whose width is not a multiple of 32
+        stays as loaded). A tied embedding keeps its table for lookups."""
         waiting: dict[str, set[str]] = {}
         for key in self.weight_keys():
             waiting.setdefault(_module_of(key), set()).add(key)
@@ -301,12 +328,24 @@ class LlamaForCausalLM(nn.Module):
             parts.discard(key)
             if parts or not isinstance(module, Linear):
                 return
-            if module is not self.embed_tokens:
-                module.pack_fp16()
-            elif self.args.tie_word_embeddings:
-                module.pack_fp16(keep_weight=True)
+            embedding = module is self.embed_tokens
+            if embedding and not self.args.tie_word_embeddings:
+                return
+            if quantization == "fp16":
+                module.pack_fp16(keep_weight=embedding)
+            elif quant.quantizable(module.weight.shape[1]):
+                head = module is self.lm_head
+                module.quantize("q8" if head else quantization, keep_weight=embedding)
 
         return loaded
+
+    def fuse_cpu_ops(self) -> None:
+        """Run rotary + K/V write and SwiGLU's product through the C++ kernels (float32 on
+        CPU, kernels loaded). Qwen3's per-head q/k norm sits between projection and rotary,
+        so its attention keeps the eager ops."""
+        for layer in self.layers:
+            layer.self_attn.fused = layer.self_attn.q_norm is None
+            layer.mlp.fused = True
 
     def weight_keys(self) -> set[str]:
         """Keys :meth:`weight_target` hands out; a complete checkpoint covers all of them."""

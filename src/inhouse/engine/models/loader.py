@@ -18,12 +18,9 @@ from typing import Any, BinaryIO
 
 import torch
 
-from inhouse.engine.config import QUANTIZATIONS
 from inhouse.engine.models.gguf_convert import convert_gguf
 from inhouse.engine.models.llama import LlamaArgs, LlamaForCausalLM
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+from inhouse.engine.models.precision import choose_precision
 
 
 class ModelSourceError(ValueError):
@@ -46,58 +43,13 @@ class LoadedModel:
     dtype: torch.dtype  # activations and KV cache
     device: torch.device
     hf_folder: Path
-    quantization: str = "none"  # "fp16": projections packed as float16 (see resolve_quantization)
+    quantization: str = "none"  # weight format: none, fp16, q8 or q4 (see precision.py)
+    path_reason: str = ""  # why this dtype and weight format were chosen on this machine
 
 
 def default_cache_dir() -> Path:
     """``$INHOUSE_CACHE``, else ``~/.cache/inhouse``."""
     return Path(os.environ.get("INHOUSE_CACHE") or Path.home() / ".cache" / "inhouse")
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """ "auto" -> bf16 on CUDA with bf16 or a CPU with avx512_bf16/amx_bf16, else fp32."""
-    name = _DTYPE_ALIASES.get(name, name)
-    if name in _DTYPES:
-        return _DTYPES[name]
-    if name != "auto":
-        raise ValueError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if _cpu_has_bf16() else torch.float32
-
-
-def resolve_quantization(
-    name: str, dtype_name: str, dtype: torch.dtype, device: torch.device
-) -> str:
-    """ "none" or "fp16" (weights stored as float16, products in float32 by fbgemm on CPU).
-
-    "auto" picks fp16 exactly when the dtype was left to "auto" and came out float32 on
-    a CPU: there it halves the bytes every decode step streams, which sets CPU decode
-    speed. An explicit ``--dtype float32`` keeps exact float32 weights.
-    """
-    if name not in QUANTIZATIONS:
-        raise ValueError(f"unknown quantization {name!r}; use {', '.join(QUANTIZATIONS)}")
-    usable = (
-        device.type == "cpu"
-        and dtype == torch.float32
-        and "fbgemm" in torch.backends.quantized.supported_engines
-    )
-    if name == "fp16" and not usable:
-        raise ValueError(
-            "quantization fp16 needs a CPU with fbgemm (x86) and float32 activations, "
-            f"not {device.type} with {dtype}"
-        )
-    if name == "auto":
-        return "fp16" if usable and _DTYPE_ALIASES.get(dtype_name, dtype_name) == "auto" else "none"
-    return name
-
-
-def _cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def file_sha256(path: Path) -> str:
@@ -246,11 +198,11 @@ def _read_tensor(f: BinaryIO, target: torch.Tensor, info: dict[str, Any], what: 
         target.copy_(raw.view(dtype).view(target.shape))
 
 
-def _packing(model: LlamaForCausalLM) -> Callable[[str], None]:
-    """The model's fp16 packer, handing glibc's freed packing temporaries back to the
-    system after each tensor, so the resident size tracks the model (peak ~860 MB for
-    the bundled model instead of ~1.1 GB)."""
-    pack = model.fp16_packer()
+def _packing(model: LlamaForCausalLM, quantization: str) -> Callable[[str], None]:
+    """The model's packer (see :meth:`LlamaForCausalLM.packer`), handing glibc's freed
+    packing temporaries back to the system after each tensor, so the resident size
+    tracks the model (peak ~860 MB for the bundled model with fp16 instead of ~1.1 GB)."""
+    pack = model.packer(quantization)
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     trim = getattr(libc, "malloc_trim", None)
 
@@ -295,23 +247,27 @@ def load_model(
 ) -> LoadedModel:
     """Load ``source`` (None = bundled SmolLM2 GGUF, a .gguf file, or an HF folder).
 
-    With ``quantization`` "fp16" (or "auto" resolving to it) the projections are read
-    straight into float16 and packed, so loading never holds a float32 copy.
+    ``dtype`` and ``quantization`` are resolved by :func:`choose_precision`. Packed or
+    quantized projections are converted one by one as they load (fp16 ones read straight
+    into float16), so loading never holds every projection twice.
     """
     from transformers import AutoConfig, AutoTokenizer
 
     dev = torch.device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
-    quant = resolve_quantization(quantization, dtype, torch_dtype, dev)
+    precision = choose_precision(dtype, quantization, dev)
+    torch_dtype, quant = precision.dtype, precision.quantization
     folder, path, sha, model_id = _resolve(source, cache_dir or default_cache_dir())
     hf_config = AutoConfig.from_pretrained(folder)
     weight_dtype = torch.float16 if quant == "fp16" else None
     model = build_model(hf_config, torch_dtype, dev, weight_dtype)
     with torch.no_grad():
-        if quant == "fp16":
-            load_weights(model, folder, _packing(model), frozenset({"embed_tokens.weight"}))
-        else:
+        if quant == "none":
             load_weights(model, folder)
+        else:
+            embedding = frozenset({"embed_tokens.weight"})
+            load_weights(model, folder, _packing(model, quant), embedding)
+    if quant in ("q8", "q4"):
+        model.fuse_cpu_ops()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return LoadedModel(
         model=model,
@@ -327,4 +283,5 @@ def load_model(
         device=dev,
         hf_folder=folder,
         quantization=quant,
+        path_reason=precision.reason,
     )

@@ -1,0 +1,134 @@
+"""Build and load the C++ CPU kernels (``cpu_kernels.cpp``) once per machine.
+
+The library is compiled with the system C++ compiler for this CPU (``-march=native``:
+AVX2 code on an AVX2 host, AVX-512 code where the CPU has it) and cached under
+``$INHOUSE_CACHE/kernels/<digest>``, the digest covering the source, torch's version,
+the compiler and the CPU's flags, so a warm start only loads it. Without a compiler,
+or when the build fails, :func:`load_kernels` returns None and says why once; the
+engine then keeps its eager torch path.
+
+``python -m inhouse.engine.kernels.build`` builds it ahead of time (``make`` does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+_SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16")
+
+
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """The loaded library: where it lives and the SIMD level it was compiled for."""
+
+    path: Path
+    isa: str  # "avx512", "avx2" or "scalar"
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The SIMD flags this CPU reports (empty when /proc/cpuinfo is unreadable)."""
+    try:
+        words = cpuinfo.read_text().split()
+    except OSError:
+        return frozenset()
+    return frozenset(w for w in words if w in _SIMD_FLAGS)
+
+
+def isa_of(flags: frozenset[str]) -> str:
+    """The instruction set the kernels compile to with ``-march=native`` on these flags."""
+    if {"avx512f", "avx512bw", "avx512vl", "fma"} <= flags:
+        return "avx512"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return "scalar"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _command(compiler: str, out: Path) -> list[str]:
+    from torch.utils.cpp_extension import include_paths
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    torch_lib = Path(torch.__file__).parent / "lib"
+    return [
+        compiler,
+        "-O3",
+        "-march=native",
+        "-fopenmp",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        *(f"-I{p}" for p in include_paths()),
+        str(SOURCE),
+        f"-L{torch_lib}",
+        "-lc10",
+        "-ltorch_cpu",
+        f"-Wl,-rpath,{torch_lib}",
+        "-o",
+        str(out),
+    ]
+
+
+def _digest(compiler: str, flags: frozenset[str]) -> str:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    for part in (torch.__version__, version, " ".join(sorted(flags)), sys.version):
+        digest.update(part.encode())
+    return digest.hexdigest()[:16]
+
+
+def build(cache_dir: Path) -> Kernels:
+    """Compile the library unless a build for this machine is cached; raises on failure."""
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++ or $CXX) found")
+    flags = cpu_flags()
+    folder = cache_dir / "kernels" / _digest(compiler, flags)
+    library = folder / "inhouse_cpu_kernels.so"
+    if not library.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"build-{os.getpid()}.so"
+        result = subprocess.run(_command(compiler, tmp), capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"compiling {SOURCE.name} failed:\n{result.stderr[-2000:]}")
+        tmp.rename(library)
+    return Kernels(library, isa_of(flags))
+
+
+@cache
+def load_kernels() -> Kernels | None:
+    """The kernels, built if needed and registered as ``torch.ops.inhouse_cpu``; None (said
+    once in the log) when this machine cannot build them."""
+    from inhouse.engine.models.loader import default_cache_dir
+
+    if os.environ.get("INHOUSE_NO_KERNELS"):
+        log.warning("C++ CPU kernels disabled by INHOUSE_NO_KERNELS: eager torch path")
+        return None
+    try:
+        kernels = build(default_cache_dir())
+        torch.ops.load_library(str(kernels.path))
+    except (OSError, RuntimeError) as err:
+        log.warning("C++ CPU kernels unavailable (%s): eager torch path", err)
+        return None
+    return kernels
+
+
+if __name__ == "__main__":
+    built = load_kernels()
+    print(f"inhouse CPU kernels: {built.path} ({built.isa})" if built else "no CPU kernels")
+    sys.exit(0 if built else 1)

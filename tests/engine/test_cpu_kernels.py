@@ -1,0 +1,230 @@
+"""The C++ CPU kernels and the path chosen per machine.
+
+The kernels are checked against plain torch on the same (de)quantized numbers; the
+models that use them against HF transformers on the same dequantized weights (see
+``assert_greedy_consistent``: activations are quantized per 32 values as llama.cpp does,
+so near-ties may break either way). The path choice is checked for every machine kind
+by handing it the kernels such a machine would build.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+from engine_helpers import needs_kernels
+from test_fp16_weights import assert_greedy_consistent
+from test_model_equality import runner_greedy
+
+from inhouse.engine.config import EngineConfig
+from inhouse.engine.errors import EngineConfigError
+from inhouse.engine.kernels import build as kernel_build
+from inhouse.engine.kernels.build import Kernels, isa_of
+from inhouse.engine.kernels.quant import dequantize, linear, quantize
+from inhouse.engine.models.loader import load_model
+from inhouse.engine.models.precision import choose_precision
+from inhouse.engine.runner import ModelRunner
+
+CPU = torch.device("cpu")
+# Logit gap to HF's best that a greedy pick may show (activations rounded to int8 blocks;
+# SmolLM2's first answer token is a 0.09-logit near-tie), and the share of steps that must
+# be HF's argmax exactly: 95% for the real model; the tiny random models' logits are
+# nearly flat, so more of their steps are near-ties.
+TOLERANCE = 0.25
+TINY_EXACT_SHARE = 0.85
+
+
+def _activation_roundtrip(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels see it: int8 in blocks of 32 with scale max|x| / 127."""
+    groups = x.reshape(*x.shape[:-1], -1, 32)
+    scale = groups.abs().amax(-1, keepdim=True) / 127
+    codes = torch.where(scale > 0, groups / scale, torch.zeros_like(groups)).round()
+    return (codes * scale).reshape(x.shape)
+
+
+def test_quantizing_gguf_blocks_gives_them_back() -> None:
+    gen = torch.Generator().manual_seed(0)
+    scales = torch.rand(8, 4, 1, generator=gen) * 0.1
+    low = -torch.rand(8, 4, 1, generator=gen)
+    codes = torch.randint(0, 16, (8, 4, 32), generator=gen).float()
+    codes[..., 0], codes[..., 1] = 0, 15  # llama.cpp's Q4_1 blocks span their range
+    q4_weights = (codes * scales + low).reshape(8, 128)
+    assert torch.allclose(dequantize(quantize(q4_weights, "q4")), q4_weights, atol=1e-6)
+    q8_codes = torch.randint(-127, 128, (8, 4, 32), generator=gen).float()
+    q8_codes[..., 0] = 127
+    q8_weights = (q8_codes * scales).reshape(8, 128)
+    assert torch.allclose(dequantize(quantize(q8_weights, "q8")), q8_weights, atol=1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["q8", "q4"])
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_linear_kernels_match_torch_on_the_same_numbers(kind: str, rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(72, 96, generator=gen) * 0.05
+    bias = torch.randn(72, generator=gen)
+    x = torch.randn(rows, 96, generator=gen)
+    quantized = quantize(weight, kind)
+    expected = F.linear(_activation_roundtrip(x), dequantize(quantized), bias)
+    got = linear(x, quantized, bias)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    # each row is computed alone: a batch gives each row's result bit for bit
+    alone = torch.cat([linear(x[i : i + 1], quantized, bias) for i in range(rows)])
+    assert torch.equal(got, alone)
+
+
+@needs_kernels
+@pytest.mark.parametrize("window", [0, 5])
+def test_paged_decode_attention_matches_sdpa(window: int) -> None:
+    gen = torch.Generator().manual_seed(window)
+    heads, kv_heads, dim, block, lens = 4, 2, 16, 4, [3, 9, 14]
+    k_cache = torch.randn(40, kv_heads, dim, generator=gen)
+    v_cache = torch.randn(40, kv_heads, dim, generator=gen)
+    tables = torch.tensor([[7, 0, 0, 0], [2, 5, 9, 0], [1, 3, 8, 4]])
+    q = torch.randn(len(lens), heads, dim, generator=gen)
+    got = torch.ops.inhouse_cpu.paged_decode_attention(
+        q, k_cache, v_cache, tables, torch.tensor(lens), block, 0.25, window
+    )
+    for b, n in enumerate(lens):
+        slots = torch.tensor([int(tables[b, t // block]) * block + t % block for t in range(n)])
+        if window:
+            slots = slots[-window:]
+        k = k_cache[slots].repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
+        v = v_cache[slots].repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
+        ref = F.scaled_dot_product_attention(q[b][:, None], k, v, scale=0.25)
+        torch.testing.assert_close(got[b], ref.reshape(-1), atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+def test_fused_rotary_kv_write_and_swiglu_match_the_eager_ops() -> None:
+    from inhouse.engine.models.llama import _rotate
+
+    gen = torch.Generator().manual_seed(1)
+    heads, kv_heads, dim, tokens = 4, 2, 16, 3
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, dim, generator=gen)
+    cos, sin = torch.randn(tokens, dim, generator=gen), torch.randn(tokens, dim, generator=gen)
+    k_cache, v_cache = torch.zeros(10, kv_heads, dim), torch.zeros(10, kv_heads, dim)
+    slots = torch.tensor([7, 2, 5])
+    q = torch.ops.inhouse_cpu.rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads)
+    rotated = _rotate(qkv[:, : heads + kv_heads], cos[:, None], sin[:, None])
+    torch.testing.assert_close(q, rotated[:, :heads])
+    torch.testing.assert_close(k_cache[slots], rotated[:, heads:])
+    assert torch.equal(v_cache[slots], qkv[:, heads + kv_heads :])
+    gate_up = torch.randn(tokens, 2 * 24, generator=gen)
+    gate, up = gate_up.split(24, dim=-1)
+    torch.testing.assert_close(torch.ops.inhouse_cpu.silu_mul(gate_up), F.silu(gate) * up)
+
+
+def hf_with_quantized_weights(folder, kind: str):
+    """HF's model in float32 with every projection as our kernels hold it (LM head q8)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if param.dim() == 2 and param.shape[1] % 32 == 0:
+                head = "embed_tokens" in name or "lm_head" in name
+                param.copy_(dequantize(quantize(param, "q8" if head else kind)))
+    return hf
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["q8", "q4"])
+@pytest.mark.parametrize("folder_fixture", ["tiny_llama_folder", "tiny_qwen3_folder"])
+def test_tiny_models_with_quantized_weights_agree_with_hf(kind, folder_fixture, request) -> None:
+    folder = request.getfixturevalue(folder_fixture)
+    loaded = load_model(folder, quantization=kind)
+    assert (loaded.quantization, loaded.dtype) == (kind, torch.float32)
+    runner = ModelRunner(loaded, num_blocks=64, block_size=4)
+    assert runner.decode_kernel
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 384) for _ in range(n)] for n in (5, 12, 29)]
+    ours = runner_greedy(runner, prompts, new_tokens=24)
+    hf = hf_with_quantized_weights(folder, kind)
+    assert_greedy_consistent(hf, prompts, ours, TOLERANCE, TINY_EXACT_SHARE)
+
+
+@needs_kernels
+@pytest.mark.slow
+def test_bundled_model_with_q8_weights_agrees_with_hf(bundled_model_q8) -> None:
+    tok = bundled_model_q8.tokenizer
+    questions = ["What is the capital of France?", "Explain why the sky is blue."]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+        )
+        for q in questions
+    ]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    ours = runner_greedy(ModelRunner(bundled_model_q8, num_blocks=64, block_size=16), prompts, 48)
+    hf = hf_with_quantized_weights(bundled_model_q8.hf_folder, "q8")
+    assert_greedy_consistent(hf, prompts, ours, TOLERANCE)
+
+
+def _kernels(isa: str):
+    return lambda: Kernels(kernel_build.SOURCE, isa)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_auto_takes_q8_wherever_the_kernels_build(isa: str) -> None:
+    chosen = choose_precision("auto", "auto", CPU, _kernels(isa))
+    assert (chosen.dtype, chosen.quantization) == (torch.float32, "q8")
+    assert isa in chosen.reason
+    q4 = choose_precision("auto", "q4", CPU, _kernels(isa))
+    assert (q4.dtype, q4.quantization) == (torch.float32, "q4")
+
+
+def test_without_kernels_auto_falls_back_and_explicit_formats_fail_clearly() -> None:
+    def none():
+        return None
+
+    fallback = choose_precision("auto", "auto", CPU, none)
+    assert (fallback.dtype, fallback.quantization) == (torch.float32, "fp16")
+    assert "no C++ kernels" in fallback.reason
+    with pytest.raises(ValueError, match="needs the C\\+\\+ CPU kernels"):
+        choose_precision("auto", "q8", CPU, none)
+    with pytest.raises(EngineConfigError, match="unknown quantization"):
+        EngineConfig(quantization="int3")
+
+
+def test_explicit_dtypes_keep_exact_weights_or_refuse_weight_formats() -> None:
+    kernels = _kernels("avx2")
+    exact = choose_precision("float32", "auto", CPU, kernels)
+    assert (exact.dtype, exact.quantization) == (torch.float32, "none")
+    bf16 = choose_precision("bfloat16", "auto", CPU, kernels)
+    assert (bf16.dtype, bf16.quantization) == (torch.bfloat16, "none")
+    for kind in ("q8", "q4", "fp16"):
+        with pytest.raises(ValueError, match="float32 activations"):
+            choose_precision("bfloat16", kind, CPU, kernels)
+        with pytest.raises(ValueError, match="CPU only"):
+            choose_precision("auto", kind, torch.device("cuda"), kernels)
+    fp16 = choose_precision("auto", "fp16", CPU, kernels)  # float32 activations, any CPU
+    assert (fp16.dtype, fp16.quantization) == (torch.float32, "fp16")
+
+
+def test_isa_follows_the_cpu_flags() -> None:
+    zen4 = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
+    assert isa_of(zen4) == "avx512"
+    assert isa_of(frozenset({"avx2", "fma"})) == "avx2"
+    assert isa_of(frozenset()) == "scalar"
+
+
+@needs_kernels
+def test_the_library_is_built_once_then_loaded_from_cache(monkeypatch) -> None:
+    from inhouse.engine.models.loader import default_cache_dir
+
+    first = kernel_build.build(default_cache_dir())
+    compiles = []
+    real_run = subprocess.run
+
+    def counting(command, *args, **kwargs):
+        if str(kernel_build.SOURCE) in command:
+            compiles.append(command)
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(kernel_build.subprocess, "run", counting)
+    assert kernel_build.build(default_cache_dir()) == first
+    assert compiles == []
