@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from inhouse.plan.capacity import default_overhead_bytes
 from inhouse.launch.emit import plan_flags
+from inhouse.plan.capacity import default_overhead_bytes
 from inhouse.plan.planner import Plan, PlanInputs, make_plan
 from inhouse.plan.source import load_model
 from inhouse.plan.units import GIB, MIB, parse_bytes

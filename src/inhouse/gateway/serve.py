@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 from inhouse.gateway.config import GatewayConfig
 
+if TYPE_CHECKING:
+    import uvicorn
 
-def run_gateway(config: GatewayConfig) -> None:
-    """Build the gateway from its config and serve it until interrupted."""
+
+def gateway_server(config: GatewayConfig) -> uvicorn.Server:
+    """The gateway as a uvicorn server (`inhouse up` stops it when no replica starts)."""
     import uvicorn
 
     from inhouse.gateway.access_log import AccessLog
@@ -16,6 +20,14 @@ def run_gateway(config: GatewayConfig) -> None:
 
     access_log = AccessLog() if config.access_log else None
     app = create_app(build_gateway(config), access_log)
+    settings = uvicorn.Config(
+        app, host=config.host, port=config.port, log_level="info", access_log=False
+    )
+    return uvicorn.Server(settings)
+
+
+def run_gateway(config: GatewayConfig, server: uvicorn.Server | None = None) -> None:
+    """Serve the gateway until interrupted (or until `server.should_exit` is set)."""
     # uvicorn re-raises Ctrl-C after its graceful shutdown (audit rows are flushed by then).
     with contextlib.suppress(KeyboardInterrupt):
-        uvicorn.run(app, host=config.host, port=config.port, log_level="info", access_log=False)
+        (server or gateway_server(config)).run()

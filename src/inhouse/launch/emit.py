@@ -7,7 +7,6 @@ from inhouse.launch.base import Flags, shell_line
 from inhouse.launch.settings import settings_from_plan
 from inhouse.plan.planner import Plan
 
-
 # The JSON key of each engine's flags (the first two as `inhouse plan --json` always had them).
 JSON_KEYS = {
     "inhouse": "inhouse_serve",

@@ -72,7 +72,8 @@ def plan(
     from inhouse.plan.units import parse_bytes
 
     if emit is not None and emit not in ENGINES:
-        typer.echo(f"inhouse plan: --emit takes one of {', '.join(ENGINES)}, not {emit!r}", err=True)
+        known = ", ".join(ENGINES)
+        typer.echo(f"inhouse plan: --emit takes one of {known}, not {emit!r}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     try:
         inputs = PlanInputs(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from inhouse.plan.capacity import kv_heads_per_gpu
 from inhouse.launch.emit import emit
+from inhouse.plan.capacity import kv_heads_per_gpu
 from inhouse.plan.formats import kv_dtype_bytes
 from inhouse.plan.planner import MAX_NUM_SEQS_SHARE, Plan
 from inhouse.plan.units import GIB, binary, both, count
