@@ -74,6 +74,10 @@ def up_command(
     if chosen is None:
         _fail(f"--engine takes one of {', '.join(ENGINES)}, not {engine!r}")
     assert chosen is not None
+    try:
+        chosen.executable()
+    except EngineMissing as missing:
+        _fail(str(missing))
     if tp > 1 and gpu is None and vram is None:
         _fail("--tp needs --gpu or --vram: tensor parallelism is planned per GPU")
     try:
@@ -82,10 +86,6 @@ def up_command(
     except PlanError as error:
         _fail(str(error))
     chat_name = served_name(model)
-    try:
-        chosen.executable()
-    except EngineMissing as missing:
-        _fail(str(missing))
     with_embeddings = embeddings and chosen.name == "inhouse"
     if embeddings and not with_embeddings:
         typer.echo(f"{chosen.name} replicas serve the chat model only (no embedding model)")
