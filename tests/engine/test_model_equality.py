@@ -8,6 +8,7 @@ itself, so a wrong q/k un-permutation in our converter would show up here.
 
 from __future__ import annotations
 
+import inspect
 import random
 
 import pytest
@@ -41,15 +42,28 @@ def runner_greedy(
     return [s.output_token_ids for s in seqs]
 
 
+def _cache_kwarg() -> str:
+    """transformers 5.24 calls the forward's KV-cache argument ``cache``, earlier ones
+    ``past_key_values``; an unknown name would be swallowed and the cache silently dropped."""
+    from transformers import LlamaForCausalLM
+
+    params = inspect.signature(LlamaForCausalLM.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+_CACHE_KWARG = _cache_kwarg()
+
+
 @torch.inference_mode()
 def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     """HF's forward with its own KV cache, argmax each step, no stopping at EOS."""
-    out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+    device = model.device
+    out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
     tokens = [int(out.logits[0, -1].argmax())]
     while len(tokens) < new_tokens:
         out = model(
-            input_ids=torch.tensor([[tokens[-1]]]),
-            cache=out.past_key_values,
+            input_ids=torch.tensor([[tokens[-1]]], device=device),
+            **{_CACHE_KWARG: out.past_key_values},
             use_cache=True,
         )
         tokens.append(int(out.logits[0, -1].argmax()))
