@@ -90,7 +90,15 @@ def test_emitted_options_are_in_the_real_binarys_help(llama_server: Path) -> Non
     ).stdout
     engine = LlamaCppEngine()
     settings = LaunchSettings(
-        "m.gguf", True, 4096, 8, 2048, None, 32768, kv_dtype="int8", tp=2, gpu=True
+        "m.gguf",
+        gguf=True,
+        max_model_len=4096,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        kv_cache_tokens=32768,
+        kv_dtype="int8",
+        tp=2,
+        gpu=True,
     )
     flags = engine.flags(settings)
     engine.serving_flags(Endpoint("127.0.0.1", 1, "m", "k"), flags)
