@@ -144,6 +144,16 @@ def test_up_exits_when_no_replica_starts(llama_server: Path, tmp_path: Path) -> 
     assert len(pids) == 2 and not any(alive(pid) for pid in pids.values())
 
 
+def test_a_checkpoint_folder_is_refused(llama_server: Path, tmp_path: Path) -> None:
+    config = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
+    config |= {"num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256}
+    config |= {"max_position_embeddings": 2048, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config | {"model_type": "llama"}))
+    up, log = up_process(tmp_path, free_port(), str(tmp_path))
+    assert up.wait(timeout=120) == 2
+    assert "GGUF files only" in log.read_text() and "replica" not in log.read_text()
+
+
 @pytest.fixture(scope="module")
 def up_two(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     tmp_path = tmp_path_factory.mktemp("up")

@@ -85,6 +85,8 @@ def up_command(
         settings = launch_settings(model, inputs, max_model_len, max_num_seqs)
     except PlanError as error:
         _fail(str(error))
+    if chosen.gguf_only and not settings.gguf:
+        _fail(f"{chosen.name} loads GGUF files only; give it a .gguf file")
     chat_name = served_name(model)
     with_embeddings = embeddings and chosen.name == "inhouse"
     if embeddings and not with_embeddings:

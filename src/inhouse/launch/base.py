@@ -86,6 +86,7 @@ class Engine(ABC):
     documented: str  # file under inhouse/launch/documented/ listing its options
     start_timeout_s: float  # how long a cold start may take before it counts as failed
     features: tuple[str, ...] = ("chat", "completions")  # gateway capabilities
+    gguf_only: bool = False  # loads nothing but GGUF files
 
     @abstractmethod
     def executable(self) -> list[str]:

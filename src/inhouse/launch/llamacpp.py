@@ -48,6 +48,7 @@ class LlamaCppEngine(Engine):
     documented = "llama.cpp.txt"
     start_timeout_s = 300.0
     features = ("chat", "completions", "tools", "json_schema")
+    gguf_only = True
 
     def executable(self) -> list[str]:
         binary = find_llama_server()
