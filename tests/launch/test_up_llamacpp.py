@@ -210,6 +210,10 @@ def test_chat_stream_limits_revoke_both_replicas_failover_and_bench(up_two: dict
         admin.chat.completions.create(**ask)
     rows = audit_rows(database, "admin", expect=12)[8:]
     assert [(r["status"], r["backend"]) for r in rows] == [(200, "llama.cpp:2")] * 4
+    deadline = time.monotonic() + 10
+    while "replica llama.cpp:1 exited" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "replica llama.cpp:1 exited with status -9" in log.read_text()
 
     out = home / "bench"
     target = ["--base-url", gateway, "--model", MODEL, "--api-key", up_two["admin"]]

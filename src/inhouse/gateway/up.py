@@ -14,6 +14,7 @@ import secrets
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -35,6 +36,7 @@ ADMIN_KEY = "admin"
 EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"  # the name `inhouse serve` gives its bundled embedder
 EXIT_BAD_INPUT = 2
 EXIT_NO_REPLICA = 1
+WATCH_INTERVAL_S = 1.0
 
 
 def up_command(
@@ -210,7 +212,8 @@ def start_replicas(
 
 
 class StartWatch(threading.Thread):
-    """Reports each replica's start; stops the gateway if none of them started."""
+    """Reports each replica's start, stops the gateway if none of them started, then
+    reports a replica that exits while the gateway runs (the router goes around it)."""
 
     def __init__(self, replicas: list[Replica], server: uvicorn.Server) -> None:
         super().__init__(name="replica-start-watch", daemon=True)
@@ -232,6 +235,17 @@ class StartWatch(threading.Thread):
             typer.echo("inhouse up: no replica started; stopping", err=True)
             self.all_failed = True
             self.server.should_exit = True
+            return
+        running = [r for r in self.replicas if states[r.label] is Health.READY]
+        while running and not self.server.should_exit:
+            for replica in [r for r in running if r.popen.poll() is not None]:
+                running.remove(replica)
+                typer.echo(
+                    f"inhouse up: replica {replica.label} exited with status "
+                    f"{replica.popen.returncode}; the gateway routes around it",
+                    err=True,
+                )
+            time.sleep(WATCH_INTERVAL_S)
 
 
 def served_name(model: str | None) -> str:
