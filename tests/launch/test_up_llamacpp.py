@@ -66,9 +66,11 @@ def backend_states(gateway: str) -> dict[str, str]:
     return {b["name"]: b["state"] for b in backends}
 
 
-def up_process(tmp_path: Path, port: int, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
+def up_process(
+    tmp_path: Path, port: int, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
     log = tmp_path / "up.log"
-    env = {**os.environ, "INHOUSE_HOME": str(tmp_path / "home")}
+    env = {**os.environ, "INHOUSE_HOME": str(tmp_path / "home"), **(env or {})}
     argv = [*inhouse_command(), "up", "--engine", "llama.cpp", "--port", str(port), *args]
     with open(log, "wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -131,8 +133,9 @@ def test_launcher_with_the_real_llama_server(llama_server: Path, tmp_path: Path)
 
 
 def test_up_exits_when_no_replica_starts(llama_server: Path, tmp_path: Path) -> None:
-    broken = truncated_gguf(tmp_path)
-    up, log = up_process(tmp_path, free_port(), "--replicas", "2", str(broken))
+    # llama-server reads LLAMA_ARG_* from the environment: a bad one stops it at start.
+    bad = {"LLAMA_ARG_CACHE_TYPE_K": "bogus"}
+    up, log = up_process(tmp_path, free_port(), "--replicas", "2", env=bad)
     try:
         up.wait(timeout=UP_TIMEOUT_S)
     finally:
@@ -227,7 +230,9 @@ def test_chat_stream_limits_revoke_both_replicas_failover_and_bench(up_two: dict
     )
     summary = json.loads((out / "results.json").read_text())["runs"][0]["summary"]
     assert summary["completed"] == 6 and summary["failed"] == 0
-    assert 0 < summary["ttft"]["p50"] < 10 and 0 < summary["tpot"]["p50"] < 1
+    # Sane, not fast: this 2-core CI machine is shared, so only the order of things is held.
+    assert 0 < summary["ttft"]["p50"] < 30 and 0 < summary["tpot"]["p50"] < 5
+    assert summary["e2e"]["p50"] >= summary["ttft"]["p50"]
     assert summary["output_throughput"] > 1 and summary["total_output_tokens"] >= 6
 
 
