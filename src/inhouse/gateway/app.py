@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import httpx
 from fastapi import FastAPI, Request
@@ -18,14 +19,14 @@ from inhouse.body_limit import BodySizeLimit
 from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.audit import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
-from inhouse.gateway.config import GatewayConfig
-from inhouse.gateway.db import open_database
+from inhouse.gateway.config import GatewayConfig, default_state_dir
+from inhouse.gateway.db import open_database, sqlite_path
 from inhouse.gateway.front import GatewayFront
 from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
 from inhouse.gateway.handler import Gateway, error_response
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.limits import KeyLimiter
-from inhouse.gateway.metrics import GatewayMetrics
+from inhouse.gateway.metrics import GatewayMetrics, scrape_targets
 from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
 
@@ -41,11 +42,21 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
         keys,
         limiter,
         Router(config.models, config.health.interval_s),
-        AuditWriter(engine, config.audit),
-        GatewayMetrics(config.audit.creep_window),
+        AuditWriter(engine, config.audit, journal_dir(config)),
+        GatewayMetrics(config.audit.creep_window, [m.name for m in config.models]),
         UpstreamClients(),
         limits_block=config.shared_limits,
     )
+
+
+def journal_dir(config: GatewayConfig) -> Path:
+    """`audit.journal_dir`, else `<database file>.audit` beside SQLite, else the state dir."""
+    if config.audit.journal_dir is not None:
+        return config.audit.journal_dir
+    db_file = sqlite_path(config.database)
+    if db_file is None:
+        return default_state_dir() / "audit-journal"
+    return db_file.with_name(db_file.name + ".audit")
 
 
 def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySizeLimit:
@@ -71,7 +82,7 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await gateway.drain()
-            await gateway.audit.flush()
+            await gateway.audit.close()
             await health_client.aclose()
             await gateway.upstreams.aclose()
             if access_log is not None:
@@ -96,7 +107,7 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        status, body = gateway.health()
+        status, body = gateway.router.health()
         return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
@@ -105,5 +116,10 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
         for name in gateway.router.routes:
             gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/metrics/targets")
+    async def metrics_targets() -> JSONResponse:
+        """The backends' /metrics for Prometheus' HTTP service discovery (no keys in it)."""
+        return JSONResponse(scrape_targets(gateway.router.all_backends()))
 
     return BodySizeLimit(GatewayFront(gateway, app, access_log), gateway.config.max_request_body)

@@ -1,4 +1,5 @@
-"""Audit log: one row per request, written in batches off the request path.
+"""Audit log: one row per request, journaled before the response and inserted in batches
+off the request path.
 
 Rows never hold a key secret or an Authorization header; prompt and completion
 text only for keys with `log_content`, and then redacted.
@@ -7,20 +8,27 @@ text only for keys with `log_content`, and then redacted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import re
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, case, func, insert, select
+from sqlalchemy import Boolean, Column, Engine, Float, Integer, case, delete, func, insert, select
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from inhouse.gateway.config import AuditSettings
-from inhouse.gateway.db import audit_log
+from inhouse.gateway.db import audit_log, audit_segments
+from inhouse.gateway.journal import REJECTED, Journal, Segment
 
 log = logging.getLogger("inhouse.gateway.audit")
 
-MAX_PENDING = 100_000
+SEGMENT_ROWS = 100_000
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 DEFAULT_REDACTIONS = (
     r"\b(?:ih|sk)-[A-Za-z0-9_\-]{16,}",
     r"(?i)bearer\s+[A-Za-z0-9._\-]+",
@@ -68,43 +76,153 @@ class Redactor:
 
 
 class AuditWriter:
-    """Buffers records and inserts them in batches from a background task."""
+    """Journals each row before the response leaves, and inserts them in batches from a
+    background task (see `journal`). A row the database refuses is logged once and set
+    aside in the journal's `rejected.jsonl`; it never holds back the others. Rows wait in
+    memory for at most two segments of `SEGMENT_ROWS`; older ones are read back from disk."""
 
-    def __init__(self, engine: Engine, settings: AuditSettings) -> None:
+    def __init__(self, engine: Engine, settings: AuditSettings, journal_dir: Path) -> None:
         self._engine = engine
         self._settings = settings
-        self._pending: list[AuditRecord] = []
-        self.dropped = 0
+        self._journal = Journal(journal_dir)
+        self._waiting: deque[Segment] = deque()
+        self._outage_logged = False
+        self.set_aside = 0
 
     def record(self, row: AuditRecord) -> None:
-        """Queue a row; never blocks the request."""
-        if len(self._pending) >= MAX_PENDING:
-            self.dropped += 1
-            return
-        self._pending.append(row)
+        """Append the row to the journal; never blocks on the database."""
+        self._journal.append(clean_row(row))
+
+    def adopt_orphans(self) -> int:
+        """Queue the segments of gateways that died; the number adopted."""
+        orphans = list(self._journal.orphans())
+        self._waiting.extend(orphans)
+        return len(orphans)
 
     async def run(self) -> None:
-        """Flush every `flush_interval_s` until cancelled."""
+        """Adopt orphaned segments, then flush every `flush_interval_s` until cancelled."""
+        if self.adopt_orphans():
+            log.info("audit: replaying %d journal segment(s) left by a stopped gateway",
+                     len(self._waiting))  # fmt: skip
         while True:
-            await asyncio.sleep(self._settings.flush_interval_s)
             await self.flush()
+            await asyncio.sleep(self._settings.flush_interval_s)
 
     async def flush(self) -> None:
-        while self._pending:
-            batch = self._pending[: self._settings.batch_size]
-            del self._pending[: len(batch)]
+        """Commit every closed segment (and the open one) while the database takes them."""
+        if not self._waiting or self._journal.current.count >= SEGMENT_ROWS:
+            segment = self._journal.rotate()
+            if segment is not None:
+                if self._waiting:
+                    segment.rows = None  # read back from disk when its turn comes
+                self._waiting.append(segment)
+        while self._waiting:
             try:
-                await asyncio.to_thread(self._insert, batch)
-            except Exception:
-                log.exception("audit: could not write %d rows; keeping them for retry", len(batch))
-                self._pending[:0] = batch
+                committed = await asyncio.to_thread(self._commit, self._waiting[0])
+            except Exception as exc:  # the loop that writes every later row must go on
+                log.error("audit: could not commit a journal segment (%s)", _reason(exc))
                 return
+            if not committed:
+                return
+            self._waiting.popleft()
 
-    def _insert(self, batch: list[AuditRecord]) -> None:
-        # Plain dicts: dataclasses.asdict deep-copies and cost twice the INSERT itself.
-        rows = [{name: getattr(r, name) for name in _COLUMNS} for r in batch]
+    async def close(self) -> None:
+        """Flush what can be flushed (on shutdown); what cannot stays in the journal."""
+        await self.flush()
+        if not self._waiting:
+            self._journal.close()
+
+    def _commit(self, segment: Segment) -> bool:
+        """Insert a segment's rows with its name; False while the database is unreachable."""
+        rows = segment.read_rows()
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(insert(audit_segments), {"name": segment.name})
+                for start in range(0, len(rows), self._settings.batch_size):
+                    conn.execute(insert(audit_log), rows[start : start + self._settings.batch_size])
+        except OperationalError as exc:
+            if not self._outage_logged:
+                log.error("audit: database unavailable (%s); rows wait in the journal",
+                          _reason(exc))  # fmt: skip
+                self._outage_logged = True
+            return False
+        except IntegrityError:
+            if not self._committed(segment.name):
+                return self._commit_one_by_one(segment, rows)
+        except Exception:
+            return self._commit_one_by_one(segment, rows)
+        self._outage_logged = False
+        self._forget(segment)
+        return True
+
+    def _commit_one_by_one(self, segment: Segment, rows: list[dict[str, Any]]) -> bool:
+        """Insert row by row, setting aside each row the database refuses."""
+        for row in rows:
+            try:
+                with self._engine.begin() as conn:
+                    conn.execute(insert(audit_log), row)
+            except OperationalError:
+                return False
+            except Exception as exc:
+                log.error("audit: a row could not be written (%s); set aside in %s",
+                          _reason(exc), self._journal.directory / REJECTED)  # fmt: skip
+                self._journal.set_aside(row)
+                self.set_aside += 1
         with self._engine.begin() as conn:
-            conn.execute(insert(audit_log), rows)
+            conn.execute(insert(audit_segments), {"name": segment.name})
+        self._forget(segment)
+        return True
+
+    def _committed(self, name: str) -> bool:
+        with self._engine.connect() as conn:
+            found = conn.execute(select(audit_segments).where(audit_segments.c.name == name))
+            return found.first() is not None
+
+    def _forget(self, segment: Segment) -> None:
+        """Delete a committed segment's file, then its name (a name left behind is harmless)."""
+        segment.remove()
+        with contextlib.suppress(SQLAlchemyError), self._engine.begin() as conn:
+            conn.execute(delete(audit_segments).where(audit_segments.c.name == segment.name))
+
+
+def clean_row(row: AuditRecord) -> dict[str, Any]:
+    """The row's values as its columns can hold them: integers clamped to 64 bits, floats
+    finite, strings valid UTF-8 without NUL and cut to the column's length."""
+    return {name: clean(getattr(row, name)) for name, clean in _CLEANERS.items()}
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's error, without the statement or its parameters (which may hold text)."""
+    orig = getattr(exc, "orig", None) or exc
+    return f"{type(orig).__name__}: {str(orig).splitlines()[0][:200] if str(orig) else ''}"
+
+
+def _cleaner(column: Column[Any]) -> Callable[[Any], Any]:
+    """A function that makes any value fit `column` (its null, or zero, when it cannot).
+    `type(v) is int` also turns away bools; the common case costs one check."""
+    missing = None if column.nullable else 0
+    if isinstance(column.type, Boolean):
+        return bool
+    if isinstance(column.type, Integer):
+        return lambda v: min(max(v, INT64_MIN), INT64_MAX) if type(v) is int else missing
+    if isinstance(column.type, Float):
+        return lambda v: float(v) if type(v) in (float, int) and math.isfinite(v) else missing
+    length = getattr(column.type, "length", None)
+
+    def text(value: Any) -> str | None:
+        if value is None:
+            return None
+        if type(value) is not str or not value.isascii():
+            # No lone surrogates: they are not UTF-8.
+            value = str(value).encode("utf-8", "replace").decode("utf-8")
+        if "\x00" in value:  # PostgreSQL text refuses NUL
+            value = value.replace("\x00", "")
+        return value if length is None else value[:length]
+
+    return text
+
+
+_CLEANERS = {name: _cleaner(audit_log.c[name]) for name in _COLUMNS}
 
 
 def recent_rows(

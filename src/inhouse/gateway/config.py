@@ -80,6 +80,12 @@ class ModelRoute:
     queue_max_wait_s: float = 30.0
     default_max_tokens: int = 1024
 
+    def limit(self, name: Literal["max_context", "max_output"]) -> int | None:
+        """The smallest context or output limit its replicas declare, if any declares one."""
+        values = [getattr(b.capabilities, name) for b in self.backends]
+        known = [v for v in values if v is not None]
+        return min(known) if known else None
+
 
 @dataclass(frozen=True, slots=True)
 class HealthSettings:
@@ -95,6 +101,7 @@ class AuditSettings:
     batch_size: int = 200
     redact: tuple[str, ...] = ()
     creep_window: int = 100
+    journal_dir: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +115,7 @@ class GatewayConfig:
     pepper_file: Path | None = None
     shared_limits: bool = False
     request_timeout_s: float = 600.0
+    drain_timeout_s: float = 30.0
     access_log: bool = True
     max_request_body: int = DEFAULT_MAX_BODY_BYTES
     health: HealthSettings = field(default_factory=HealthSettings)
@@ -148,12 +156,13 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
         pepper_file=Path(pepper) if pepper else None,
         shared_limits=bool(gw.get("shared_limits", False)),
         request_timeout_s=float(gw.get("request_timeout_s", 600.0)),
+        drain_timeout_s=float(gw.get("drain_timeout_s", 30.0)),
         access_log=bool(gw.get("access_log", True)),
         max_request_body=_positive_int(
             gw.get("max_request_body", DEFAULT_MAX_BODY_BYTES), "gateway.max_request_body"
         ),
         health=HealthSettings(**health),
-        audit=AuditSettings(**{**audit, "redact": tuple(audit.get("redact", ()))}),
+        audit=_audit_settings(audit),
     )
 
 
@@ -164,6 +173,7 @@ GATEWAY_KEYS = {
     "pepper_file",
     "shared_limits",
     "request_timeout_s",
+    "drain_timeout_s",
     "access_log",
     "max_request_body",
 }
@@ -197,6 +207,17 @@ def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"[{key}] must be a table")
     return value
+
+
+def _audit_settings(audit: dict[str, Any]) -> AuditSettings:
+    journal = audit.get("journal_dir")
+    return AuditSettings(
+        **{
+            **audit,
+            "redact": tuple(audit.get("redact", ())),
+            "journal_dir": Path(journal) if journal else None,
+        }
+    )
 
 
 def _reject_unknown(table: dict[str, Any], where: str, known: set[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sqlalchemy import (
@@ -66,6 +67,14 @@ audit_log = Table(
     Column("completion_text", Text),
 )
 
+# Journal segments whose rows are committed: a segment found on disk after a crash and
+# named here is deleted, not inserted twice (see `journal`).
+audit_segments = Table(
+    "audit_segments",
+    metadata,
+    Column("name", String(64), primary_key=True),
+)
+
 limiter_state = Table(
     "limiter_state",
     metadata,
@@ -75,11 +84,14 @@ limiter_state = Table(
 
 
 def open_database(url: str) -> Engine:
-    """Create the engine and tables; SQLite files get WAL and a busy timeout."""
+    """Create the engine and tables; SQLite files get WAL and a busy timeout, and a new
+    file is created readable by its owner only (SQLite gives its -wal/-shm the same mode)."""
     parsed = make_url(url)
     is_sqlite = parsed.get_backend_name() == "sqlite"
-    if is_sqlite and parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    path = sqlite_path(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
     engine = create_engine(url, connect_args={"timeout": 30} if is_sqlite else {})
     if is_sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)

@@ -55,7 +55,7 @@ class GatewayFront:
                     authorization = value.decode("latin-1")
                     break
             body = await read_body(receive)
-            response = await self._gateway.handle(authorization, body, endpoint)
+            response = await self._gateway.handle(authorization, body, endpoint, receive)
         else:
             response = PlainTextResponse("Method Not Allowed", 405, headers={"allow": "POST"})
         await response(scope, receive, send)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
 
 from inhouse.api.errors import (
     APIError,
@@ -24,13 +26,14 @@ from inhouse.api.errors import (
     service_unavailable,
 )
 from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
-from inhouse.gateway.backends import BackendState
 from inhouse.gateway.config import GatewayConfig, ModelRoute
 from inhouse.gateway.keys import ApiKey, AuthError, KeyStore
-from inhouse.gateway.limits import Admission, KeyLimiter, quota_refusal
+from inhouse.gateway.limits import Admission, KeyLimiter, limit_error, quota_refusal
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.needs import BadRequest, Needs, read_needs
 from inhouse.gateway.proxy import (
+    Forward,
+    LeaveWatch,
     Outcome,
     RelayResponse,
     UpstreamClients,
@@ -39,8 +42,13 @@ from inhouse.gateway.proxy import (
     relay_events,
 )
 from inhouse.gateway.routing import Lease, Overloaded, Router
+from inhouse.gateway.tokens import budget
+from inhouse.http1 import Response as UpstreamResponse
 
 T = TypeVar("T")
+CLIENT_CLOSED = 499  # nginx's "client closed request"
+SHUTTING_DOWN = service_unavailable("the gateway is shutting down; retry on another replica")
+DRAIN_SETTLE_S = 2.0
 log = logging.getLogger("inhouse.gateway")
 AUTH_MESSAGES = {
     "missing": "Missing API key: send it as 'Authorization: Bearer <key>'.",
@@ -58,6 +66,8 @@ class Call:
     route: ModelRoute
     endpoint: str
     needs: Needs
+    prompt: int
+    output_cap: int
     reserve: int
     stream: bool
     ts: float
@@ -65,6 +75,8 @@ class Call:
     headers: dict[str, str]
     prompt_text: str | None
     lease: Lease | None = None
+    settled: bool = False
+    client_left: bool = False
 
 
 class Gateway:
@@ -91,6 +103,7 @@ class Gateway:
         self._limits_block = limits_block
         self._redact = Redactor(config.audit.redact)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.active = 0  # admitted requests not yet settled
 
     async def authenticate(self, header: str) -> ApiKey:
         """The live key named by an Authorization header, or a 401 APIError."""
@@ -103,8 +116,13 @@ class Gateway:
         except AuthError as err:
             raise authentication_error(AUTH_MESSAGES[err.reason]) from None
 
-    async def handle(self, authorization: str, raw: bytes, endpoint: str) -> Response:
-        """Answer one OpenAI API call (its Authorization header and body) on behalf of a key."""
+    async def handle(
+        self, authorization: str, raw: bytes, endpoint: str, receive: Receive | None = None
+    ) -> Response:
+        """Answer one OpenAI API call (its Authorization header and body) on behalf of a key.
+
+        With `receive`, a non-streamed request whose client disconnects is cancelled upstream.
+        """
         ts, started = time.time(), time.perf_counter()
         key: ApiKey | None = None
         model: str | None = None
@@ -125,30 +143,78 @@ class Gateway:
             )
         except APIError as err:
             return self._refuse(err, key, model, endpoint, ts, started)
-        reserve = needs.reserve(route.default_max_tokens)
+        prompt, cap = await budget(self.upstreams, self.router, key, route, endpoint, body, needs)
+        reserve = needs.reserve(prompt, cap)
         admission = await self._limits(self.limiter.admit, key, reserve)
         if admission.allowed and key.quota_tokens is not None:
             admission = await self._reserve_quota(key, reserve, ts, admission.headers)
         if not admission.allowed:
-            err = _limit_error(admission.reason or "requests", admission.message)
+            err = limit_error(admission.reason or "requests", admission.message)
             return self._refuse(
                 err, key, model, endpoint, ts, started, admission.headers, admission.retry_after_s
             )
-        self.metrics.observe_prompt(route.name, needs.prompt_tokens)
         call = Call(
-            key, route, endpoint, needs, reserve, bool(body.get("stream")), ts, started,
-            admission.headers, self._prompt_text(key, body),
+            key, route, endpoint, needs, prompt, cap, reserve, bool(body.get("stream")), ts,
+            started, admission.headers, self._prompt_text(key, body),
         )  # fmt: skip
+        self.active += 1
         try:
-            return await self._forward(call, body)
+            return await self._forward(call, body, receive)
         except Exception:  # a bug must not leak the key's slots: answer 500 and settle
             log.exception("gateway: request to model %r failed", route.name)
+            if call.settled:
+                return error_response(server_error(), call.headers)
             return await self._fail(call, Outcome(), server_error(), None)
 
-    async def _forward(self, call: Call, body: dict[str, Any]) -> Response:
-        tried: set[int] = set()
+    async def _forward(self, call: Call, body: dict[str, Any], receive: Receive | None) -> Response:
         outcome = Outcome()
         stack = contextlib.AsyncExitStack()
+        watch: LeaveWatch | None = None
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s) as deadline:
+                if receive is not None and not call.stream:
+                    watch = LeaveWatch(receive, deadline, functools.partial(_left, call))
+                opened = await self._open(call, body, outcome, stack)
+                if isinstance(opened, Response):
+                    return opened
+                upstream, forward = opened
+                if outcome.status == 200 and call.stream:
+                    if call.key.log_content:
+                        outcome.text = []
+                    strip = not forward.client_wants_usage
+                    chunks = relay_events(upstream.iter_body(), outcome, strip)
+                    settle = functools.partial(self._settle, call, outcome)
+                    return RelayResponse(chunks, stack, settle, call.headers)
+                answer = await upstream.read()
+        except (OSError, TimeoutError) as exc:
+            await stack.aclose()
+            if call.client_left and not call.settled:  # answered to nobody: the client left
+                outcome.status, outcome.error_type = CLIENT_CLOSED, "client_disconnected"
+                outcome.completed = True
+                self._settle_soon(call, outcome)
+                return Response(status_code=CLIENT_CLOSED)
+            return await self._fail(call, outcome, _upstream_error(exc), None)
+        except asyncio.CancelledError:  # shutdown past its drain deadline: the request ends
+            await stack.aclose()
+            if call.settled:
+                raise
+            return await self._fail(call, outcome, SHUTTING_DOWN, None)
+        finally:
+            if watch is not None:
+                watch.stop()
+        await stack.aclose()
+        read_answer(answer, outcome, call.key.log_content)
+        outcome.completed = True
+        self._settle_soon(call, outcome)
+        media = upstream.headers.get("content-type", "application/json")
+        return Response(answer, outcome.status, headers=call.headers, media_type=media)
+
+    async def _open(
+        self, call: Call, body: dict[str, Any], outcome: Outcome, stack: contextlib.AsyncExitStack
+    ) -> tuple[UpstreamResponse, Forward] | Response:
+        """Send the request to a replica (skipping those that refuse the connection) or the
+        fallback; its response, or the error response when none can take it."""
+        tried: set[int] = set()
         while True:
             try:
                 call.lease = await self.router.acquire(
@@ -159,11 +225,10 @@ class Gateway:
             lease = call.lease
             if lease.fallback:
                 self.metrics.fallbacks.labels(call.route.name).inc()
-            forward = prepare(lease.upstream, call.endpoint, body, self.keys.cache_salt(call.key))
+            salt = self.keys.cache_salt(call.key)
+            forward = prepare(lease.upstream, call.endpoint, body, salt, call.output_cap)
             try:
-                async with asyncio.timeout(self.config.request_timeout_s):
-                    upstream = await self.upstreams.open(forward, stack)
-                break
+                upstream = await self.upstreams.open(forward, stack)
             except (ConnectionRefusedError, socket.gaierror) as exc:
                 self.router.release(lease)
                 call.lease = None
@@ -175,27 +240,9 @@ class Gateway:
                 tried.add(id(lease.backend))
                 if lease.backend.record_failure(self.config.health, f"proxy: {exc!r}"[:200]):
                     self.router.wake(call.route.name)
-            except (OSError, TimeoutError) as exc:
-                return await self._fail(call, outcome, _upstream_error(exc), None)
-        outcome.status = upstream.status
-        if outcome.status == 200 and call.stream:
-            if call.key.log_content:
-                outcome.text = []
-            strip = not forward.client_wants_usage
-            chunks = relay_events(upstream.iter_body(), outcome, strip)
-            return RelayResponse(chunks, stack, lambda: self._settle(call, outcome), call.headers)
-        try:
-            async with asyncio.timeout(self.config.request_timeout_s):
-                answer = await upstream.read()
-        except (OSError, TimeoutError) as exc:
-            return await self._fail(call, outcome, _upstream_error(exc), None)
-        finally:
-            await stack.aclose()
-        read_answer(answer, outcome, call.key.log_content)
-        outcome.completed = True
-        self._settle_soon(call, outcome)
-        media = upstream.headers.get("content-type", "application/json")
-        return Response(answer, outcome.status, headers=call.headers, media_type=media)
+                continue
+            outcome.status = upstream.status
+            return upstream, forward
 
     async def _settle(self, call: Call, outcome: Outcome) -> None:
         """Charge real usage, free the slots, write metrics and the audit row."""
@@ -212,10 +259,12 @@ class Gateway:
 
     def _account(self, call: Call, outcome: Outcome) -> int:
         """Free the replica slot, write metrics and the audit row; the tokens to charge."""
+        call.settled = True
+        self.active -= 1
         reached = call.lease is not None and outcome.status != 0
         prompt = outcome.prompt_tokens
         if prompt is None:
-            prompt = call.needs.prompt_tokens if reached else 0
+            prompt = call.prompt if reached else 0
         completion = outcome.completion_tokens
         if completion is None:
             completion = outcome.content_chunks
@@ -229,6 +278,8 @@ class Gateway:
         self.metrics.observe_request(
             name, model, status, (prompt, completion), end - call.started, ttft
         )
+        if outcome.prompt_tokens is not None:  # context creep on real tokens, not the estimate
+            self.metrics.observe_prompt(model, outcome.prompt_tokens)
         lease = call.lease
         self.audit.record(
             AuditRecord(
@@ -270,7 +321,8 @@ class Gateway:
         outcome.error_type = err.type
         reason = "no_backend" if err.status_code == 503 else (err.code or err.type)
         self.metrics.rejections.labels(call.key.name, call.route.name, reason).inc()
-        await self._settle(call, outcome)
+        if not call.settled:  # a deadline can end a request whose refusal already settled it
+            await self._settle(call, outcome)
         return error_response(err, call.headers, retry_after)
 
     def _refuse(
@@ -341,26 +393,14 @@ class Gateway:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def drain(self) -> None:
-        """Wait for settlements still running (on shutdown)."""
+    async def drain(self, timeout_s: float = DRAIN_SETTLE_S) -> None:
+        """On shutdown: let cancelled requests settle (bounded), then wait for settlements."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self.active:
+                    await asyncio.sleep(0.01)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def health(self) -> tuple[int, dict[str, Any]]:
-        """Per-model backend states; 503 when some model has neither a replica up nor a fallback."""
-        models: dict[str, Any] = {}
-        ok = True
-        for name, backends in self.router.backends.items():
-            route = self.router.routes[name]
-            up = any(b.state is BackendState.UP for b in backends)
-            ok = ok and (up or route.fallback is not None)
-            models[name] = {
-                "status": "up" if up else "down",
-                "queue_depth": self.router.queue_depth(name),
-                "fallback": None if route.fallback is None else route.fallback.name,
-                "backends": [b.describe() for b in backends],
-            }
-        return (200 if ok else 503), {"status": "ok" if ok else "degraded", "models": models}
 
 
 def error_response(
@@ -374,17 +414,14 @@ def error_response(
     return JSONResponse(err.body().model_dump(), status_code=err.status_code, headers=out)
 
 
+def _left(call: Call) -> None:
+    call.client_left = True
+
+
 def _upstream_error(exc: BaseException) -> APIError:
     if isinstance(exc, TimeoutError):
         return APIError(504, "the upstream did not answer in time", type="server_error")
     return APIError(502, f"upstream error: {type(exc).__name__}", type="server_error")
-
-
-def _limit_error(reason: str, message: str) -> APIError:
-    if reason == "insufficient_quota":
-        return APIError(429, message, type="insufficient_quota", code="insufficient_quota")
-    code = "concurrency_limit_exceeded" if reason == "concurrency" else "rate_limit_exceeded"
-    return APIError(429, message, type=reason, code=code)
 
 
 def _json_body(raw: bytes) -> dict[str, Any]:

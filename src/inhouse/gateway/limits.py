@@ -13,6 +13,7 @@ import math
 import threading
 from dataclasses import dataclass, field
 
+from inhouse.api.errors import APIError
 from inhouse.gateway.durations import format_reset
 from inhouse.gateway.gcra import Gcra, RateState
 from inhouse.gateway.keys import ApiKey
@@ -121,6 +122,14 @@ def quota_refusal(
         f" this request reserves {reserve}",
         headers,
     )
+
+
+def limit_error(reason: str, message: str) -> APIError:
+    """The 429 for a refused admission: OpenAI's `insufficient_quota`, else a rate limit."""
+    if reason == "insufficient_quota":
+        return APIError(429, message, type="insufficient_quota", code="insufficient_quota")
+    code = "concurrency_limit_exceeded" if reason == "concurrency" else "rate_limit_exceeded"
+    return APIError(429, message, type=reason, code=code)
 
 
 def _passed(state: RateState | None) -> bool:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from inhouse.gateway.backends import Backend, BackendState
 
@@ -16,7 +18,7 @@ class GatewayMetrics:
     """Per-key and per-model counters, latency histograms, backend health, queue depth,
     and the mean prompt length over the last N requests (context creep)."""
 
-    def __init__(self, creep_window: int) -> None:
+    def __init__(self, creep_window: int, models: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -60,11 +62,10 @@ class GatewayMetrics:
             ["model_name"],
             registry=r,
         )
-        self.backend_state = Enum(
+        self.backend_state = Gauge(  # a state set: 1 for the backend's state, 0 for the rest
             "inhouse:gateway_backend_state",
-            "Health of each backend replica.",
-            ["model_name", "backend"],
-            states=[s.value for s in BackendState],
+            "Health of each backend replica: 1 on its current state.",
+            ["model_name", "backend", "state"],
             registry=r,
         )
         self.backend_in_flight = Gauge(
@@ -75,13 +76,16 @@ class GatewayMetrics:
         )
         self.mean_prompt_tokens = Gauge(
             "inhouse:gateway_mean_prompt_tokens",
-            "Mean prompt tokens over the last N requests (alert on context creep).",
+            "Mean prompt tokens the backends reported over the last N requests (context creep).",
             ["model_name"],
             registry=r,
         )
         self._creep: dict[str, _Window] = {}
         self._creep_window = creep_window
         self._children: dict[tuple[str, str, int], tuple[Any, Any, Any, Any, Any]] = {}
+        for model in models:  # a model without fallbacks yet exports 0, not "no data"
+            self.fallbacks.labels(model)
+            self.queue_depth.labels(model)
 
     def observe_request(
         self,
@@ -111,7 +115,7 @@ class GatewayMetrics:
             ttft.observe(ttft_s)
 
     def observe_prompt(self, model: str, prompt_tokens: int) -> None:
-        """Add a request's prompt estimate to the model's mean over the last N requests."""
+        """Add a request's prompt tokens (the backend's usage) to the model's last-N mean."""
         creep = self._creep.get(model)
         if creep is None:
             gauge = self.mean_prompt_tokens.labels(model)
@@ -120,7 +124,10 @@ class GatewayMetrics:
 
     def observe_backends(self, backends: list[Backend]) -> None:
         for b in backends:
-            self.backend_state.labels(b.model, b.upstream.name).state(b.state.value)
+            for state in BackendState:
+                self.backend_state.labels(b.model, b.upstream.name, state.value).set(
+                    state is b.state
+                )
             self.backend_in_flight.labels(b.model, b.upstream.name).set(b.in_flight)
 
     def render(self) -> bytes:
@@ -141,3 +148,33 @@ class _Window:
         self._values.append(value)
         self._sum += value
         self._gauge.set(self._sum / len(self._values))
+
+
+UNSCRAPED_KINDS = frozenset({"openai"})  # hosted APIs: no /metrics of ours to read
+
+
+def scrape_targets(backends: Iterable[Backend]) -> list[dict[str, Any]]:
+    """Prometheus HTTP-SD target groups: one per backend URL that exports /metrics.
+
+    A replica serving two public models (chat and embeddings) is listed once; its label
+    ``backend`` is the name the gateway gives it.
+    """
+    groups: dict[str, dict[str, Any]] = {}
+    for b in backends:
+        if b.upstream.kind in UNSCRAPED_KINDS:
+            continue
+        url = urlsplit(b.upstream.url)
+        key = f"{url.scheme}://{url.netloc}{url.path}"
+        groups.setdefault(
+            key,
+            {
+                "targets": [url.netloc],
+                "labels": {
+                    "__scheme__": url.scheme or "http",
+                    "__metrics_path__": url.path.rstrip("/") + "/metrics",
+                    "backend": b.upstream.name,
+                    "engine": b.upstream.kind,
+                },
+            },
+        )
+    return list(groups.values())

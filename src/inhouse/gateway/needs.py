@@ -1,4 +1,11 @@
-"""What a request needs from a backend, read from its body without a tokenizer."""
+"""What a request needs from a backend, read from its body without a tokenizer.
+
+Two prompt figures: `prompt_tokens`, an estimate (characters/4 + 4 per message) for the
+context check and the prompt-size metric, and `prompt_bound`, an upper bound for token
+reservations when the backend cannot count exactly (UTF-8 bytes + `TEMPLATE_TOKENS` per
+message: byte-level BPE and byte-fallback tokenizers never make more tokens than bytes, and
+the bound leaves that many tokens per message for the chat template's markup).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,11 @@ from inhouse.gateway.config import Upstream
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
+TEMPLATE_TOKENS = 64
+MAX_OUTPUT_TOKENS = 2**31 - 1
+MAX_CHOICES = 128
 
+IMAGE_PARTS = ("image_url", "input_image", "image")
 ENDPOINT_FEATURE = {
     "chat/completions": "chat",
     "completions": "completions",
@@ -29,17 +40,23 @@ class BadRequest(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Needs:
-    """Features, an estimate of prompt tokens, and the output the request may produce."""
+    """Features, prompt estimate and bound, and the output the request asks for."""
 
     features: frozenset[str]
     prompt_tokens: int
     max_output: int | None
     choices: int
+    prompt_bound: int = 0
 
-    def reserve(self, default_max_tokens: int) -> int:
-        """Tokens to reserve at admission: prompt estimate + max_tokens per choice."""
-        output = self.max_output if self.max_output is not None else default_max_tokens
-        return self.prompt_tokens + output * self.choices
+    def output_cap(self, default: int, limit: int | None) -> int:
+        """The output cap sent upstream: the request's, else `default` within `limit`."""
+        if self.max_output is not None:
+            return self.max_output
+        return default if limit is None else min(default, limit)
+
+    def reserve(self, prompt: int, output_cap: int) -> int:
+        """Tokens to reserve at admission: the prompt + the output cap per choice."""
+        return prompt + output_cap * self.choices
 
 
 def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
@@ -49,28 +66,49 @@ def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("'messages' must be a non-empty list", "messages")
-        chars, images = _message_chars(messages)
+        chars, size, images = _message_chars(messages)
         prompt = math.ceil(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages)
+        bound = size + TEMPLATE_TOKENS * len(messages)
         if images:
             features.add("vision")
         if body.get("tools"):
             features.add("tools")
-            prompt += math.ceil(len(json.dumps(body["tools"])) / CHARS_PER_TOKEN)
+            tools = json.dumps(body["tools"])
+            prompt += math.ceil(len(tools) / CHARS_PER_TOKEN)
+            bound += tools_bound(body)
         response_format = body.get("response_format")
         if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
             features.add("json_schema")
-    elif endpoint == "completions":
-        prompt = _input_tokens(body.get("prompt"), "prompt")
     else:
-        prompt = _input_tokens(body.get("input"), "input")
-    max_output = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_output is not None and (not isinstance(max_output, int) or max_output < 0):
-        raise BadRequest("max_tokens must be a non-negative integer", "max_tokens")
-    n = body.get("n", 1)
-    if not isinstance(n, int) or n < 1:
-        raise BadRequest("'n' must be a positive integer", "n")
+        param = "prompt" if endpoint == "completions" else "input"
+        prompt, bound = _input_tokens(body.get(param), param)
+    param, max_output = output_param(body)
+    if max_output is not None and (
+        isinstance(max_output, bool)
+        or not isinstance(max_output, int)
+        or not 0 <= max_output <= MAX_OUTPUT_TOKENS
+    ):
+        raise BadRequest(f"'{param}' must be an integer in [0, {MAX_OUTPUT_TOKENS}]", param)
+    n = body.get("n")
+    n = 1 if n is None else n
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise BadRequest(f"'n' must be an integer in [1, {MAX_CHOICES}]", "n")
     output = 0 if endpoint == "embeddings" else max_output
-    return Needs(frozenset(features), prompt, output, n)
+    return Needs(frozenset(features), prompt, output, n, bound)
+
+
+def output_param(body: dict[str, Any]) -> tuple[str, Any]:
+    """Which output cap the request gives (`max_completion_tokens` first; null is absent)."""
+    for param in ("max_completion_tokens", "max_tokens"):
+        if body.get(param) is not None:
+            return param, body[param]
+    return "max_tokens", None
+
+
+def tools_bound(body: dict[str, Any]) -> int:
+    """Upper bound of the tokens the tool definitions add to a chat prompt."""
+    tools = body.get("tools")
+    return len(json.dumps(tools).encode()) + TEMPLATE_TOKENS if tools else 0
 
 
 def refusal(upstream: Upstream, needs: Needs) -> str | None:
@@ -91,31 +129,39 @@ def refusal(upstream: Upstream, needs: Needs) -> str | None:
     return None
 
 
-def _message_chars(messages: list[Any]) -> tuple[int, bool]:
-    chars, images = 0, False
+def _message_chars(messages: list[Any]) -> tuple[int, int, bool]:
+    """Characters and UTF-8 bytes of the messages' text, and whether any holds an image."""
+    chars = size = 0
+    images = False
     for message in messages:
         if not isinstance(message, dict):
             raise BadRequest("each message must be an object", "messages")
-        content = message.get("content")
-        if isinstance(content, str):
-            chars += len(content)
-        elif isinstance(content, list):
-            for part in content:
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind == "text":
-                    chars += len(str(part.get("text", "")))
-                elif kind in ("image_url", "input_image", "image"):
-                    images = True
-        if message.get("tool_calls"):
-            chars += len(json.dumps(message["tool_calls"]))
-    return chars, images
+        texts = [message.get("content")]
+        if isinstance(texts[0], list):
+            parts = [p for p in texts[0] if isinstance(p, dict)]
+            texts = [str(p.get("text", "")) for p in parts if p.get("type") == "text"]
+            images = images or any(p.get("type") in IMAGE_PARTS for p in parts)
+        for key in ("tool_calls", "name", "tool_call_id"):
+            if message.get(key):
+                texts.append(json.dumps(message[key]))
+        for text in texts:
+            if isinstance(text, str):
+                chars += len(text)
+                size += _utf8_size(text)
+    return chars, size, images
 
 
-def _input_tokens(value: Any, param: str) -> int:
+def _utf8_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _input_tokens(value: Any, param: str) -> tuple[int, int]:
+    """Estimate and upper bound of a completions prompt or an embeddings input."""
     if isinstance(value, str):
-        return math.ceil(len(value) / CHARS_PER_TOKEN)
+        return math.ceil(len(value) / CHARS_PER_TOKEN), _utf8_size(value) + TEMPLATE_TOKENS
     if isinstance(value, list) and value:
-        if all(isinstance(v, int) for v in value):
-            return len(value)
-        return sum(_input_tokens(v, param) for v in value)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return len(value), len(value)
+        parts = [_input_tokens(v, param) for v in value]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
     raise BadRequest(f"'{param}' must be a string, a list of strings, or token ids", param)

@@ -11,6 +11,7 @@ origin): ~0.2 ms of CPU per request where httpx spends ~1.2 ms on this machine.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -24,8 +25,11 @@ from starlette.types import Receive, Scope, Send
 
 from inhouse.gateway.backends import auth_headers
 from inhouse.gateway.config import Upstream
+from inhouse.gateway.needs import output_param
 from inhouse.http1 import Http1Client
 from inhouse.http1 import Response as UpstreamResponse
+
+LEAVE_WATCH_AFTER_S = 0.25
 
 
 @dataclass(slots=True)
@@ -43,9 +47,14 @@ class Outcome:
     error_type: str | None = None
 
     def read_usage(self, usage: Any) -> None:
-        if isinstance(usage, dict):
-            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
-            self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
+        """Take the counts of a `usage` object that are whole numbers (0 to 2^53)."""
+        if not isinstance(usage, dict):
+            return
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if _is_count(prompt):
+            self.prompt_tokens = prompt
+        if _is_count(completion):
+            self.completion_tokens = completion
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +72,17 @@ def prepare(
     endpoint: str,
     body: dict[str, Any],
     cache_salt: str | None,
+    output_cap: int,
 ) -> Forward:
-    """The upstream body: model renamed, usage forced on streams, the tenant's cache salt."""
+    """The upstream body: model renamed, the output cap explicit, usage forced on streams,
+    the tenant's cache salt."""
     out = dict(body)
     out["model"] = upstream.model
+    if endpoint != "embeddings":
+        param, _ = output_param(body)
+        out.pop("max_tokens", None)
+        out.pop("max_completion_tokens", None)
+        out[param] = output_cap
     wants_usage = False
     if out.get("stream"):
         options = dict(out.get("stream_options") or {})
@@ -187,6 +203,10 @@ def _note_event(
     return True
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**53
+
+
 def _choice_text(choice: dict[str, Any]) -> str:
     if "text" in choice:
         return str(choice.get("text") or "")
@@ -238,3 +258,30 @@ class RelayResponse(Response):
         while (await receive())["type"] != "http.disconnect":
             pass
         scope.cancel()
+
+
+class LeaveWatch:
+    """Watches a non-streamed request's client from `LEAVE_WATCH_AFTER_S` on (an answer
+    quicker than that never pays for the task); when the client disconnects, ends the
+    wait for upstream at once, which closes the upstream connection."""
+
+    def __init__(
+        self, receive: Receive, deadline: asyncio.Timeout, on_leave: Callable[[], None]
+    ) -> None:
+        self._receive, self._deadline, self._on_leave = receive, deadline, on_leave
+        self._task: asyncio.Task[None] | None = None
+        self._timer = asyncio.get_running_loop().call_later(LEAVE_WATCH_AFTER_S, self._start)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
+    def _start(self) -> None:
+        self._task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._on_leave()
+        self._deadline.reschedule(asyncio.get_running_loop().time())

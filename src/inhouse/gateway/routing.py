@@ -10,6 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from inhouse.api.errors import APIError
 from inhouse.gateway.backends import Backend, BackendState
@@ -134,6 +135,22 @@ class Router:
             waiter.set_result(None)
             if not everyone:
                 return
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """Per-model backend states; 503 when some model has neither a replica up nor a fallback."""
+        models: dict[str, Any] = {}
+        ok = True
+        for name, backends in self.backends.items():
+            route = self.routes[name]
+            up = any(b.state is BackendState.UP for b in backends)
+            ok = ok and (up or route.fallback is not None)
+            models[name] = {
+                "status": "up" if up else "down",
+                "queue_depth": self.queue_depth(name),
+                "fallback": None if route.fallback is None else route.fallback.name,
+                "backends": [b.describe() for b in backends],
+            }
+        return (200 if ok else 503), {"status": "ok" if ok else "degraded", "models": models}
 
     def _overloaded(self, route: ModelRoute, capable: list[Backend], why: str) -> Overloaded:
         if any(b.state is BackendState.UP for b in capable):

@@ -21,13 +21,20 @@ def gateway_server(config: GatewayConfig) -> uvicorn.Server:
     access_log = AccessLog() if config.access_log else None
     app = create_app(build_gateway(config), access_log)
     settings = uvicorn.Config(
-        app, host=config.host, port=config.port, log_level="info", access_log=False
+        app,
+        host=config.host,
+        port=config.port,
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=config.drain_timeout_s,
     )
     return uvicorn.Server(settings)
 
 
 def run_gateway(config: GatewayConfig, server: uvicorn.Server | None = None) -> None:
     """Serve the gateway until interrupted (or until `server.should_exit` is set)."""
-    # uvicorn re-raises Ctrl-C after its graceful shutdown (audit rows are flushed by then).
+    # On SIGTERM/Ctrl-C uvicorn stops accepting, lets requests in flight finish for up to
+    # `drain_timeout_s`, then cancels the rest (each cancels its upstream request and writes
+    # its audit row), and re-raises Ctrl-C when done.
     with contextlib.suppress(KeyboardInterrupt):
         (server or gateway_server(config)).run()

@@ -1,0 +1,97 @@
+"""What a request reserves: exact prompt tokens from a backend's `/tokenize`, and its output cap.
+
+inhouse and vLLM backends render chat messages through their chat template in `/tokenize`
+and answer the count and their `max_model_len`; the gateway asks one replica that is up.
+Where no replica can count (other kinds, a replica down, an error, a timeout), the request's
+upper-bound estimate stands (see `needs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from inhouse.gateway.backends import BackendState
+from inhouse.gateway.config import SALTABLE_KINDS, ModelRoute, Upstream
+from inhouse.gateway.keys import ApiKey
+from inhouse.gateway.needs import Needs, tools_bound
+from inhouse.gateway.proxy import UpstreamClients
+from inhouse.gateway.routing import Router
+
+TOKENIZE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCount:
+    """Prompt tokens to reserve, and the backend's context length when it said."""
+
+    tokens: int
+    max_model_len: int | None = None
+
+
+async def budget(
+    upstreams: UpstreamClients, router: Router, key: ApiKey, route: ModelRoute, endpoint: str,
+    body: dict[str, Any], needs: Needs,
+) -> tuple[int, int]:  # fmt: skip
+    """Prompt tokens to reserve and the output cap to send upstream.
+
+    Only a key with a tokens/minute limit or a quota needs the prompt counted: exactly by
+    a replica's `/tokenize`, else its upper bound. Without a cap in the request, the
+    model's `default_max_tokens` (within `max_output`) is sent, shrunk to fit the context.
+    """
+    cap = needs.output_cap(route.default_max_tokens, route.limit("max_output"))
+    prompt, context = needs.prompt_tokens, route.limit("max_context")
+    if key.tpm is not None or key.quota_tokens is not None:
+        counted = await count_prompt(upstreams, router, route.name, endpoint, body, needs)
+        prompt, context = counted.tokens, counted.max_model_len or context
+    if needs.max_output is None and context is not None and endpoint != "embeddings":
+        cap = max(1, min(cap, context - prompt))
+    return prompt, cap
+
+
+async def count_prompt(
+    upstreams: UpstreamClients, router: Router, model: str, endpoint: str, body: dict[str, Any],
+    needs: Needs,
+) -> PromptCount:  # fmt: skip
+    """The prompt's exact token count from a replica's `/tokenize`, else its upper bound."""
+    upstream = next(
+        (
+            b.upstream
+            for b in router.backends[model]
+            if b.state is BackendState.UP and b.upstream.kind in SALTABLE_KINDS
+        ),
+        None,
+    )
+    request = _tokenize_body(endpoint, body)
+    if upstream is None or request is None:
+        return PromptCount(needs.prompt_bound)
+    with contextlib.suppress(OSError, TimeoutError, ValueError):
+        async with asyncio.timeout(TOKENIZE_TIMEOUT_S):
+            answer = await _tokenize(upstreams, upstream, request)
+        count, limit = answer.get("count"), answer.get("max_model_len")
+        if isinstance(count, int) and count >= 0:
+            extra = tools_bound(body) if endpoint == "chat/completions" else 0
+            return PromptCount(count + extra, limit if isinstance(limit, int) else None)
+    return PromptCount(needs.prompt_bound)
+
+
+def _tokenize_body(endpoint: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    if endpoint == "chat/completions":
+        return {"messages": body["messages"], "add_generation_prompt": True}
+    if endpoint == "completions" and isinstance(body.get("prompt"), str):
+        return {"prompt": body["prompt"]}
+    return None
+
+
+async def _tokenize(
+    upstreams: UpstreamClients, upstream: Upstream, request: dict[str, Any]
+) -> dict[str, Any]:
+    payload = json.dumps({"model": upstream.model, **request}).encode()
+    async with upstreams.client(upstream).post("/tokenize", payload) as reply:
+        answer = json.loads(await reply.read())
+    if reply.status != 200 or not isinstance(answer, dict):
+        raise ValueError(f"/tokenize answered {reply.status}")
+    return answer

@@ -1,0 +1,243 @@
+"""A real Prometheus scraping a live gateway and, through its service discovery, the
+`inhouse serve` behind it, with the generated rules (short windows) loaded.
+
+After traffic, PromQL over the HTTP API returns the request rate, TTFT p99, KV usage and
+per-key tokens; every dashboard query returns data; a long-prompt burst against a tiny KV
+cache fires the KV alert; killing the backend fires the backend-down alert.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from inhouse.gateway.config import load_config
+from inhouse.gateway.db import open_database
+from inhouse.gateway.keys import KeyStore, load_pepper
+from inhouse.gateway.up import free_port, inhouse_command
+from inhouse.observe.dashboard import queries
+from inhouse.observe.rules import AlertThresholds, rules_yaml
+from inhouse.observe.scrape import prometheus_yaml
+from serving import Process, burst
+
+pytestmark = pytest.mark.slow
+
+RULE_WINDOW = "30s"
+PENDING = "2s"
+KV_ALERT = 0.6  # one long request alone holds ~70% of this test's cache
+LONG_PROMPT = [{"role": "user", "content": "Summarise: " + "the cache holds blocks " * 60}]
+
+
+@dataclass
+class Observed:
+    prometheus: str
+    gateway: str
+    backend: Process
+    team_secret: str
+    tight_secret: str
+    plots: Path
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        body = httpx.get(f"{self.prometheus}/api/v1/query", params={"query": expr}).json()
+        assert body["status"] == "success", (expr, body)
+        return body["data"]["result"]
+
+    def firing(self, alert: str) -> list[dict[str, Any]]:
+        alerts = httpx.get(f"{self.prometheus}/api/v1/alerts").json()["data"]["alerts"]
+        return [a for a in alerts if a["labels"]["alertname"] == alert and a["state"] == "firing"]
+
+    def wait_firing(self, alert: str, timeout: float) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.firing(alert):
+                return time.monotonic() - start
+            time.sleep(0.25)
+        pytest.fail(f"{alert} not firing after {timeout} s")
+
+
+def _prometheus_binary() -> str:
+    found = shutil.which("prometheus")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus is missing: the test set-up installs Debian's prometheus")
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    return found
+
+
+def _gateway_config(port: int, db_url: str, backend_url: str, key: str) -> str:
+    return f"""
+[gateway]
+port = {port}
+database = "{db_url}"
+
+[health]
+interval_s = 0.5
+timeout_s = 5
+failures_to_down = 1
+
+[audit]
+flush_interval_s = 0.2
+
+[[models]]
+name = "smol"
+
+[[models.backends]]
+name = "r1"
+url = "{backend_url}"
+api_key = "{key}"
+model = "SmolLM2-135M-Instruct"
+capabilities = ["chat", "completions"]
+max_context = 512
+"""
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
+    binary = _prometheus_binary()
+    base = tmp_path_factory.mktemp("prometheus-e2e")
+    serve_port, gateway_port, prom_port = free_port(), free_port(), free_port()
+    backend_key = secrets.token_urlsafe(24)
+    # a KV cache a little over one 512-token sequence: a few long prompts fill it
+    backend = Process(
+        [*inhouse_command(), "serve", "--port", str(serve_port), "--embedding-model", "none",
+         "--max-model-len", "512", "--kv-cache-memory", "24MiB"],
+        base / "serve.log",
+        {"INHOUSE_API_KEY": backend_key},
+    )  # fmt: skip
+    db_url = f"sqlite:///{base / 'gateway.db'}"
+    config_path = base / "inhouse.toml"
+    config_path.write_text(
+        _gateway_config(gateway_port, db_url, f"http://127.0.0.1:{serve_port}", backend_key)
+    )
+    gateway = Process(
+        [*inhouse_command(), "gateway", "--config", str(config_path)], base / "gateway.log"
+    )
+    thresholds = AlertThresholds(
+        rate_window=RULE_WINDOW, pending=PENDING, backend_down_for=PENDING, kv_usage=KV_ALERT
+    )
+    (base / "rules.yml").write_text(rules_yaml(thresholds))
+    (base / "prometheus.yml").write_text(
+        prometheus_yaml(f"127.0.0.1:{gateway_port}", "rules.yml", scrape_interval="1s")
+    )
+    prometheus = Process(
+        [binary, f"--config.file={base / 'prometheus.yml'}",
+         f"--storage.tsdb.path={base / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+        base / "prometheus.log",
+    )  # fmt: skip
+    store = KeyStore(open_database(db_url), load_pepper(load_config(config_path)))
+    _, team = store.create("team-a")
+    _, tight = store.create("tight", rpm=1)
+    procs = [backend, gateway, prometheus]
+    try:
+        for proc in procs:
+            proc.start()
+        backend.wait_healthy(f"http://127.0.0.1:{serve_port}/health", 300)
+        gateway.wait_healthy(f"http://127.0.0.1:{gateway_port}/health", 60)
+        prometheus.wait_healthy(f"http://127.0.0.1:{prom_port}/-/ready", 60)
+        yield Observed(
+            f"http://127.0.0.1:{prom_port}",
+            f"http://127.0.0.1:{gateway_port}",
+            backend,
+            team,
+            tight,
+            base,
+        )
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def test_metrics_alerts_and_dashboard_against_a_live_prometheus(observed: Observed) -> None:
+    urls = [observed.gateway]
+    chat = {"model": "smol", "messages": [{"role": "user", "content": "Say hello."}]}
+    assert all(r[0] == 200 for r in burst(urls, observed.team_secret, 3, **chat, max_tokens=8))
+    streamed = burst(
+        urls, observed.team_secret, 2, **chat, max_tokens=8, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    assert [r[0] for r in streamed] == [200, 200]
+    tight = [r[0] for r in burst(urls, observed.tight_secret, 3, **chat, max_tokens=4)]
+    assert sorted(tight) == [200, 429, 429]
+
+    # KV pressure: long prompts and answers, more than the cache holds at once; the alert
+    # must fire while they run (it resolves once the cache empties)
+    with ThreadPoolExecutor(1) as pool:
+        pressure = pool.submit(
+            burst, urls, observed.team_secret, 3, model="smol", messages=LONG_PROMPT,
+            max_tokens=64, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        fired = False
+        while not (fired := bool(observed.firing("InhouseKVCacheNearFull"))):
+            if pressure.done():
+                break
+            time.sleep(0.25)
+        assert all(r[0] == 200 for r in pressure.result()), pressure.result()
+    peak = observed.query("max(max_over_time(model:kv_cache_usage:ratio[5m]))")
+    assert fired, f"no KV alert while the cache was under pressure; peak usage {peak}"
+    time.sleep(2.5)  # a scrape and a rule evaluation after the last request
+
+    assert observed.query('sum(rate(inhouse:gateway_requests_total{status="200"}[1m]))')
+    assert float(observed.query("max(model:time_to_first_token_seconds:p99)")[0]["value"][1]) > 0
+    assert float(observed.query("max(model:kv_cache_usage:ratio)")[0]["value"][1]) >= 0
+    per_key = {
+        r["metric"]["key_name"]: float(r["value"][1])
+        for r in observed.query('sum by (key_name) (inhouse:gateway_tokens_total{kind="prompt"})')
+    }
+    assert per_key["team-a"] > per_key["tight"] > 0
+    answered = observed.query('sum(inhouse:gateway_requests_total{status="200"})')[0]
+    prompts = observed.query('sum(inhouse:gateway_tokens_total{kind="prompt"})')[0]
+    creep = observed.query("max(inhouse:gateway_mean_prompt_tokens)")[0]
+    # every answer so far is inside the creep window: its mean is the usage-reported mean
+    assert float(creep["value"][1]) == pytest.approx(
+        float(prompts["value"][1]) / float(answered["value"][1])
+    )
+    rejected = observed.query("sum by (key_name, reason) (inhouse:gateway_rejections_total)")
+    assert {r["metric"]["key_name"] for r in rejected} == {"tight"}
+
+    empty = []
+    for expr in queries():
+        concrete = expr.replace("$__rate_interval", "1m")
+        for variable in ("$model", "$backend", "$key"):
+            concrete = concrete.replace(variable, ".*")
+        if not observed.query(concrete):
+            empty.append(expr)
+    assert not empty, f"dashboard queries with no data: {empty}"
+    _plot_ttft(observed)
+
+    observed.backend.kill()
+    waited = observed.wait_firing("InhouseBackendDown", 20)
+    assert waited < 20
+
+
+def _plot_ttft(observed: Observed) -> None:
+    """One panel's data as a PNG in the test's folder, to look at."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    now = time.time()
+    body = httpx.get(
+        f"{observed.prometheus}/api/v1/query_range",
+        params={"query": "model:time_to_first_token_seconds:p99", "start": now - 120, "end": now,
+                "step": "1s"},
+    ).json()  # fmt: skip
+    fig, ax = plt.subplots(figsize=(6, 3))
+    for series in body["data"]["result"]:
+        times = [float(t) - now for t, _ in series["values"]]
+        ax.plot(times, [float(v) for _, v in series["values"]], label=series["metric"]["instance"])
+    ax.set(xlabel="seconds before now", ylabel="TTFT p99 (s)", title="Time to first token, p99")
+    ax.legend()
+    fig.savefig(observed.plots / "ttft_p99.png", dpi=80, bbox_inches="tight")
+    plt.close(fig)
+    assert (observed.plots / "ttft_p99.png").stat().st_size > 0
