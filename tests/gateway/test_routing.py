@@ -43,6 +43,19 @@ def test_least_loaded_replica_wins() -> None:
     assert asyncio.run(scenario()) == ["b1", "b1", "b1", "b0"]
 
 
+def test_equally_loaded_replicas_take_turns() -> None:
+    async def scenario() -> list[str]:
+        router = _router(_route(slots=4), UP, UP)
+        names = []
+        for _ in range(4):  # one at a time: in-flight counts are always equal
+            lease = await router.acquire(router.routes["m"], NEEDS, True)
+            names.append(lease.upstream.name)
+            router.release(lease)
+        return names
+
+    assert asyncio.run(scenario()) == ["b0", "b1", "b0", "b1"]
+
+
 def test_down_and_starting_replicas_get_nothing() -> None:
     async def scenario() -> str:
         router = _router(_route(slots=4), DOWN, UP)

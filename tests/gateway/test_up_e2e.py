@@ -10,7 +10,9 @@ from pathlib import Path
 
 import openai
 import pytest
+from typer.testing import CliRunner
 
+from inhouse.cli import app
 from inhouse.gateway.config import GatewayConfig
 from inhouse.gateway.up import ensure_admin_key, free_port, inhouse_command
 from serving import wait_healthy
@@ -59,3 +61,21 @@ def test_up_serves_the_bundled_model_behind_the_gateway(tmp_path: Path) -> None:
         up.wait(timeout=60)
     assert up.returncode == 0, log.read_text()[-3000:]
     assert "Traceback" not in log.read_text()
+    pids = [int(p) for p in re.findall(r"^replica inhouse:1: pid (\d+) ", log.read_text(), re.M)]
+    assert len(pids) == 1
+    with pytest.raises(ProcessLookupError):  # Ctrl-C stopped the replica too
+        os.kill(pids[0], 0)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_missing_engine_is_one_sentence_and_exit_2(engine: str) -> None:
+    result = CliRunner().invoke(app, ["up", "--engine", engine])
+    assert result.exit_code == 2
+    assert f"pip install {engine}" in result.output and "Traceback" not in result.output
+
+
+def test_unknown_engine_and_tp_without_a_gpu_are_refused() -> None:
+    unknown = CliRunner().invoke(app, ["up", "--engine", "tgi"])
+    assert unknown.exit_code == 2 and "--engine takes one of" in unknown.output
+    tp = CliRunner().invoke(app, ["up", "--engine", "inhouse", "--tp", "2"])
+    assert tp.exit_code == 2 and "--tp needs --gpu or --vram" in tp.output

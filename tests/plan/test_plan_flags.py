@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from inhouse.launch.emit import plan_flags
 from inhouse.plan.capacity import default_overhead_bytes
-from inhouse.plan.flags import inhouse_serve_flags, vllm_serve_flags
-from inhouse.plan.planner import PlanInputs, make_plan
+from inhouse.plan.planner import Plan, PlanInputs, make_plan
 from inhouse.plan.source import load_model
 from inhouse.plan.units import GIB, MIB, parse_bytes
 
 
 def _flag(flags: list[str], name: str) -> str | None:
     return flags[flags.index(name) + 1] if name in flags else None
+
+
+def inhouse_serve_flags(plan: Plan) -> list[str]:
+    return plan_flags("inhouse", plan).argv
+
+
+def vllm_serve_flags(plan: Plan) -> list[str]:
+    return plan_flags("vllm", plan).argv
 
 
 def test_max_num_seqs_is_80_percent_of_capacity_in_both_servers() -> None:

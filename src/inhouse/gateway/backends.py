@@ -2,9 +2,9 @@
 
 A check asks `/health` first (503 means loading: "starting", not "down"), then makes
 a real 1-token inference call with a timeout; `failures_to_down` consecutive failures
-mark a backend down and `successes_to_up` successes bring it back. For inhouse and
-vLLM backends it also scrapes `/metrics` for the queue length and KV-cache usage the
-router uses to pick the least-loaded replica.
+mark a backend down and `successes_to_up` successes bring it back. For inhouse, vLLM,
+SGLang and llama.cpp backends it also scrapes `/metrics`, each engine's own names, for
+the queue length and KV-cache usage the router uses to pick the least-loaded replica.
 """
 
 from __future__ import annotations
@@ -41,14 +41,16 @@ class Backend:
     kv_usage: float = 0.0
     last_error: str | None = None
     last_check: float | None = None
+    picked: int = 0  # when the router last chose it: ties go to the longest unchosen
 
     @property
     def routable(self) -> bool:
         return self.state is BackendState.UP and self.in_flight < self.upstream.max_in_flight
 
-    def load(self) -> tuple[float, float]:
-        """Sort key: requests in flight or waiting per unit of weight, then KV usage."""
-        return ((self.in_flight + self.waiting) / self.upstream.weight, self.kv_usage)
+    def load(self) -> tuple[float, float, int]:
+        """Sort key: requests in flight or waiting per unit of weight, then KV usage, then
+        the least recently chosen (equal replicas take turns)."""
+        return ((self.in_flight + self.waiting) / self.upstream.weight, self.kv_usage, self.picked)
 
     def record_success(self, settings: HealthSettings) -> bool:
         """Count a good call; returns True if the state changed."""
@@ -159,34 +161,49 @@ class HealthChecker:
             return backend.record_failure(
                 self._settings, f"probe answered HTTP {reply.status_code}"
             )
-        if upstream.saltable:
+        if upstream.scraped:
             await self._scrape(backend)
         return backend.record_success(self._settings)
 
     async def _scrape(self, backend: Backend) -> None:
         try:
             reply = await self._client.get(
-                f"{backend.upstream.url}/metrics", timeout=self._settings.timeout_s
+                f"{backend.upstream.url}/metrics",
+                headers=auth_headers(backend.upstream),  # llama.cpp guards /metrics by key
+                timeout=self._settings.timeout_s,
             )
         except httpx.HTTPError:
             return
         if reply.status_code == 200:
             try:
-                backend.waiting, backend.kv_usage = read_load(reply.text)
+                backend.waiting, backend.kv_usage = read_load(reply.text, backend.upstream.kind)
             except ValueError:
                 backend.last_error = "unreadable /metrics"
 
 
-def read_load(metrics_text: str) -> tuple[float, float]:
-    """`num_requests_waiting` and `kv_cache_usage_perc` from an inhouse or vLLM /metrics page."""
+# Per engine kind: the gauge of requests waiting, and the KV-cache usage gauges (0–1).
+# inhouse and vLLM: vLLM's names (the old gpu_cache_usage_perc too); SGLang 0.5.23:
+# sglang.srt.observability.metrics_collector; llama.cpp (`--metrics`): requests that no
+# slot took yet are "deferred", and it exports no KV usage.
+LOAD_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "inhouse": ("inhouse:num_requests_waiting", ("inhouse:kv_cache_usage_perc",)),
+    "vllm": (
+        "vllm:num_requests_waiting",
+        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    ),
+    "sglang": ("sglang:num_queue_reqs", ("sglang:token_usage",)),
+    "llama.cpp": ("llamacpp:requests_deferred", ()),
+}
+
+
+def read_load(metrics_text: str, kind: str) -> tuple[float, float]:
+    """Requests waiting and KV-cache usage from a `/metrics` page in `kind`'s names."""
+    waiting_name, kv_names = LOAD_METRICS[kind]
     waiting = kv = 0.0
     for family in text_string_to_metric_families(metrics_text):
-        suffix = family.name.rsplit(":", 1)[-1]
-        if suffix not in ("num_requests_waiting", "kv_cache_usage_perc", "gpu_cache_usage_perc"):
-            continue
-        total = sum(sample.value for sample in family.samples)
-        if suffix == "num_requests_waiting":
+        total = sum(s.value for s in family.samples if s.name == family.name)
+        if family.name == waiting_name:
             waiting = total
-        else:
+        elif family.name in kv_names:
             kv = max(kv, total)
     return waiting, kv

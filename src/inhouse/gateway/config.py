@@ -12,9 +12,11 @@ from urllib.parse import urlsplit
 from inhouse.api.errors import DEFAULT_MAX_BODY_BYTES
 
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
-BACKEND_KINDS = frozenset({"inhouse", "vllm", "openai"})
-# Backends that accept vLLM's `cache_salt` and expose vLLM-style `/metrics`.
-SALTABLE_KINDS = frozenset({"inhouse", "vllm"})
+BACKEND_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp", "openai"})
+# Backends that accept vLLM's `cache_salt` (SGLang since 0.5; llama.cpp has no such field).
+SALTABLE_KINDS = frozenset({"inhouse", "vllm", "sglang"})
+# Backends whose `/metrics` the router reads for load (see backends.LOAD_METRICS).
+SCRAPED_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp"})
 
 
 class ConfigError(ValueError):
@@ -59,6 +61,10 @@ class Upstream:
     @property
     def saltable(self) -> bool:
         return self.kind in SALTABLE_KINDS
+
+    @property
+    def scraped(self) -> bool:
+        return self.kind in SCRAPED_KINDS
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -55,6 +56,7 @@ class Router:
         self._health_interval = health_interval_s
         self._clock = clock
         self._waiters: dict[str, deque[asyncio.Future[None]]] = {r: deque() for r in self.routes}
+        self._picks = itertools.count(1)
 
     def all_backends(self) -> list[Backend]:
         return [b for group in self.backends.values() for b in group]
@@ -98,6 +100,7 @@ class Router:
                 if ready:
                     chosen = min(ready, key=Backend.load)
                     chosen.in_flight += 1
+                    chosen.picked = next(self._picks)
                     return Lease(chosen.upstream, chosen, False, self._clock() - start)
                 if may_fallback and (route.policy == "fallback" or not capable):
                     assert fallback is not None

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 from inhouse.gateway.config import GatewayConfig
 
+if TYPE_CHECKING:
+    import uvicorn
 
-def run_gateway(config: GatewayConfig) -> None:
-    """Build the gateway from its config and serve it until interrupted."""
+
+def gateway_server(config: GatewayConfig) -> uvicorn.Server:
+    """The gateway as a uvicorn server (`inhouse up` stops it when no replica starts)."""
     import uvicorn
 
     from inhouse.gateway.access_log import AccessLog
@@ -16,15 +20,21 @@ def run_gateway(config: GatewayConfig) -> None:
 
     access_log = AccessLog() if config.access_log else None
     app = create_app(build_gateway(config), access_log)
+    settings = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=config.drain_timeout_s,
+    )
+    return uvicorn.Server(settings)
+
+
+def run_gateway(config: GatewayConfig, server: uvicorn.Server | None = None) -> None:
+    """Serve the gateway until interrupted (or until `server.should_exit` is set)."""
     # On SIGTERM/Ctrl-C uvicorn stops accepting, lets requests in flight finish for up to
     # `drain_timeout_s`, then cancels the rest (each cancels its upstream request and writes
     # its audit row), and re-raises Ctrl-C when done.
     with contextlib.suppress(KeyboardInterrupt):
-        uvicorn.run(
-            app,
-            host=config.host,
-            port=config.port,
-            log_level="info",
-            access_log=False,
-            timeout_graceful_shutdown=config.drain_timeout_s,
-        )
+        (server or gateway_server(config)).run()

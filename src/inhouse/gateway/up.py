@@ -1,76 +1,251 @@
-"""`inhouse up`: one `inhouse serve` on a private loopback port behind the gateway.
+"""`inhouse up`: N replicas of an engine on private loopback ports behind the gateway.
 
-The backend gets a random key that only the gateway knows (passed through the
-environment, so it never shows in `ps`); the first start creates an `admin` key and
-prints its secret once.
+With `--gpu`/`--vram` the plan decides every engine flag; without, each engine sizes
+itself for this machine (`--max-model-len` and `--max-num-seqs` still apply). Each
+replica gets a random key that only the gateway knows (passed through the environment
+where the engine reads one, so it never shows in `ps`); the first start creates an
+`admin` key and prints its secret once. Ctrl-C stops the gateway, then every replica.
 """
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import secrets
-import shutil
 import socket
-import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from inhouse.launch.inhouse import inhouse_command
+
 if TYPE_CHECKING:
+    import uvicorn
+
     from inhouse.gateway.config import GatewayConfig
+    from inhouse.launch.base import Engine, LaunchSettings
+    from inhouse.launch.replicas import Replica
+    from inhouse.plan.planner import PlanInputs
+
+__all__ = ["ensure_admin_key", "free_port", "inhouse_command", "up_command"]
 
 ADMIN_KEY = "admin"
 EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"  # the name `inhouse serve` gives its bundled embedder
-CHAT_FEATURES = ("chat", "completions", "tools", "json_schema")
+EXIT_BAD_INPUT = 2
+EXIT_NO_REPLICA = 1
+WATCH_INTERVAL_S = 1.0
 
 
 def up_command(
     model: Annotated[
-        str | None, typer.Argument(help="HF folder or GGUF file; omit for bundled SmolLM2.")
+        str | None,
+        typer.Argument(help="GGUF file, HF folder or catalogue name; omit for bundled SmolLM2."),
     ] = None,
+    engine: Annotated[str, typer.Option(help="inhouse, llama.cpp, vllm or sglang.")] = "inhouse",
+    replicas: Annotated[int, typer.Option(min=1, help="Engine processes behind the gateway.")] = 1,
     host: Annotated[str, typer.Option(help="Gateway address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Gateway port.")] = 8000,
     database: Annotated[
         str | None, typer.Option(help="SQLAlchemy URL (default: SQLite in $INHOUSE_HOME).")
     ] = None,
     embeddings: Annotated[
-        bool, typer.Option(help="Also serve the bundled embedding model.")
+        bool, typer.Option(help="Also serve the bundled embedding model (inhouse engine).")
     ] = True,
+    gpu: Annotated[str | None, typer.Option(help="Plan for this GPU (as inhouse plan).")] = None,
+    vram: Annotated[str | None, typer.Option(help="Plan for this memory per GPU.")] = None,
+    tp: Annotated[int, typer.Option(help="GPUs per replica, tensor parallel.")] = 1,
+    util: Annotated[float, typer.Option(help="Share of GPU memory the engine may use.")] = 0.9,
+    avg_context: Annotated[int | None, typer.Option(help="Average tokens per sequence.")] = None,
+    weights: Annotated[str | None, typer.Option(help="Weight format, as inhouse plan.")] = None,
+    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype, as inhouse plan.")] = "auto",
+    max_model_len: Annotated[int | None, typer.Option(help="Cap on one request.")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Sequences at once per replica.")] = None,
 ) -> None:
-    """Start a model server and the gateway in front of it on http://127.0.0.1:8000."""
+    """Start engine replicas and the gateway in front of them on http://127.0.0.1:8000."""
     from inhouse.gateway.config import default_database_url
-    from inhouse.gateway.serve import run_gateway
+    from inhouse.gateway.serve import gateway_server, run_gateway
+    from inhouse.launch import ENGINES
+    from inhouse.launch.base import EngineMissing
+    from inhouse.launch.replicas import stop_replicas
+    from inhouse.plan.errors import PlanError
 
-    backend_port = free_port()
-    backend_key = secrets.token_urlsafe(32)
+    chosen = ENGINES.get(engine)
+    if chosen is None:
+        _fail(f"--engine takes one of {', '.join(ENGINES)}, not {engine!r}")
+    assert chosen is not None
+    try:
+        chosen.executable()
+    except EngineMissing as missing:
+        _fail(str(missing))
+    if tp > 1 and gpu is None and vram is None:
+        _fail("--tp needs --gpu or --vram: tensor parallelism is planned per GPU")
+    try:
+        inputs = plan_inputs(gpu, vram, tp, util, avg_context, weights, kv_dtype, max_model_len)
+        settings = launch_settings(model, inputs, max_model_len, max_num_seqs)
+    except PlanError as error:
+        _fail(str(error))
+    if chosen.gguf_only and not settings.gguf:
+        _fail(f"{chosen.name} loads GGUF files only; give it a .gguf file")
     chat_name = served_name(model)
-    backend = start_backend(model, chat_name, backend_port, backend_key, embeddings)
+    with_embeddings = embeddings and chosen.name == "inhouse"
+    if embeddings and not with_embeddings:
+        typer.echo(f"{chosen.name} replicas serve the chat model only (no embedding model)")
+    started = start_replicas(chosen, settings, chat_name, replicas, with_embeddings)
     try:
         config = up_config(
             chat_name,
-            f"http://127.0.0.1:{backend_port}",
-            backend_key,
+            chosen,
+            started,
             host,
             port,
             database or default_database_url(),
-            embeddings,
+            with_embeddings,
         )
         secret = ensure_admin_key(config)
         if secret is not None:
             typer.echo(f"Created the '{ADMIN_KEY}' key; its secret is shown only now:\n{secret}")
         typer.echo(
             f"Gateway on http://{host}:{port}/v1 in front of model {chat_name!r}"
-            " (loading; /health shows progress)"
+            f" ({replicas} × {chosen.name}, loading; /health shows progress)"
         )
-        run_gateway(config)
+        server = gateway_server(config)
+        outcome = StartWatch(started, server)
+        outcome.start()
+        run_gateway(config, server)
     finally:
-        backend.terminate()
-        try:
-            backend.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            backend.kill()
+        stop_replicas(started)
+    if outcome.all_failed:
+        raise typer.Exit(EXIT_NO_REPLICA)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"inhouse up: {message}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def plan_inputs(
+    gpu: str | None,
+    vram: str | None,
+    tp: int,
+    util: float,
+    avg_context: int | None,
+    weights: str | None,
+    kv_dtype: str,
+    max_model_len: int | None,
+) -> PlanInputs | None:
+    """What to plan for, or None without --gpu/--vram (then each engine sizes itself)."""
+    from inhouse.plan.planner import PlanInputs
+    from inhouse.plan.units import parse_bytes
+
+    if gpu is None and vram is None:
+        return None
+    return PlanInputs(
+        gpu=gpu,
+        vram_bytes=parse_bytes(vram) if vram else None,
+        tp=tp,
+        util=util,
+        avg_context=avg_context,
+        max_model_len=max_model_len,
+        weights=weights,
+        kv_dtype=kv_dtype,
+    )
+
+
+def launch_settings(
+    model: str | None,
+    inputs: PlanInputs | None,
+    max_model_len: int | None,
+    max_num_seqs: int | None,
+) -> LaunchSettings:
+    """The plan's settings when there are plan inputs; otherwise the engine's own sizing."""
+    from inhouse.bundled import BundledModelMissing
+    from inhouse.launch.base import LaunchSettings
+    from inhouse.launch.settings import settings_from_plan
+    from inhouse.plan.errors import PlanError
+    from inhouse.plan.planner import make_plan
+    from inhouse.plan.source import load_model
+
+    try:
+        source = load_model(model)
+    except BundledModelMissing as error:
+        raise PlanError(str(error)) from None
+    if inputs is None:
+        settings = LaunchSettings(
+            model=source.reference,
+            gguf=source.gguf_tensors is not None,
+            max_model_len=max_model_len,
+        )
+    else:
+        plan = make_plan(source, inputs)
+        if not plan.fits:
+            typer.echo(f"inhouse up: {source.spec.name} does not fit: {plan.reason}", err=True)
+            raise typer.Exit(EXIT_NO_REPLICA)
+        settings = settings_from_plan(plan)
+    if max_num_seqs is not None:
+        settings = dataclasses.replace(settings, max_num_seqs=max_num_seqs)
+    return settings
+
+
+def start_replicas(
+    engine: Engine, settings: LaunchSettings, name: str, count: int, embeddings: bool
+) -> list[Replica]:
+    """Start `count` replicas on free loopback ports, each with its own random key."""
+    from inhouse.launch.base import Endpoint
+    from inhouse.launch.replicas import start_replica
+
+    started = []
+    for index in range(1, count + 1):
+        endpoint = Endpoint(
+            "127.0.0.1", free_port(), name, secrets.token_urlsafe(32), embeddings=embeddings
+        )
+        command = engine.command(settings, endpoint)
+        if index == 1:
+            for note in command.notes:
+                typer.echo(f"note: {note}")
+        replica = start_replica(engine, command, endpoint, index, sys.stdout)
+        typer.echo(f"replica {replica.label}: pid {replica.popen.pid} on {replica.url}")
+        started.append(replica)
+    return started
+
+
+class StartWatch(threading.Thread):
+    """Reports each replica's start, stops the gateway if none of them started, then
+    reports a replica that exits while the gateway runs (the router goes around it)."""
+
+    def __init__(self, replicas: list[Replica], server: uvicorn.Server) -> None:
+        super().__init__(name="replica-start-watch", daemon=True)
+        self.replicas = replicas
+        self.server = server
+        self.all_failed = False
+
+    def run(self) -> None:
+        from inhouse.launch.base import Health
+        from inhouse.launch.replicas import wait_started
+
+        states = wait_started(self.replicas)
+        for replica in self.replicas:
+            if states[replica.label] is Health.READY:
+                typer.echo(f"replica {replica.label} is ready on {replica.url}")
+            else:
+                typer.echo(f"inhouse up: {replica.failure()}", err=True)
+        if all(state is not Health.READY for state in states.values()):
+            typer.echo("inhouse up: no replica started; stopping", err=True)
+            self.all_failed = True
+            self.server.should_exit = True
+            return
+        running = [r for r in self.replicas if states[r.label] is Health.READY]
+        while running and not self.server.should_exit:
+            for replica in [r for r in running if r.popen.poll() is not None]:
+                running.remove(replica)
+                typer.echo(
+                    f"inhouse up: replica {replica.label} exited with status "
+                    f"{replica.popen.returncode}; the gateway routes around it",
+                    err=True,
+                )
+            time.sleep(WATCH_INTERVAL_S)
 
 
 def served_name(model: str | None) -> str:
@@ -89,46 +264,33 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def inhouse_command() -> list[str]:
-    """How to run the `inhouse` CLI of this very installation."""
-    script = Path(sys.executable).with_name("inhouse")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("inhouse")
-    return [found] if found else [sys.executable, "-c", "from inhouse.cli import main; main()"]
-
-
-def start_backend(
-    model: str | None, name: str, port: int, key: str, embeddings: bool
-) -> subprocess.Popen[bytes]:
-    args = [*inhouse_command(), "serve", *([model] if model else [])]
-    args += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", name]
-    if not embeddings:
-        args += ["--embedding-model", "none"]
-    return subprocess.Popen(args, env={**os.environ, "INHOUSE_API_KEY": key})
-
-
 def up_config(
     chat_name: str,
-    url: str,
-    backend_key: str,
+    engine: Engine,
+    replicas: list[Replica],
     host: str,
     port: int,
     database: str,
     embeddings: bool,
 ) -> GatewayConfig:
-    """The gateway config `inhouse up` runs with: one backend, queue policy."""
+    """The gateway config `inhouse up` runs with: one backend per replica, queue policy."""
     from inhouse.gateway.config import parse_config
 
-    backend = {"name": "local", "url": url, "api_key": backend_key, "kind": "inhouse"}
-    models = [{"name": chat_name, "backends": [{**backend, "capabilities": list(CHAT_FEATURES)}]}]
+    def backend(replica: Replica, features: list[str]) -> dict[str, object]:
+        key = replica.endpoint.api_key
+        return {
+            "name": replica.label,
+            "url": replica.url,
+            "api_key": key,
+            "kind": engine.kind,
+            "capabilities": features,
+        }
+
+    chat = [backend(r, list(engine.features)) for r in replicas]
+    models = [{"name": chat_name, "backends": chat}]
     if embeddings:
-        models.append(
-            {
-                "name": EMBEDDING_MODEL_NAME,
-                "backends": [{**backend, "capabilities": ["embeddings"]}],
-            }
-        )
+        embedders = [backend(r, ["embeddings"]) for r in replicas]
+        models.append({"name": EMBEDDING_MODEL_NAME, "backends": embedders})
     return parse_config(
         {"gateway": {"host": host, "port": port, "database": database}, "models": models}
     )

@@ -46,6 +46,12 @@ def plan(
         "--kv-dtype",
         help="KV cache dtype: fp32, bf16, fp16, fp8, int8; auto follows --dtype (bf16 or fp16).",
     ),
+    emit: str | None = typer.Option(
+        None,
+        "--emit",
+        help="Print only the launch command for inhouse, llama.cpp, vllm or sglang "
+        "(what it lacks as # comments).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the numbers as JSON."),
     explain: bool = typer.Option(False, "--explain", help="Spell out the arithmetic."),
 ) -> None:
@@ -56,6 +62,8 @@ def plan(
     from rich.console import Console
 
     from inhouse.bundled import BundledModelMissing
+    from inhouse.launch import ENGINES
+    from inhouse.launch.emit import emit as emit_command
     from inhouse.plan.errors import PlanError
     from inhouse.plan.plan_json import plan_as_dict
     from inhouse.plan.planner import PlanInputs, make_plan
@@ -63,6 +71,10 @@ def plan(
     from inhouse.plan.source import load_model
     from inhouse.plan.units import parse_bytes
 
+    if emit is not None and emit not in ENGINES:
+        known = ", ".join(ENGINES)
+        typer.echo(f"inhouse plan: --emit takes one of {known}, not {emit!r}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
     try:
         inputs = PlanInputs(
             gpu=gpu,
@@ -81,6 +93,8 @@ def plan(
         raise typer.Exit(EXIT_BAD_INPUT) from None
     if as_json:
         typer.echo(json.dumps(plan_as_dict(result), indent=2))
+    elif emit is not None and result.fits:
+        typer.echo(emit_command(emit, result))
     elif result.fits:
         render(result, Console(file=sys.stdout), explain=explain)
     if not result.fits:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from inhouse.plan.flags import inhouse_serve_flags, vllm_serve_flags
+from inhouse.launch.emit import JSON_KEYS, flags_json
 from inhouse.plan.planner import Plan
 
 
@@ -59,7 +59,6 @@ def plan_as_dict(plan: Plan) -> dict[str, Any]:
         "roofline": asdict(plan.roofline) if plan.roofline else None,
         "flags": {
             "max_num_seqs": plan.max_num_seqs,
-            "inhouse_serve": inhouse_serve_flags(plan) if plan.fits else None,
-            "vllm_serve": vllm_serve_flags(plan) if plan.fits else None,
+            **(flags_json(plan) if plan.fits else dict.fromkeys(JSON_KEYS.values())),
         },
     }

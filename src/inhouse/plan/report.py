@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from inhouse.launch.emit import emit
 from inhouse.plan.capacity import kv_heads_per_gpu
-from inhouse.plan.flags import command_line, inhouse_serve_flags, vllm_serve_flags
 from inhouse.plan.formats import kv_dtype_bytes
 from inhouse.plan.planner import MAX_NUM_SEQS_SHARE, Plan
 from inhouse.plan.units import GIB, binary, both, count
@@ -168,10 +168,7 @@ def render(plan: Plan, console: Console, *, explain: bool = False) -> None:
     if explain:
         console.print(_explanation(plan), highlight=False, soft_wrap=True)
     if plan.fits:
-        model = plan.model.reference
         console.print("\n[bold]Recommended flags[/] (max-num-seqs ≈ 80% of capacity):")
-        for program, flags in (
-            ("inhouse serve", inhouse_serve_flags(plan)),
-            ("vllm serve", vllm_serve_flags(plan)),
-        ):
-            console.file.write(command_line(program, model, flags) + "\n")  # never wrapped
+        for engine in ("inhouse", "vllm"):
+            console.file.write(emit(engine, plan) + "\n")  # never wrapped
+        console.print("[dim]llama.cpp and SGLang: --emit llama.cpp, --emit sglang[/]")

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Build llama.cpp's `llama-server` once, from the llama.cpp that the llama-cpp-python
+# source distribution on PyPI vendors (pip is the only network access it needs), into
+# ~/.cache/inhouse/llama.cpp (or $XDG_CACHE_HOME/inhouse/llama.cpp). Idempotent: an
+# existing binary is reused. ~10 minutes on 2 cores the first time. `inhouse up --engine
+# llama.cpp` and the tests find it there (inhouse/launch/llamacpp.py: built_binary).
+set -euo pipefail
+VERSION=0.3.36  # keep equal to LLAMA_CPP_PYTHON in src/inhouse/launch/llamacpp.py
+PY=${PY:-python3}
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/inhouse/llama.cpp"
+TREE="$CACHE/llama_cpp_python-$VERSION/vendor/llama.cpp"
+BIN="$TREE/build/bin/llama-server"
+if [ -x "$BIN" ]; then
+    echo "llama-server: $BIN"
+    exit 0
+fi
+mkdir -p "$CACHE"
+if [ ! -f "$TREE/CMakeLists.txt" ]; then
+    "$PY" -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$CACHE"
+    tar -xzf "$CACHE/llama_cpp_python-$VERSION.tar.gz" -C "$CACHE"
+    rm -f "$CACHE/llama_cpp_python-$VERSION.tar.gz"
+fi
+CMAKE=$(command -v cmake || true)
+if [ -z "$CMAKE" ]; then  # no system cmake: the PyPI one, into the caller's environment
+    "$PY" -m pip install -q cmake
+    CMAKE="$(dirname "$PY")/cmake"
+fi
+"$CMAKE" -S "$TREE" -B "$TREE/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF
+"$CMAKE" --build "$TREE/build" -j"$(nproc)" --target llama-server
+echo "llama-server: $BIN"

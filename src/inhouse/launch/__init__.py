@@ -1,0 +1,18 @@
+"""Launch serving engines with a plan's flags: inhouse, llama.cpp, vLLM, SGLang.
+
+One module per engine implements `inhouse.launch.base.Engine`; `replicas` starts them,
+follows their logs and tells loading from ready from crashed.
+"""
+
+from __future__ import annotations
+
+from inhouse.launch.base import Engine
+from inhouse.launch.inhouse import InhouseEngine
+from inhouse.launch.llamacpp import LlamaCppEngine
+from inhouse.launch.sglang import SglangEngine
+from inhouse.launch.vllm import VllmEngine
+
+ENGINES: dict[str, Engine] = {
+    engine.name: engine
+    for engine in (InhouseEngine(), LlamaCppEngine(), VllmEngine(), SglangEngine())
+}

@@ -1,0 +1,133 @@
+"""The interface every engine module implements, and the settings a plan hands to it.
+
+An engine turns `LaunchSettings` (what the plan decided) into its own command line,
+says which settings it has no flag for (`notes`, never a silent drop), knows where its
+program is and how to tell it is installed, and reads its own `/health` answer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class EngineMissing(RuntimeError):
+    """The engine's program or package is not installed; the message says how to get it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSettings:
+    """What to start, engine-neutral. None means "leave it to the engine's default"."""
+
+    model: str  # a file, a folder or a hub id, as the engine takes it
+    gguf: bool = False  # the model is a GGUF file
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_bytes: int | None = None  # KV budget per GPU
+    kv_cache_tokens: int | None = None  # what that budget holds, in tokens
+    gpu_memory_utilization: float | None = None  # vLLM's share: weights + KV + overhead
+    static_memory_fraction: float | None = None  # SGLang's share: weights + KV only
+    kv_dtype: str | None = None  # fp32, bf16, fp16, fp8 or int8 (plan names)
+    tp: int = 1
+    weights: str | None = None  # plan weight-format name when not the checkpoint's own
+    vllm_quantization: str | None = None  # the --quantization value vLLM and SGLang know
+    dtype: str | None = None  # float16 or bfloat16
+    gpu: bool = False  # a GPU deployment (llama.cpp then offloads every layer)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a launched replica listens and how the gateway reaches it."""
+
+    host: str
+    port: int
+    served_name: str
+    api_key: str | None = None
+    embeddings: bool = False  # also serve the bundled embedding model (inhouse only)
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A launch command: the program's argv, extra environment, and what it could not take."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+class Health(StrEnum):
+    READY = "ready"
+    LOADING = "loading"
+    FAILED = "failed"
+
+
+@dataclass
+class Flags:
+    """Flags being built, with a note for every setting the engine has no flag for."""
+
+    argv: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, *tokens: str) -> None:
+        self.argv.extend(tokens)
+
+    def lacks(self, note: str) -> None:
+        self.notes.append(note)
+
+
+class Engine(ABC):
+    """One serving engine: its flags, its program, and how it reports being ready."""
+
+    name: str  # the --engine value
+    kind: str  # the gateway backend kind (metric names, cache_salt)
+    program: str  # how its command starts, for people
+    documented: str  # file under inhouse/launch/documented/ listing its options
+    start_timeout_s: float  # how long a cold start may take before it counts as failed
+    features: tuple[str, ...] = ("chat", "completions")  # gateway capabilities
+    gguf_only: bool = False  # loads nothing but GGUF files
+
+    @abstractmethod
+    def executable(self) -> list[str]:
+        """The argv prefix that runs the engine; EngineMissing when it is not installed."""
+
+    @abstractmethod
+    def model_args(self, settings: LaunchSettings) -> list[str]:
+        """How the engine is told which model to load."""
+
+    @abstractmethod
+    def plan_flags(self, settings: LaunchSettings, flags: Flags) -> None:
+        """Add the flags that carry the plan, and a note for each one it cannot carry."""
+
+    @abstractmethod
+    def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
+        """Add address, name and metrics flags; return environment (the API key, off `ps`)."""
+
+    def health(self, status: int, body: str) -> Health:
+        """Read a `/health` answer: 200 ready, anything else still loading."""
+        return Health.READY if status == 200 else Health.LOADING
+
+    def flags(self, settings: LaunchSettings) -> Flags:
+        """The model and plan flags, without any address: what `inhouse plan --emit` prints."""
+        flags = Flags(argv=self.model_args(settings))
+        self.plan_flags(settings, flags)
+        return flags
+
+    def command(self, settings: LaunchSettings, endpoint: Endpoint) -> Command:
+        """The full command that starts one replica listening on `endpoint`."""
+        flags = self.flags(settings)
+        env = self.serving_flags(endpoint, flags)
+        return Command([*self.executable(), *flags.argv], env, tuple(flags.notes))
+
+
+def shell_line(program: str, argv: list[str]) -> str:
+    """A shell line with one option (and its values) per continued line."""
+    lines = [program]
+    for token in argv:
+        if token.startswith("-") or len(lines) == 1:
+            lines.append(token)
+        else:
+            lines[-1] += f" {token}"
+    head = lines[0] if len(lines) == 1 else f"{lines[0]} {lines.pop(1)}"
+    return " \\\n  ".join([head, *lines[1:]])

@@ -1,0 +1,41 @@
+"""`inhouse plan --emit ENGINE`: a plan as one engine's launch command, with what it lacks."""
+
+from __future__ import annotations
+
+from inhouse.launch import ENGINES
+from inhouse.launch.base import Flags, shell_line
+from inhouse.launch.settings import settings_from_plan
+from inhouse.plan.planner import Plan
+
+# The JSON key of each engine's flags (the first two as `inhouse plan --json` always had them).
+JSON_KEYS = {
+    "inhouse": "inhouse_serve",
+    "vllm": "vllm_serve",
+    "llama.cpp": "llama_server",
+    "sglang": "sglang_launch_server",
+}
+
+
+def plan_flags(engine: str, plan: Plan) -> Flags:
+    """The model and plan flags of `engine` for this plan, and its notes."""
+    return ENGINES[engine].flags(settings_from_plan(plan))
+
+
+def flags_json(plan: Plan) -> dict[str, object]:
+    """Each engine's plan flags (without the model) and notes, for `inhouse plan --json`."""
+    settings = settings_from_plan(plan)
+    out: dict[str, object] = {}
+    notes: dict[str, list[str]] = {}
+    for name, key in JSON_KEYS.items():
+        engine = ENGINES[name]
+        flags = engine.flags(settings)
+        out[key] = flags.argv[len(engine.model_args(settings)) :]
+        notes[name] = flags.notes
+    return {**out, "notes": notes}
+
+
+def emit(engine: str, plan: Plan) -> str:
+    """A shell snippet: each setting the engine cannot take as a comment, then its command."""
+    flags = plan_flags(engine, plan)
+    notes = [f"# {note}" for note in flags.notes]
+    return "\n".join([*notes, shell_line(ENGINES[engine].program, flags.argv)])

@@ -1,0 +1,78 @@
+"""`inhouse serve`, our own engine: flags in vLLM's spelling, the KV budget given in bytes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from inhouse.launch.base import Endpoint, Engine, Flags, Health, LaunchSettings
+from inhouse.plan.units import MIB
+
+# --dtype values `inhouse serve` accepts, by the plan's activation dtype.
+DTYPES = {"bfloat16": "bfloat16", "float16": "float16"}
+
+
+def inhouse_command() -> list[str]:
+    """How to run the `inhouse` CLI of this very installation."""
+    script = Path(sys.executable).with_name("inhouse")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("inhouse")
+    return [found] if found else [sys.executable, "-c", "from inhouse.cli import main; main()"]
+
+
+class InhouseEngine(Engine):
+    name = "inhouse"
+    kind = "inhouse"
+    program = "inhouse serve"
+    documented = ""  # our own flags: `inhouse serve --help` is their documentation
+    start_timeout_s = 600.0
+    features = ("chat", "completions", "tools", "json_schema")
+
+    def executable(self) -> list[str]:
+        return [*inhouse_command(), "serve"]
+
+    def model_args(self, settings: LaunchSettings) -> list[str]:
+        return [settings.model]
+
+    def plan_flags(self, settings: LaunchSettings, flags: Flags) -> None:
+        if settings.max_model_len:
+            flags.add("--max-model-len", str(settings.max_model_len))
+        if settings.max_num_seqs:
+            flags.add("--max-num-seqs", str(settings.max_num_seqs))
+        if settings.max_num_batched_tokens:
+            flags.add("--max-num-batched-tokens", str(settings.max_num_batched_tokens))
+        if settings.kv_cache_bytes is not None:
+            flags.add("--kv-cache-memory", f"{settings.kv_cache_bytes // MIB}MiB")
+        if settings.dtype:
+            flags.add("--dtype", DTYPES[settings.dtype])
+        if settings.tp > 1:
+            flags.lacks(
+                f"inhouse serve has no tensor parallelism: it runs on one device, not {settings.tp}"
+            )
+        if settings.kv_dtype in ("fp8", "int8"):
+            flags.lacks(f"inhouse serve has no {settings.kv_dtype} KV cache: it caches in --dtype")
+        if settings.weights:
+            flags.lacks(
+                f"inhouse serve does not load {settings.weights} weights "
+                "(it reads 16-bit safetensors and GGUF)"
+            )
+
+    def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
+        flags.add("--host", endpoint.host, "--port", str(endpoint.port))
+        flags.add("--served-model-name", endpoint.served_name)
+        if not endpoint.embeddings:
+            flags.add("--embedding-model", "none")
+        return {"INHOUSE_API_KEY": endpoint.api_key} if endpoint.api_key else {}
+
+    def health(self, status: int, body: str) -> Health:
+        """200 ready; 503 with `"status": "failed"` means the model could not be loaded."""
+        if status == 200:
+            return Health.READY
+        try:
+            failed = json.loads(body).get("status") == "failed"
+        except (ValueError, AttributeError):
+            failed = False
+        return Health.FAILED if failed else Health.LOADING

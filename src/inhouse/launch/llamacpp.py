@@ -1,0 +1,104 @@
+"""llama.cpp's `llama-server`: GGUF files, slots sharing one unified KV pool.
+
+The plan maps onto it as vLLM's semantics do: `--ctx-size` is the whole KV pool in
+tokens, `--parallel` the sequences at once, and `--kv-unified-per-slot` caps one
+request at max-model-len. The binary is built from the llama.cpp that the
+llama-cpp-python 0.3.36 source distribution vendors (`make llama-server`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from inhouse.launch.base import Endpoint, Engine, EngineMissing, Flags, LaunchSettings
+
+LLAMA_CPP_PYTHON = "0.3.36"  # whose sdist vendors the llama.cpp we build and checked
+KV_TYPES = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "int8": "q8_0", "fp8": "q8_0"}
+
+
+def cache_dir() -> Path:
+    """Where `make llama-server` unpacks and builds llama.cpp."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "inhouse" / "llama.cpp"
+
+
+def built_binary() -> Path:
+    """The llama-server that `make llama-server` builds."""
+    tree = cache_dir() / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    return tree / "build" / "bin" / "llama-server"
+
+
+def find_llama_server() -> Path | None:
+    """$INHOUSE_LLAMA_SERVER, else the one `make llama-server` built, else one on PATH."""
+    explicit = os.environ.get("INHOUSE_LLAMA_SERVER")
+    if explicit:
+        return Path(explicit) if Path(explicit).is_file() else None
+    if built_binary().is_file():
+        return built_binary()
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+class LlamaCppEngine(Engine):
+    name = "llama.cpp"
+    kind = "llama.cpp"
+    program = "llama-server"
+    documented = "llama.cpp.txt"
+    start_timeout_s = 300.0
+    features = ("chat", "completions", "tools", "json_schema")
+    gguf_only = True
+
+    def executable(self) -> list[str]:
+        binary = find_llama_server()
+        if binary is None:
+            raise EngineMissing(
+                "llama.cpp's llama-server is not installed: run `make llama-server` (builds it "
+                f"from the llama-cpp-python {LLAMA_CPP_PYTHON} source, ~10 minutes on 2 cores), "
+                "put llama-server on PATH, or set INHOUSE_LLAMA_SERVER to its path"
+            )
+        return [str(binary)]
+
+    def model_args(self, settings: LaunchSettings) -> list[str]:
+        return ["--model", settings.model]
+
+    def plan_flags(self, settings: LaunchSettings, flags: Flags) -> None:
+        if not settings.gguf:
+            flags.lacks(
+                "llama.cpp loads GGUF files only: convert the checkpoint with llama.cpp's "
+                "convert_hf_to_gguf.py and pass the .gguf file"
+            )
+        if settings.kv_cache_tokens:
+            flags.add("--ctx-size", str(settings.kv_cache_tokens))
+        if settings.max_num_seqs:
+            flags.add("--parallel", str(settings.max_num_seqs))
+        flags.add("--kv-unified")
+        if settings.max_model_len:
+            flags.add("--kv-unified-per-slot", str(settings.max_model_len))
+        if settings.max_num_batched_tokens:
+            flags.add("--batch-size", str(settings.max_num_batched_tokens))
+        if settings.kv_dtype in KV_TYPES:
+            kv = KV_TYPES[settings.kv_dtype]
+            flags.add("--cache-type-k", kv, "--cache-type-v", kv)
+            if settings.kv_dtype == "fp8":
+                flags.lacks("llama.cpp has no fp8 KV cache: q8_0, its 8-bit type, instead")
+        if settings.gpu:
+            flags.add("--n-gpu-layers", "all")
+            flags.lacks(
+                "llama.cpp has no memory-utilization share: --ctx-size sizes the KV pool "
+                "the plan's budget holds"
+            )
+        if settings.tp > 1:
+            flags.add("--split-mode", "layer", "--tensor-split", ",".join(["1"] * settings.tp))
+            flags.lacks(
+                f"llama.cpp has no tensor parallelism: it splits the layers over the {settings.tp} "
+                "GPUs (pipelined), so one sequence runs on one GPU at a time"
+            )
+        if settings.weights and not settings.gguf:
+            flags.lacks(f"llama.cpp has no {settings.weights} weights: quantize to a GGUF type")
+
+    def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
+        flags.add("--host", endpoint.host, "--port", str(endpoint.port))
+        flags.add("--alias", endpoint.served_name, "--metrics", "--no-webui")
+        return {"LLAMA_API_KEY": endpoint.api_key} if endpoint.api_key else {}
