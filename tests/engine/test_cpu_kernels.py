@@ -25,7 +25,7 @@ from inhouse.engine.kernels import build as kernel_build
 from inhouse.engine.kernels.build import Kernels, isa_of
 from inhouse.engine.kernels.quant import dequantize, linear, quantize
 from inhouse.engine.models.loader import load_model
-from inhouse.engine.models.precision import choose_precision
+from inhouse.engine.models.precision import choose_precision, resolve_dtype
 from inhouse.engine.runner import ModelRunner
 
 CPU = torch.device("cpu")
@@ -169,21 +169,25 @@ def _kernels(isa: str):
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
-def test_auto_takes_q8_wherever_the_kernels_build(isa: str) -> None:
-    chosen = choose_precision("auto", "auto", CPU, _kernels(isa))
-    assert (chosen.dtype, chosen.quantization) == (torch.float32, "q8")
-    assert isa in chosen.reason
-    q4 = choose_precision("auto", "q4", CPU, _kernels(isa))
-    assert (q4.dtype, q4.quantization) == (torch.float32, "q4")
+def test_q8_and_q4_run_when_asked(isa: str) -> None:
+    for kind in ("q8", "q4"):
+        chosen = choose_precision("auto", kind, CPU, _kernels(isa))
+        assert (chosen.dtype, chosen.quantization) == (torch.float32, kind)
+        assert isa in chosen.reason
 
 
-def test_without_kernels_auto_falls_back_and_explicit_formats_fail_clearly() -> None:
+def test_auto_is_native_bf16_or_fp16_never_the_kernels() -> None:
+    chosen = choose_precision("auto", "auto", CPU, _kernels("avx2"))
+    if resolve_dtype("auto", CPU) == torch.bfloat16:
+        assert (chosen.dtype, chosen.quantization) == (torch.bfloat16, "none")
+    else:
+        assert (chosen.dtype, chosen.quantization) == (torch.float32, "fp16")
+
+
+def test_without_kernels_explicit_formats_fail_clearly() -> None:
     def none():
         return None
 
-    fallback = choose_precision("auto", "auto", CPU, none)
-    assert (fallback.dtype, fallback.quantization) == (torch.float32, "fp16")
-    assert "no C++ kernels" in fallback.reason
     with pytest.raises(ValueError, match="needs the C\\+\\+ CPU kernels"):
         choose_precision("auto", "q8", CPU, none)
     with pytest.raises(EngineConfigError, match="unknown quantization"):

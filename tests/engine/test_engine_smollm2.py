@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import add, generate, needs_kernels, run_to_end
+from engine_helpers import add, generate, run_to_end
 
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.engine import LLMEngine
@@ -112,7 +112,6 @@ def _default_path_id() -> str:
     [
         pytest.param("bundled_model_fp32", id="fp32"),
         pytest.param("bundled_model_fp16", id="fp16-weights"),
-        pytest.param("bundled_model_q8", id="q8-weights", marks=needs_kernels),
         pytest.param("bundled_model_bf16", id=_default_path_id()),
     ],
 )

@@ -39,7 +39,7 @@ def serve_command(
         str,
         typer.Option(
             help="Weight format: auto (fp16 weights when --dtype auto gives float32 on a "
-            "CPU), none, or fp16.",
+            "CPU), none, fp16, or q8/q4 (our C++ CPU kernels, not batch-invariant yet).",
         ),
     ] = "auto",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",

@@ -1,9 +1,10 @@
 """Which dtype and weight format a model runs in on this machine, and why.
 
 On a CPU a decode step streams every weight once, so the bytes per weight decide its
-speed: with the C++ kernels built for this CPU (:mod:`inhouse.engine.kernels`) the
-default is int8 weights in 32-weight blocks (q8) with float32 activations, on AVX2 and
-AVX-512 alike; without a compiler, fbgemm's float16 weights. ``--dtype`` and
+speed. The default is bf16 where the CPU has it natively, else fbgemm's float16 weights
+with float32 activations. The C++ kernels (:mod:`inhouse.engine.kernels`) run int8 (q8)
+or 4-bit (q4) block weights when asked: fewer bytes still, but their greedy tokens are
+not yet the same alone and in a batch, so they are not the default. ``--dtype`` and
 ``--quantization`` override the choice, with a clear error for a combination this
 machine cannot run. On CUDA weights stay in the (bf16/fp16) dtype.
 """
@@ -66,10 +67,11 @@ def choose_precision(
 ) -> Precision:
     """The path for ``--dtype dtype_name --quantization quantization`` on ``device``.
 
-    "auto" weights on a CPU with dtype auto: q8 when the C++ kernels build here, else
-    fp16 (fbgemm), else the dtype's own weights. An explicit weight format on a CPU with
-    dtype auto runs float32 activations (the kernels' and fbgemm's). An explicit dtype
-    with "auto" weights keeps the dtype's exact weights.
+    "auto" weights on a CPU with dtype auto: bf16 where the CPU has it natively, else
+    fp16 (fbgemm), else float32. q8 and q4 (the C++ kernels) run when asked: their
+    greedy tokens are not yet the same alone and in a batch (tests mark it), so they
+    are not the default. An explicit weight format on a CPU with dtype auto runs float32
+    activations. An explicit dtype with "auto" weights keeps the dtype's exact weights.
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; use {', '.join(QUANTIZATIONS)}")
@@ -81,7 +83,7 @@ def choose_precision(
         return Precision(dtype, "none", f"{device.type}: weights in {_name(dtype)}")
     if quantization == "auto" and not dtype_auto:
         return Precision(dtype, "none", f"--dtype {_name(dtype)}: the checkpoint's exact weights")
-    if quantization == "none":
+    if quantization == "none" or (quantization == "auto" and dtype == torch.bfloat16):
         why = "bf16 native on this CPU" if dtype == torch.bfloat16 and dtype_auto else "asked"
         return Precision(dtype, "none", f"weights in {_name(dtype)} ({why})")
     if not dtype_auto and dtype != torch.float32:
@@ -89,24 +91,20 @@ def choose_precision(
             f"quantization {quantization} computes in float32 activations; "
             f"drop --dtype {_name(dtype)} or use --quantization none"
         )
-    fbgemm = "fbgemm" in torch.backends.quantized.supported_engines
-    if quantization in ("auto", "q8", "q4"):
+    if quantization in ("q8", "q4"):
         built = kernels()
-        if built is not None:
-            why = f"C++ kernels for {built.isa}: fewest bytes a decode step streams"
-            chosen = "q8" if quantization == "auto" else quantization
-            return Precision(torch.float32, chosen, why)
-        if quantization != "auto":
+        if built is None:
             raise ValueError(
                 f"quantization {quantization} needs the C++ CPU kernels, which could not be "
                 "built here (no C++ compiler?); use fp16 or none"
             )
-    if fbgemm:
-        why = "asked" if quantization == "fp16" else "no C++ kernels here; fbgemm fp16 instead"
+        return Precision(torch.float32, quantization, f"asked: C++ kernels for {built.isa}")
+    if "fbgemm" in torch.backends.quantized.supported_engines:
+        why = "asked" if quantization == "fp16" else "fbgemm fp16: half the bytes of float32"
         return Precision(torch.float32, "fp16", why)
     if quantization == "fp16":
         raise ValueError("quantization fp16 needs fbgemm (an x86 CPU)")
-    return Precision(dtype, "none", "no C++ kernels and no fbgemm on this CPU")
+    return Precision(dtype, "none", "no fbgemm on this CPU: float32 weights")
 
 
 def _name(dtype: torch.dtype) -> str:
