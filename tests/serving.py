@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -147,3 +148,14 @@ def burst(
                 await client.close()
 
     return asyncio.run(run())
+
+
+def debian_binary(name: str, package: str) -> str:
+    """The path of a program `make test` installs from Debian's `package` (as root). In CI
+    its absence fails the test; elsewhere (no root to install it) the test is skipped."""
+    found = shutil.which(name)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is missing: the test set-up installs Debian's {package}")
+        pytest.skip(f"{name} not installed (apt-get install {package})")
+    return found

@@ -5,13 +5,10 @@ and the dashboard holds together."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import jsonschema
-import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -19,20 +16,11 @@ from inhouse.cli import app
 from inhouse.observe.dashboard import dashboard, queries
 from inhouse.observe.rules import AlertThresholds, alerting_rules, rules_yaml
 from inhouse.observe.scrape import prometheus_yaml
+from serving import debian_binary
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RULES = DEPLOY / "prometheus" / "rules.yml"
 RULE_TESTS = sorted((DEPLOY / "prometheus").glob("rules*.test.yml"))
-
-
-def promtool() -> str:
-    """The Debian package's promtool; `make test` installs it. Missing outside CI: skip."""
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is missing: the test set-up installs Debian's prometheus")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    return found
 
 
 def test_shipped_files_are_what_the_generators_write() -> None:
@@ -44,7 +32,7 @@ def test_shipped_files_are_what_the_generators_write() -> None:
 
 
 def test_promtool_checks_and_unit_tests_the_rules() -> None:
-    tool = promtool()
+    tool = debian_binary("promtool", "prometheus")
     for args in (
         ["check", "rules", str(RULES)],
         ["check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],

@@ -8,9 +8,7 @@ cache fires the KV alert; killing the backend fires the backend-down alert.
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +26,7 @@ from inhouse.gateway.up import free_port, inhouse_command
 from inhouse.observe.dashboard import queries
 from inhouse.observe.rules import AlertThresholds, rules_yaml
 from inhouse.observe.scrape import prometheus_yaml
-from serving import Process, burst
+from serving import Process, burst, debian_binary
 
 pytestmark = pytest.mark.slow
 
@@ -65,15 +63,6 @@ class Observed:
         pytest.fail(f"{alert} not firing after {timeout} s")
 
 
-def _prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus is missing: the test set-up installs Debian's prometheus")
-        pytest.skip("prometheus not installed (apt-get install prometheus)")
-    return found
-
-
 def _gateway_config(port: int, db_url: str, backend_url: str, key: str) -> str:
     return f"""
 [gateway]
@@ -103,7 +92,7 @@ max_context = 512
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
-    binary = _prometheus_binary()
+    binary = debian_binary("prometheus", "prometheus")
     base = tmp_path_factory.mktemp("prometheus-e2e")
     serve_port, gateway_port, prom_port = free_port(), free_port(), free_port()
     backend_key = secrets.token_urlsafe(24)

@@ -106,13 +106,27 @@ async def open_session(settings: SessionSettings, console: Console) -> AsyncIter
                 yield Session(context, notes)
 
 
+async def session_prompts(
+    session: Session, settings: SessionSettings, count: int
+) -> list[BenchRequest]:
+    """The session's prompts, sized with the server's `/tokenize`. When the server refuses
+    it part-way (a gateway's rate limit on the bench's key), word counts stand in, as for
+    a server without `/tokenize`, and a note says so."""
+    try:
+        return await build_dataset(settings.dataset, count, settings.seed, session.context.counter)
+    except httpx.HTTPStatusError as err:
+        session.notes.append(
+            f"/tokenize answered {err.response.status_code} while prompts were sized: "
+            "prompt lengths are word counts, unchecked"
+        )
+        return await build_dataset(settings.dataset, count, settings.seed, None)
+
+
 async def bench_run(settings: SessionSettings, shape: LoadShape, console: Console) -> RunResult:
     """One run; prints the table and writes `results.json` under `settings.out`."""
     async with open_session(settings, console) as session:
         distinct = shape.num_prompts or 256
-        pool = await build_dataset(
-            settings.dataset, settings.warmup + distinct, settings.seed, session.context.counter
-        )
+        pool = await session_prompts(session, settings, settings.warmup + distinct)
         warmup, measured = pool[: settings.warmup], pool[settings.warmup :]
         result = await execute_run(session.context, measured, shape, warmup=warmup)
     console.print(run_table(result))
@@ -144,9 +158,7 @@ async def bench_sweep(
         raise ValueError("a sweep needs a TTFT objective: --slo ttft=…")
     sizes = step_sizes(steps, per_slot, minimum)
     async with open_session(settings, console) as session:
-        pool = await build_dataset(
-            settings.dataset, settings.warmup + sum(sizes), settings.seed, session.context.counter
-        )
+        pool = await session_prompts(session, settings, settings.warmup + sum(sizes))
         result = await run_sweep(
             session.context,
             steps,
