@@ -82,3 +82,18 @@ def test_quota_refusal_waits_for_the_period_unless_it_can_never_fit(store: KeySt
     assert refused.retry_after_s == pytest.approx(86400)
     assert "900 of 1000 used" in refused.message
     assert quota_refusal(key, 0, 1001, clock.now, {}).retry_after_s is None
+
+
+def test_an_unmetered_call_takes_a_slot_but_no_request_or_tokens(
+    store: KeyStore, limiter: KeyLimiter
+) -> None:
+    key, _ = store.create("u", rpm=1, tpm=10, max_concurrent=1)
+    assert limiter.admit(key, 0, metered=False).allowed  # /tokenize: no model runs
+    assert not limiter.admit(key, 0, metered=False).allowed  # the slot is still taken
+    limiter.release(key)
+    first = limiter.admit(key, 10)
+    assert first.allowed, "the unmetered call used up the request or token budget"
+    limiter.release(key)
+    assert limiter.admit(key, 0, metered=False).allowed  # while the minute's budget is spent
+    limiter.release(key)
+    assert not limiter.admit(key, 1).allowed

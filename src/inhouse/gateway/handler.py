@@ -50,6 +50,7 @@ T = TypeVar("T")
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 SHUTTING_DOWN = service_unavailable("the gateway is shutting down; retry on another replica")
 DRAIN_SETTLE_S = 2.0
+UNMETERED_ENDPOINTS = frozenset({"tokenize", "detokenize"})  # no model runs: no RPM, TPM, quota
 log = logging.getLogger("inhouse.gateway")
 AUTH_MESSAGES = {
     "missing": "Missing API key: send it as 'Authorization: Bearer <key>'.",
@@ -78,6 +79,7 @@ class Call:
     lease: Lease | None = None
     settled: bool = False
     client_left: bool = False
+    metered: bool = True  # False: runs no model, charges no tokens (/tokenize, /detokenize)
 
 
 class Gateway:
@@ -146,8 +148,9 @@ class Gateway:
             return self._refuse(err, key, model, endpoint, ts, started)
         prompt, cap = await budget(self.upstreams, self.router, key, route, endpoint, body, needs)
         reserve = needs.reserve(prompt, cap)
-        admission = await self._limits(self.limiter.admit, key, reserve)
-        if admission.allowed and key.quota_tokens is not None:
+        metered = endpoint not in UNMETERED_ENDPOINTS
+        admission = await self._limits(self.limiter.admit, key, reserve, metered)
+        if admission.allowed and metered and key.quota_tokens is not None:
             admission = await self._reserve_quota(key, reserve, ts, admission.headers)
         if not admission.allowed:
             err = limit_error(admission.reason or "requests", admission.message)
@@ -156,7 +159,7 @@ class Gateway:
             )
         call = Call(
             key, route, endpoint, needs, prompt, cap, reserve, bool(body.get("stream")), ts,
-            started, admission.headers, self._prompt_text(key, body),
+            started, admission.headers, self._prompt_text(key, body), metered=metered,
         )  # fmt: skip
         self.active += 1
         try:
@@ -269,6 +272,8 @@ class Gateway:
         completion = outcome.completion_tokens
         if completion is None:
             completion = outcome.content_chunks
+        if not call.metered:
+            prompt = completion = 0
         charged = prompt + completion
         if call.lease is not None:
             self.router.release(call.lease)

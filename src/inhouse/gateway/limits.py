@@ -40,8 +40,11 @@ class KeyLimiter:
         self._lock = threading.Lock()
         self._in_flight: dict[int, int] = {}
 
-    def admit(self, key: ApiKey, reserve: int) -> Admission:
-        """Reserve one request slot and `reserve` tokens, or say why not and for how long."""
+    def admit(self, key: ApiKey, reserve: int, metered: bool = True) -> Admission:
+        """Reserve one request slot and `reserve` tokens, or say why not and for how long.
+
+        An unmetered call (one that runs no model: /tokenize, /detokenize) takes only a
+        concurrency slot; requests and tokens per minute are left as they are."""
         with self._lock:
             if (
                 key.max_concurrent is not None
@@ -55,6 +58,8 @@ class KeyLimiter:
                     self.headers(key),
                 )
             self._in_flight[key.id] = self._in_flight.get(key.id, 0) + 1
+        if not metered:
+            return Admission(True, headers=self.headers(key))
         requests = self._acquire(key, "rpm", key.rpm, 1)
         tokens = self._acquire(key, "tpm", key.tpm, reserve) if _passed(requests) else None
         if not _passed(requests) or not _passed(tokens):
