@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from engine_helpers import needs_kernels
-from test_fp16_weights import assert_greedy_consistent
+from test_fp16_weights import assert_greedy_consistent, chat_prompt_ids
 from test_model_equality import runner_greedy
 
 from inhouse.engine.config import EngineConfig
@@ -150,15 +150,7 @@ def test_tiny_models_with_quantized_weights_agree_with_hf(kind, folder_fixture, 
 @needs_kernels
 @pytest.mark.slow
 def test_bundled_model_with_q8_weights_agrees_with_hf(bundled_model_q8) -> None:
-    tok = bundled_model_q8.tokenizer
-    questions = ["What is the capital of France?", "Explain why the sky is blue."]
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
-        )
-        for q in questions
-    ]
-    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    prompts = chat_prompt_ids(bundled_model_q8.tokenizer)
     ours = runner_greedy(ModelRunner(bundled_model_q8, num_blocks=64, block_size=16), prompts, 48)
     hf = hf_with_quantized_weights(bundled_model_q8.hf_folder, "q8")
     assert_greedy_consistent(hf, prompts, ours, TOLERANCE)

@@ -67,12 +67,8 @@ def test_tiny_models_with_fp16_weights_agree_with_hf(folder_fixture, request) ->
     assert_greedy_consistent(hf_with_fp16_weights(folder), prompts, ours)
 
 
-@pytest.mark.slow
-def test_bundled_model_with_fp16_weights_agrees_with_hf(
-    bundled_model_fp16, bundled_model_fp32
-) -> None:
-    loaded = bundled_model_fp16
-    tok = loaded.tokenizer
+def chat_prompt_ids(tok) -> list[list[int]]:
+    """Two short questions in the tokenizer's chat template, as token ids."""
     questions = ["What is the capital of France?", "Explain why the sky is blue."]
     texts = [
         tok.apply_chat_template(
@@ -80,7 +76,15 @@ def test_bundled_model_with_fp16_weights_agrees_with_hf(
         )
         for q in questions
     ]
-    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+@pytest.mark.slow
+def test_bundled_model_with_fp16_weights_agrees_with_hf(
+    bundled_model_fp16, bundled_model_fp32
+) -> None:
+    loaded = bundled_model_fp16
+    prompts = chat_prompt_ids(loaded.tokenizer)
     ours = runner_greedy(ModelRunner(loaded, num_blocks=64, block_size=16), prompts, 64)
     hf = hf_with_fp16_weights(loaded.hf_folder)
     assert_greedy_consistent(hf, prompts, ours)
