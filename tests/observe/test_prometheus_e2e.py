@@ -96,10 +96,13 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     base = tmp_path_factory.mktemp("prometheus-e2e")
     serve_port, gateway_port, prom_port = free_port(), free_port(), free_port()
     backend_key = secrets.token_urlsafe(24)
-    # a KV cache a little over one 512-token sequence: a few long prompts fill it
+    # a float32 KV cache a little over one 512-token sequence: a few long prompts fill it.
+    # The dtype is named so a bf16 CPU (whose default halves the bytes a token takes)
+    # gets the same cache in tokens as an AVX2-only one.
     backend = Process(
         [*inhouse_command(), "serve", "--port", str(serve_port), "--embedding-model", "none",
-         "--max-model-len", "512", "--kv-cache-memory", "24MiB"],
+         "--max-model-len", "512", "--kv-cache-memory", "24MiB",
+         "--dtype", "float32", "--quantization", "fp16"],
         base / "serve.log",
         {"INHOUSE_API_KEY": backend_key},
     )  # fmt: skip
