@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from inhouse.engine.threads import use_cpu_threads
+
 DEFAULT_MAX_SEQ_LENGTH = 256
 BATCH_SIZE = 32
 
@@ -33,6 +35,7 @@ class Embedder:
     def embed(self, inputs: list[str] | list[list[int]]) -> tuple[torch.Tensor, int]:
         """Unit-norm embeddings ``[len(inputs), dimensions]`` and the tokens read."""
         vectors, tokens = [], 0
+        use_cpu_threads()
         with self._lock, torch.inference_mode():
             for start in range(0, len(inputs), BATCH_SIZE):
                 batch = self._encode(inputs[start : start + BATCH_SIZE])

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 
 import torch
 
 from inhouse.engine.attention import build_attention_metadata
 from inhouse.engine.models.loader import LoadedModel
 from inhouse.engine.sequence import Sequence
+from inhouse.engine.threads import use_cpu_threads
 
 
 class ModelRunner:
@@ -26,8 +26,6 @@ class ModelRunner:
             raise ValueError(
                 f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
             )
-        if loaded.device.type == "cpu":
-            torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.model = loaded.model
         self.device = loaded.device
         self.num_blocks = num_blocks
@@ -58,6 +56,8 @@ class ModelRunner:
         """
         if not batch:
             raise ValueError("execute() needs at least one (sequence, num_tokens) entry")
+        if self.device.type == "cpu":
+            use_cpu_threads()
         computed, counts, tables, tokens = [], [], [], []
         for seq, n in batch:
             c = seq.num_computed_tokens
