@@ -163,6 +163,15 @@ def bundled_model_q8():
 
 
 @pytest.fixture(scope="session")
+def bundled_model_q4():
+    """The bundled SmolLM2 with 4-bit block weights (the GGUF's own Q4_1 blocks) for the
+    C++ kernels, float32 activations."""
+    from inhouse.engine.models.loader import load_model
+
+    return load_model(None, quantization="q4")
+
+
+@pytest.fixture(scope="session")
 def bundled_model_bf16():
     """The bundled SmolLM2 in bfloat16: the default on CPUs with avx512_bf16 or AMX.
 

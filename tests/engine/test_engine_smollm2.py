@@ -113,6 +113,8 @@ def _default_path_id() -> str:
         pytest.param("bundled_model_fp32", id="fp32"),
         pytest.param("bundled_model_fp16", id="fp16-weights"),
         pytest.param("bundled_model_bf16", id=_default_path_id()),
+        pytest.param("bundled_model_q8", id="q8-kernels"),
+        pytest.param("bundled_model_q4", id="q4-kernels"),
     ],
 )
 def test_sixteen_requests_together_equal_each_alone(weights, chat_prompts, request):

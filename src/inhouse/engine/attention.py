@@ -41,12 +41,13 @@ class AttentionGroup:
 
 @dataclass(slots=True)
 class DecodeTables:
-    """A step of one new token per sequence, for the C++ kernel that reads the paged
-    cache in place (no gather, no padding, no mask)."""
+    """The sequences of a step that run one new token each, for the C++ kernel that reads
+    the paged cache in place (no gather, no padding, no mask)."""
 
     block_tables: torch.Tensor  # [B, W] int64 block ids (rows padded with block 0)
     context_lens: torch.Tensor  # [B] int64 tokens each sequence attends to, the new one included
     block_size: int
+    token_rows: torch.Tensor | None = None  # [B] their flat token rows; None: every row
 
 
 @dataclass(slots=True)
@@ -55,7 +56,8 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [T] cache slot for each scheduled token
     groups: list[AttentionGroup]
-    decode: DecodeTables | None = None  # set when the C++ decode kernel runs this step
+    decode: DecodeTables | None = None  # set when the C++ decode kernel runs this step's
+    # single-token entries (``groups`` then holds only the multi-token ones)
     sliding_window: int = 0  # what a sliding layer passes that kernel (0: no window)
 
 
@@ -86,24 +88,19 @@ def paged_attention(
     A ``sliding`` layer sees only the last ``sliding_window`` positions (the metadata's).
     """
     num_tokens, num_heads, head_dim = q.shape
-    if meta.decode is not None:
-        d = meta.decode
-        window = meta.sliding_window if sliding else 0
-        return torch.ops.inhouse_cpu.paged_decode_attention(
-            q.contiguous(),
-            k_cache,
-            v_cache,
-            d.block_tables,
-            d.context_lens,
-            d.block_size,
-            scale,
-            window,
-        )
+    d = meta.decode
+    if d is not None and d.token_rows is None:
+        return _decode_kernel(q, k_cache, v_cache, d, scale, meta.sliding_window if sliding else 0)
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
-    if len(meta.groups) == 1 and meta.groups[0].token_rows is None:
+    if d is None and len(meta.groups) == 1 and meta.groups[0].token_rows is None:
         return _attend_group(q, k_cache, v_cache, meta.groups[0], group, scale, sliding)
     out = q.new_empty(num_tokens, num_heads * head_dim)
+    if d is not None:
+        window = meta.sliding_window if sliding else 0
+        out[d.token_rows] = _decode_kernel(
+            q.index_select(0, d.token_rows), k_cache, v_cache, d, scale, window
+        )
     for g in meta.groups:
         rows = _attend_group(q, k_cache, v_cache, g, group, scale, sliding)
         if g.output_rows is None:
@@ -111,6 +108,26 @@ def paged_attention(
         else:
             out[g.token_rows] = rows[g.output_rows]
     return out
+
+
+def _decode_kernel(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    d: DecodeTables,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    return torch.ops.inhouse_cpu.paged_decode_attention(
+        q.contiguous(),
+        k_cache,
+        v_cache,
+        d.block_tables,
+        d.context_lens,
+        d.block_size,
+        scale,
+        window,
+    )
 
 
 def _attend_group(
@@ -157,8 +174,9 @@ def build_attention_metadata(
     one group and multi-token (prefill) entries another, so a long prefill does not
     pad every decode query. ``query_group`` is query heads per KV head. With a
     ``sliding_window`` w, sliding layers let position p see keys p-w+1 .. p (HF's rule).
-    With ``decode_kernel``, a step of single-token entries only is described for the
-    C++ kernel instead (:class:`DecodeTables`).
+    With ``decode_kernel``, the single-token entries are described for the C++ kernel
+    instead (:class:`DecodeTables`), in a step with prefills too: a sequence's decode
+    then takes the same arithmetic whatever runs beside it.
     """
     starts = [0]
     for n in counts[:-1]:
@@ -172,13 +190,12 @@ def build_attention_metadata(
     )
     decode = [i for i, n in enumerate(counts) if n == 1]
     prefill = [i for i, n in enumerate(counts) if n > 1]
-    if decode_kernel and not prefill:
-        lens = torch.tensor([c + 1 for c in computed])
-        tables_for_kernel = DecodeTables(tables.to(device), lens.to(device), block_size)
-        meta = AttentionMetadata(
-            slot_mapping.to(device), [], tables_for_kernel, sliding_window or 0
-        )
-        return meta, positions.to(device)
+    kernel_tables = None
+    if decode_kernel and decode:
+        lens = torch.tensor([computed[i] + 1 for i in decode])
+        rows = torch.tensor([starts[i] for i in decode]).to(device) if prefill else None
+        kernel_tables = DecodeTables(tables[decode].to(device), lens.to(device), block_size, rows)
+        decode = []
     groups = [
         _group(
             members,
@@ -195,7 +212,7 @@ def build_attention_metadata(
         for members in (decode, prefill)
         if members
     ]
-    meta = AttentionMetadata(slot_mapping.to(device), groups)
+    meta = AttentionMetadata(slot_mapping.to(device), groups, kernel_tables, sliding_window or 0)
     return meta, positions.to(device)
 
 
