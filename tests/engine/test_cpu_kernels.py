@@ -99,7 +99,7 @@ def test_paged_decode_attention_matches_sdpa(window: int) -> None:
 
 
 @needs_kernels
-def test_fused_rotary_kv_write_and_swiglu_match_the_eager_ops() -> None:
+def test_fused_rotary_kv_write_swiglu_and_add_norm_match_the_eager_ops() -> None:
     from inhouse.engine.models.llama import _rotate
 
     gen = torch.Generator().manual_seed(1)
@@ -116,6 +116,13 @@ def test_fused_rotary_kv_write_and_swiglu_match_the_eager_ops() -> None:
     gate_up = torch.randn(tokens, 2 * 24, generator=gen)
     gate, up = gate_up.split(24, dim=-1)
     torch.testing.assert_close(torch.ops.inhouse_cpu.silu_mul(gate_up), F.silu(gate) * up)
+    residual, delta = torch.randn(tokens, 40, generator=gen), torch.randn(tokens, 40, generator=gen)
+    weight, expected_stream = torch.randn(40, generator=gen), residual + delta
+    normed = torch.ops.inhouse_cpu.add_rms_norm(residual, delta, weight, 1e-5)
+    assert torch.equal(residual, expected_stream)  # added in place
+    torch.testing.assert_close(normed, F.rms_norm(expected_stream, (40,), weight, 1e-5))
+    alone = torch.ops.inhouse_cpu.add_rms_norm(residual, None, weight, 1e-5)
+    torch.testing.assert_close(alone, normed)
 
 
 def hf_with_quantized_weights(folder, kind: str):

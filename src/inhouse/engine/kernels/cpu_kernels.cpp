@@ -334,6 +334,46 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   return out;
 }
 
+// The residual stream's update and the next RMSNorm in one pass over each token:
+// residual += delta (in place; no delta for the first layer), then
+// out = residual / sqrt(mean(residual^2) + eps) * weight, in HF's order of operations.
+torch::Tensor add_rms_norm(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,
+                           const torch::Tensor& weight, double eps) {
+  TORCH_CHECK(residual.is_contiguous() && weight.is_contiguous() &&
+              residual.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32);
+  const int64_t dim = residual.size(-1), tokens = residual.numel() / dim;
+  TORCH_CHECK(weight.numel() == dim, "one weight per feature");
+  torch::Tensor added;
+  if (delta.has_value()) {
+    added = delta->contiguous();
+    TORCH_CHECK(added.sizes() == residual.sizes() && added.scalar_type() == torch::kFloat32);
+  }
+  auto out = torch::empty_like(residual);
+  float* rp = residual.data_ptr<float>();
+  const float* dp = added.defined() ? added.data_ptr<float>() : nullptr;
+  const float* wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float epsilon = static_cast<float>(eps);
+  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* r = rp + t * dim;
+      if (dp) {
+        const float* d = dp + t * dim;
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) r[i] += d[i];
+      }
+      float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+      for (int64_t i = 0; i < dim; ++i) squares += r[i] * r[i];
+      const float inv = 1.f / std::sqrt(squares / static_cast<float>(dim) + epsilon);
+      float* o = op + t * dim;
+#pragma omp simd
+      for (int64_t i = 0; i < dim; ++i) o[i] = wp[i] * (r[i] * inv);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(inhouse_cpu, m) {
@@ -346,6 +386,7 @@ TORCH_LIBRARY(inhouse_cpu, m) {
       "rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor slots, int heads) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(inhouse_cpu, CPU, m) {
@@ -354,4 +395,5 @@ TORCH_LIBRARY_IMPL(inhouse_cpu, CPU, m) {
   m.impl("paged_decode_attention", &paged_decode_attention);
   m.impl("rope_write_kv", &rope_write_kv);
   m.impl("silu_mul", &silu_mul);
+  m.impl("add_rms_norm", &add_rms_norm);
 }

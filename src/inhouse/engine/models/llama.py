@@ -166,6 +166,10 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, self.shape, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), self.shape, None, self.eps).to(x.dtype)
 
+    def add_and_norm(self, residual: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """``residual += delta`` in place, then this norm of it, in one C++ pass (float32)."""
+        return torch.ops.inhouse_cpu.add_rms_norm(residual, delta, self.weight, self.eps)
+
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
@@ -242,6 +246,14 @@ class DecoderLayer(nn.Module):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, k_cache, v_cache, meta)
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def fused(self, residual, delta, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
+        """The same layer with each residual add fused into the norm after it: adds the
+        previous layer's MLP output ``delta`` into ``residual`` (in place) and returns
+        this layer's MLP output, for the next layer (or the final norm) to add."""
+        x = self.input_layernorm.add_and_norm(residual, delta)
+        attended = self.self_attn(x, cos, sin, k_cache, v_cache, meta)
+        return self.mlp(self.post_attention_layernorm.add_and_norm(residual, attended))
+
 
 # Checkpoint names of the projections we fuse: (fused name, part, index in fused tensor).
 _FUSED = {
@@ -283,6 +295,7 @@ class LlamaForCausalLM(nn.Module):
             for i in range(args.num_layers)
         )
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, like)
+        self.fused_norms = False  # residual adds fused into the norms (see fuse_cpu_ops)
         self.lm_head = (
             self.embed_tokens
             if args.tie_word_embeddings
@@ -306,9 +319,15 @@ class LlamaForCausalLM(nn.Module):
         h = F.embedding(input_ids, self.embed_tokens.weight).to(self.dtype)
         cos = self.rope_cos[positions].to(h.dtype)[:, None, :]
         sin = self.rope_sin[positions].to(h.dtype)[:, None, :]
-        for layer, cache in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, cos, sin, cache[0], cache[1], meta)
-        h = self.norm(h[logit_rows])
+        if self.fused_norms:
+            delta = None
+            for layer, cache in zip(self.layers, kv_caches, strict=True):
+                delta = layer.fused(h, delta, cos, sin, cache[0], cache[1], meta)
+            h = self.norm(h[logit_rows] + delta[logit_rows])
+        else:
+            for layer, cache in zip(self.layers, kv_caches, strict=True):
+                h = layer(h, cos, sin, cache[0], cache[1], meta)
+            h = self.norm(h[logit_rows])
         return self.lm_head(h).float()
 
     def packer(self, quantization: str) -> Callable[[str], None]:
@@ -340,12 +359,13 @@ class LlamaForCausalLM(nn.Module):
         return loaded
 
     def fuse_cpu_ops(self) -> None:
-        """Run rotary + K/V write and SwiGLU's product through the C++ kernels (float32 on
-        CPU, kernels loaded). Qwen3's per-head q/k norm sits between projection and rotary,
-        so its attention keeps the eager ops."""
+        """Run rotary + K/V write, SwiGLU's product and each residual add + RMSNorm through
+        the C++ kernels (float32 on CPU, kernels loaded). Qwen3's per-head q/k norm sits
+        between projection and rotary, so its attention keeps the eager ops."""
         for layer in self.layers:
             layer.self_attn.fused = layer.self_attn.q_norm is None
             layer.mlp.fused = True
+        self.fused_norms = True
 
     def weight_keys(self) -> set[str]:
         """Keys :meth:`weight_target` hands out; a complete checkpoint covers all of them."""
