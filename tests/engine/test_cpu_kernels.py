@@ -45,6 +45,37 @@ def _activation_roundtrip(x: torch.Tensor) -> torch.Tensor:
     return (codes * scale).reshape(x.shape)
 
 
+def _reference_quantize(weight: torch.Tensor, kind: str) -> tuple[torch.Tensor, ...]:
+    """The block formulas of ``kernels/quant.py`` in plain torch: codes, scales (, mins)."""
+    out_features, in_features = weight.shape
+    w = weight.float().reshape(out_features, in_features // 32, 32)
+    if kind == "q8":
+        scales = w.abs().amax(-1) / 127
+        inv = torch.where(scales > 0, 1 / scales, torch.zeros_like(scales))
+        q = (w * inv[..., None]).round().clamp_(-127, 127).to(torch.int8)
+        return q.reshape(out_features, in_features), scales
+    low, high = w.amin(-1), w.amax(-1)
+    scales = (high - low) / 15
+    inv = torch.where(scales > 0, 1 / scales, torch.zeros_like(scales))
+    codes = ((w - low[..., None]) * inv[..., None]).round().clamp_(0, 15).to(torch.uint8)
+    packed = codes[..., :16] | (codes[..., 16:] << 4)
+    return packed.reshape(out_features, in_features // 2), scales, low
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["q8", "q4"])
+def test_the_cpp_quantizer_equals_the_torch_formulas_bit_for_bit(kind: str) -> None:
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(96, 160, generator=gen) * 0.05
+    weight[0, :32] = 0.0  # an all-zero block: scale 0, codes 0
+    weight[1, :32] = torch.arange(32) * 0.5 - 8  # exact halves: ties round to even
+    got = quantize(weight, kind)
+    parts = (got.q, got.scales) if kind == "q8" else (got.q, got.scales, got.mins)
+    for ours, reference in zip(parts, _reference_quantize(weight, kind), strict=True):
+        assert ours.dtype == reference.dtype and torch.equal(ours, reference)
+
+
+@needs_kernels
 def test_quantizing_gguf_blocks_gives_them_back() -> None:
     gen = torch.Generator().manual_seed(0)
     scales = torch.rand(8, 4, 1, generator=gen) * 0.1
@@ -175,12 +206,16 @@ def test_q8_and_q4_run_when_asked(isa: str) -> None:
         assert isa in chosen.reason
 
 
-def test_auto_is_native_bf16_or_fp16_never_the_kernels() -> None:
-    chosen = choose_precision("auto", "auto", CPU, _kernels("avx2"))
+def test_auto_is_q8_where_the_kernels_build_else_native_bf16_or_fp16() -> None:
+    for isa in ("avx512", "avx2"):
+        chosen = choose_precision("auto", "auto", CPU, _kernels(isa))
+        assert (chosen.dtype, chosen.quantization) == (torch.float32, "q8")
+        assert isa in chosen.reason
+    without = choose_precision("auto", "auto", CPU, lambda: None)
     if resolve_dtype("auto", CPU) == torch.bfloat16:
-        assert (chosen.dtype, chosen.quantization) == (torch.bfloat16, "none")
+        assert (without.dtype, without.quantization) == (torch.bfloat16, "none")
     else:
-        assert (chosen.dtype, chosen.quantization) == (torch.float32, "fp16")
+        assert (without.dtype, without.quantization) == (torch.float32, "fp16")
 
 
 def test_without_kernels_explicit_formats_fail_clearly() -> None:

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -334,6 +335,68 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   return out;
 }
 
+// Weights [N, K] (float32, K a multiple of 32) to q8 blocks: d = max|w| / 127,
+// q = round(w / d) (as w * (1 / d), ties to even), one pass, rows split over threads.
+std::tuple<torch::Tensor, torch::Tensor> quantize_q8(const torch::Tensor& weight) {
+  auto w = weight.to(torch::kFloat32).contiguous();
+  const int64_t n = w.size(0), k = w.size(1), groups = k / kGroup;
+  TORCH_CHECK(w.dim() == 2 && k % kGroup == 0, "a [out, in] weight, in a multiple of 32");
+  auto q = torch::empty({n, k}, torch::kInt8);
+  auto d = torch::empty({n, groups}, torch::kFloat32);
+  const float* wp = w.data_ptr<float>();
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* dp = d.data_ptr<float>();
+  at::parallel_for(0, n * groups, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* wg = wp + i * kGroup;
+      float amax = 0.f;
+      for (int j = 0; j < kGroup; ++j) amax = std::max(amax, std::fabs(wg[j]));
+      const float scale = amax / 127.f, inv = scale > 0.f ? 1.f / scale : 0.f;
+      for (int j = 0; j < kGroup; ++j) {
+        const float code = std::nearbyint(wg[j] * inv);
+        qp[i * kGroup + j] = static_cast<int8_t>(std::clamp(code, -127.f, 127.f));
+      }
+      dp[i] = scale;
+    }
+  });
+  return {q, d};
+}
+
+// Weights [N, K] to q4 blocks: d = (max - min) / 15, m = min, code = round((w - m) / d)
+// (as (w - m) * (1 / d), ties to even); byte j of a group holds codes j and j + 16.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_q4(const torch::Tensor& weight) {
+  auto w = weight.to(torch::kFloat32).contiguous();
+  const int64_t n = w.size(0), k = w.size(1), groups = k / kGroup;
+  TORCH_CHECK(w.dim() == 2 && k % kGroup == 0, "a [out, in] weight, in a multiple of 32");
+  auto q = torch::empty({n, k / 2}, torch::kUInt8);
+  auto d = torch::empty({n, groups}, torch::kFloat32);
+  auto m = torch::empty({n, groups}, torch::kFloat32);
+  const float* wp = w.data_ptr<float>();
+  uint8_t* qp = q.data_ptr<uint8_t>();
+  float* dp = d.data_ptr<float>();
+  float* mp = m.data_ptr<float>();
+  at::parallel_for(0, n * groups, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* wg = wp + i * kGroup;
+      float low = wg[0], high = wg[0];
+      for (int j = 1; j < kGroup; ++j) {
+        low = std::min(low, wg[j]);
+        high = std::max(high, wg[j]);
+      }
+      const float scale = (high - low) / 15.f, inv = scale > 0.f ? 1.f / scale : 0.f;
+      uint8_t codes[kGroup];
+      for (int j = 0; j < kGroup; ++j) {
+        const float diff = wg[j] - low;
+        codes[j] = static_cast<uint8_t>(std::clamp(std::nearbyint(diff * inv), 0.f, 15.f));
+      }
+      for (int j = 0; j < kGroup / 2; ++j) qp[i * kGroup / 2 + j] = codes[j] | (codes[j + 16] << 4);
+      dp[i] = scale;
+      mp[i] = low;
+    }
+  });
+  return {q, d, m};
+}
+
 // The residual stream's update and the next RMSNorm in one pass over each token:
 // residual += delta (in place; no delta for the first layer), then
 // out = residual / sqrt(mean(residual^2) + eps) * weight, in HF's order of operations.
@@ -387,6 +450,8 @@ TORCH_LIBRARY(inhouse_cpu, m) {
       "Tensor slots, int heads) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
+  m.def("quantize_q8(Tensor weight) -> (Tensor, Tensor)");
+  m.def("quantize_q4(Tensor weight) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(inhouse_cpu, CPU, m) {
@@ -396,4 +461,6 @@ TORCH_LIBRARY_IMPL(inhouse_cpu, CPU, m) {
   m.impl("rope_write_kv", &rope_write_kv);
   m.impl("silu_mul", &silu_mul);
   m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("quantize_q8", &quantize_q8);
+  m.impl("quantize_q4", &quantize_q4);
 }

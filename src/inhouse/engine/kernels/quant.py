@@ -44,28 +44,18 @@ def quantizable(in_features: int) -> bool:
 
 
 def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
-    """Quantize a ``[out, in]`` weight (``in`` a multiple of 32) row group by row group."""
+    """Quantize a ``[out, in]`` weight (``in`` a multiple of 32) by the C++ kernels, in one
+    pass (the formulas above; the kernels must be loaded)."""
     if kind not in FORMATS:
         raise ValueError(f"unknown weight format {kind!r}; use {', '.join(FORMATS)}")
-    out_features, in_features = weight.shape
+    in_features = weight.shape[1]
     if not quantizable(in_features):
         raise ValueError(f"input features {in_features} are not a multiple of {GROUP}")
-    w = weight.float().reshape(out_features, in_features // GROUP, GROUP)
     if kind == "q8":
-        scales = w.abs().amax(-1) / 127
-        inv = torch.where(scales > 0, 1 / scales, torch.zeros_like(scales))
-        q = (w * inv[..., None]).round().clamp_(-127, 127).to(torch.int8)
-        return QuantizedWeight(
-            kind, q.reshape(out_features, in_features), scales, None, in_features
-        )
-    low, high = w.amin(-1), w.amax(-1)
-    scales = (high - low) / 15
-    inv = torch.where(scales > 0, 1 / scales, torch.zeros_like(scales))
-    codes = ((w - low[..., None]) * inv[..., None]).round().clamp_(0, 15).to(torch.uint8)
-    packed = codes[..., :16] | (codes[..., 16:] << 4)
-    return QuantizedWeight(
-        kind, packed.reshape(out_features, in_features // 2), scales, low, in_features
-    )
+        q, scales = torch.ops.inhouse_cpu.quantize_q8(weight)
+        return QuantizedWeight(kind, q, scales, None, in_features)
+    q, scales, mins = torch.ops.inhouse_cpu.quantize_q4(weight)
+    return QuantizedWeight(kind, q, scales, mins, in_features)
 
 
 def dequantize(weight: QuantizedWeight) -> torch.Tensor:
