@@ -385,15 +385,21 @@ class LlamaForCausalLM(nn.Module):
             return None
         module, _, leaf = name.rpartition(".")
         parent, _, proj = module.rpartition(".")
-        params = dict(self.named_parameters())
         if proj in _FUSED:
             fused, part = _FUSED[proj]
             name = f"{parent}.{fused}.{leaf}"
-            if name in params:
-                return _part_key(name, part), _fused_part(params[name], part, self.args, fused)
-        elif name in params:
-            return name, params[name].data
+            if (param := self._parameter(name)) is not None:
+                return _part_key(name, part), _fused_part(param, part, self.args, fused)
+        elif (param := self._parameter(name)) is not None:
+            return name, param.data
         raise UnsupportedModelError(f"unexpected checkpoint tensor {hf_name!r}")
+
+    def _parameter(self, name: str) -> nn.Parameter | None:
+        """The parameter at dotted ``name``; None if there is none (or it was packed away)."""
+        try:
+            return self.get_parameter(name)
+        except AttributeError:
+            return None
 
 
 def _parts_of(name: str) -> tuple[int | None, ...]:
