@@ -178,7 +178,11 @@ def test_version_reports_model_and_hashes(server: RunningServer) -> None:
     assert info["served_model_name"] == MODEL
     assert len(info["model_sha256"]) == 64
     assert len(info["chat_template_sha256"]) == 64
-    # the default on a CPU: native bf16 where the CPU has it, else fbgemm's fp16 weights
-    # with float32 activations; /version says why
-    assert (info["dtype"], info["quantization"]) in {("float32", "fp16"), ("bfloat16", "none")}
+    # the default on a CPU: q8 on our C++ kernels where they build (make builds them),
+    # else native bf16 or fbgemm's fp16 weights; /version says why
+    assert (info["dtype"], info["quantization"]) in {
+        ("float32", "q8"),
+        ("float32", "fp16"),
+        ("bfloat16", "none"),
+    }
     assert info["path_reason"]

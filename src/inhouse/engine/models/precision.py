@@ -1,12 +1,12 @@
 """Which dtype and weight format a model runs in on this machine, and why.
 
 On a CPU a decode step streams every weight once, so the bytes per weight decide its
-speed. The default is bf16 where the CPU has it natively, else fbgemm's float16 weights
-with float32 activations. The C++ kernels (:mod:`inhouse.engine.kernels`) run int8 (q8)
-or 4-bit (q4) block weights when asked: fewer bytes still, but their greedy tokens are
-not yet the same alone and in a batch, so they are not the default. ``--dtype`` and
-``--quantization`` override the choice, with a clear error for a combination this
-machine cannot run. On CUDA weights stay in the (bf16/fp16) dtype.
+speed. The default is int8 block weights (q8, 1.125 bytes a weight) on the C++ kernels
+(:mod:`inhouse.engine.kernels`) wherever they build; without them bf16 where the CPU
+has it natively, else fbgemm's float16 weights with float32 activations. q4 (4-bit
+blocks) runs when asked. ``--dtype`` and ``--quantization`` override the choice, with a
+clear error for a combination this machine cannot run. On CUDA weights stay in the
+(bf16/fp16) dtype.
 """
 
 from __future__ import annotations
@@ -67,11 +67,10 @@ def choose_precision(
 ) -> Precision:
     """The path for ``--dtype dtype_name --quantization quantization`` on ``device``.
 
-    "auto" weights on a CPU with dtype auto: bf16 where the CPU has it natively, else
-    fp16 (fbgemm), else float32. q8 and q4 (the C++ kernels) run when asked: their
-    greedy tokens are not yet the same alone and in a batch (tests mark it), so they
-    are not the default. An explicit weight format on a CPU with dtype auto runs float32
-    activations. An explicit dtype with "auto" weights keeps the dtype's exact weights.
+    "auto" weights on a CPU with dtype auto: q8 where the C++ kernels are built, else
+    bf16 where the CPU has it natively, else fp16 (fbgemm), else float32. An explicit
+    weight format on a CPU with dtype auto runs float32 activations. An explicit dtype
+    with "auto" weights keeps the dtype's exact weights.
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; use {', '.join(QUANTIZATIONS)}")
@@ -83,6 +82,9 @@ def choose_precision(
         return Precision(dtype, "none", f"{device.type}: weights in {_name(dtype)}")
     if quantization == "auto" and not dtype_auto:
         return Precision(dtype, "none", f"--dtype {_name(dtype)}: the checkpoint's exact weights")
+    if quantization == "auto" and (built := kernels()) is not None:
+        why = f"int8 blocks on C++ kernels for {built.isa}: 1.125 bytes a weight"
+        return Precision(torch.float32, "q8", why)
     if quantization == "none" or (quantization == "auto" and dtype == torch.bfloat16):
         why = "bf16 native on this CPU" if dtype == torch.bfloat16 and dtype_auto else "asked"
         return Precision(dtype, "none", f"weights in {_name(dtype)} ({why})")
