@@ -8,6 +8,7 @@ rest (scheduling, the step's aftermath, handing results over) is the overhead th
 reports as a share. Timers wrap the classes for this process only.
 
     .venv/bin/python benchmarks/engine_thread_profile.py [--concurrency 16] [--new-tokens 128]
+        [--quantization auto]
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--quantization", default="auto", help="weights: auto, fp16, q8, ...")
     args = parser.parse_args()
-    loaded = load_model(None)
+    loaded = load_model(None, quantization=args.quantization)
     tok = loaded.tokenizer
     prompts = [
         tok.encode(
