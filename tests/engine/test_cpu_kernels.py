@@ -206,16 +206,25 @@ def test_q8_and_q4_run_when_asked(isa: str) -> None:
         assert isa in chosen.reason
 
 
-def test_auto_is_q8_where_the_kernels_build_else_native_bf16_or_fp16() -> None:
+@pytest.mark.parametrize("amx", [False, True], ids=["no-amx", "amx"])
+def test_auto_is_bf16_on_amx_else_q8_where_the_kernels_build(amx: bool, monkeypatch) -> None:
+    from inhouse.engine.models import precision
+
+    monkeypatch.setattr(precision, "_cpu_has_amx", lambda: amx)
     for isa in ("avx512", "avx2"):
         chosen = choose_precision("auto", "auto", CPU, _kernels(isa))
-        assert (chosen.dtype, chosen.quantization) == (torch.float32, "q8")
-        assert isa in chosen.reason
-    without = choose_precision("auto", "auto", CPU, lambda: None)
-    if resolve_dtype("auto", CPU) == torch.bfloat16:
-        assert (without.dtype, without.quantization) == (torch.bfloat16, "none")
-    else:
-        assert (without.dtype, without.quantization) == (torch.float32, "fp16")
+        if amx:
+            assert (chosen.dtype, chosen.quantization) == (torch.bfloat16, "none")
+            assert "AMX" in chosen.reason
+        else:
+            assert (chosen.dtype, chosen.quantization) == (torch.float32, "q8")
+            assert isa in chosen.reason
+    if not amx:
+        without = choose_precision("auto", "auto", CPU, lambda: None)
+        if resolve_dtype("auto", CPU) == torch.bfloat16:
+            assert (without.dtype, without.quantization) == (torch.bfloat16, "none")
+        else:
+            assert (without.dtype, without.quantization) == (torch.float32, "fp16")
 
 
 def test_without_kernels_explicit_formats_fail_clearly() -> None:

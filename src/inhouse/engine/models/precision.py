@@ -2,9 +2,12 @@
 
 On a CPU a decode step streams every weight once, so the bytes per weight decide its
 speed. The default is int8 block weights (q8, 1.125 bytes a weight) on the C++ kernels
-(:mod:`inhouse.engine.kernels`) wherever they build; without them bf16 where the CPU
-has it natively, else fbgemm's float16 weights with float32 activations. q4 (4-bit
-blocks) runs when asked. ``--dtype`` and ``--quantization`` override the choice, with a
+(:mod:`inhouse.engine.kernels`) wherever they build, except on CPUs with AMX: there
+bf16 matrix tiles run batched decode and prompts 2-5x faster than q8 (measured on a
+Xeon with AMX, 2 cores: 16 rows 29 vs 65 ms a step, 64 rows 45 vs 240 ms), though one
+stream alone decodes 2x faster on q8. Without the kernels: bf16 where the CPU has it
+natively, else fbgemm's float16 weights with float32 activations. q4 (4-bit blocks)
+runs when asked. ``--dtype`` and ``--quantization`` override the choice, with a
 clear error for a combination this machine cannot run. On CUDA weights stay in the
 (bf16/fp16) dtype.
 """
@@ -51,12 +54,20 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if _cpu_has_bf16() else torch.float32
 
 
-def _cpu_has_bf16() -> bool:
+def _cpu_flags() -> str:
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
+        return ""
+
+
+def _cpu_has_bf16() -> bool:
+    flags = _cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _cpu_has_amx() -> bool:
+    return "amx_bf16" in _cpu_flags()
 
 
 def choose_precision(
@@ -67,10 +78,10 @@ def choose_precision(
 ) -> Precision:
     """The path for ``--dtype dtype_name --quantization quantization`` on ``device``.
 
-    "auto" weights on a CPU with dtype auto: q8 where the C++ kernels are built, else
-    bf16 where the CPU has it natively, else fp16 (fbgemm), else float32. An explicit
-    weight format on a CPU with dtype auto runs float32 activations. An explicit dtype
-    with "auto" weights keeps the dtype's exact weights.
+    "auto" weights on a CPU with dtype auto: bf16 on AMX; elsewhere q8 where the C++
+    kernels are built, else bf16 where the CPU has it natively, else fp16 (fbgemm), else
+    float32. An explicit weight format on a CPU with dtype auto runs float32 activations.
+    An explicit dtype with "auto" weights keeps the dtype's exact weights.
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; use {', '.join(QUANTIZATIONS)}")
@@ -82,6 +93,9 @@ def choose_precision(
         return Precision(dtype, "none", f"{device.type}: weights in {_name(dtype)}")
     if quantization == "auto" and not dtype_auto:
         return Precision(dtype, "none", f"--dtype {_name(dtype)}: the checkpoint's exact weights")
+    if quantization == "auto" and dtype_auto and _cpu_has_amx():
+        why = "bf16 on AMX: batches and prompts 2-5x faster than q8 (q8: one stream faster)"
+        return Precision(torch.bfloat16, "none", why)
     if quantization == "auto" and (built := kernels()) is not None:
         why = f"int8 blocks on C++ kernels for {built.isa}: 1.125 bytes a weight"
         return Precision(torch.float32, "q8", why)
