@@ -1,11 +1,13 @@
-"""CPU matmul kernels for a decode step's weights: why `--quantization auto` packs fp16.
+"""CPU matmul kernels for a decode step's weights: why `--quantization auto` is q8 on the
+C++ kernels, and bf16 where the CPU has AMX.
 
 A 30-layer stack of SmolLM2-135M's projection shapes (q/k/v fused, o, gate/up fused,
 down; distinct weights per layer, so they stream from memory as in a real step) plus
-the 49,152-row LM head, multiplied at M=1 and M=16 rows by each kernel; prints ms
-per step and the ratio against MKL float32 `F.linear` in the same run.
+the 49,152-row LM head, multiplied at M rows (1 = one stream decoding, 16 = a batch,
+64 = a prompt chunk) by each kernel; prints ms per step and the ratio against MKL
+float32 `F.linear` in the same run.
 
-    .venv/bin/python benchmarks/cpu_linear_kernels.py [--steps 5]
+    .venv/bin/python benchmarks/cpu_linear_kernels.py [--steps 5] [--rows 1,16,64]
 """
 
 from __future__ import annotations
@@ -75,17 +77,18 @@ def step_ms(rows: int, prepare: Prepare, multiply: Multiply, steps: int) -> floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rows", default="1,16", help="activation rows, comma-separated")
     args = parser.parse_args()
     print(
         f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, "
         f"threads {torch.get_num_threads()}"
     )
-    for rows in (1, 16):
+    for rows in map(int, args.rows.split(",")):
         base = None
         for name, (prepare, multiply) in KERNELS.items():
             ms = step_ms(rows, prepare, multiply, args.steps)
             base = base or ms
-            print(f"M={rows:>2}  {name:<22} {ms:8.1f} ms/step  {base / ms:5.2f}x float32")
+            print(f"M={rows:>3}  {name:<22} {ms:8.1f} ms/step  {base / ms:5.2f}x float32")
 
 
 if __name__ == "__main__":
