@@ -64,6 +64,14 @@ def _checked(records: Sequence[RequestRecord]) -> list[RequestRecord]:
     return list(records)
 
 
+async def _max_model_len(http: httpx.AsyncClient, model: str) -> int:
+    """The model's `max_model_len` as vLLM and `inhouse serve` list it; unlimited if absent."""
+    listed = (await http.get("/v1/models")).json().get("data") or []
+    card = next((m for m in listed if isinstance(m, dict) and m.get("id") == model), {})
+    value = card.get("max_model_len")
+    return value if isinstance(value, int) and value > 0 else 1 << 30
+
+
 class _Prober:
     def __init__(self, client: StreamingClient, counter: ServerTokenCounter | None) -> None:
         self.client = client
@@ -111,6 +119,7 @@ async def calibrate(target: Target, probes: Probes = Probes()) -> Profile:
         timeout=httpx.Timeout(30.0, connect=5.0),
     ) as http:
         await check_endpoint(http, target.model)
+        longest = await _max_model_len(http, target.model)
         counter = await probe_token_counter(http, target.model)
         async with StreamingClient(
             target.base_url,
@@ -124,20 +133,21 @@ async def calibrate(target: Target, probes: Probes = Probes()) -> Profile:
                 prober.overhead = await counter.chat_overhead()
             await prober.together(await prober.prompts(2, probes.decode_prompt, 4))  # warm-up
             budget = target.max_num_batched_tokens
+            prefill_cap = min(budget, longest - 2)
             prefill = [
                 await prober.prefill(p, probes.prefill_repeats)
-                for p in probes.prefill_prompts
-                if p <= budget
+                for p in sorted({min(p, prefill_cap) for p in probes.prefill_prompts})
             ]
             decode = [
                 await prober.decode(b, probes.decode_prompt, probes.decode_output)
                 for b in probes.decode_batches
                 if b <= target.max_num_seqs
             ]
+            long_prompt = min(probes.long_prompt, longest - probes.decode_output - 1)
             decode += [
-                await prober.decode(b, probes.long_prompt, probes.decode_output)
+                await prober.decode(b, long_prompt, probes.decode_output)
                 for b in probes.long_batches
-                if b <= target.max_num_seqs and b * probes.long_prompt <= budget
+                if b <= target.max_num_seqs and b * long_prompt <= budget
             ]
     cost = fit_step_cost(prefill, decode, source=f"calibrated: {target.base_url}")
     return Profile(

@@ -74,6 +74,7 @@ class Comparison:
 
     def lines(self) -> list[str]:
         """What the console prints."""
+
         def knee(value: int | None) -> str:
             return "none within the steps" if value is None else str(value)
 
@@ -100,9 +101,7 @@ def compare(prediction: Prediction, runs: Sequence[RunResult], verdict: Verdict)
         latency.points[-1]
     )
     measured = _measured_tpot(runs, point.concurrency)
-    knee_ratio = (
-        verdict.knee / latency.knee if verdict.knee is not None and latency.knee else None
-    )
+    knee_ratio = verdict.knee / latency.knee if verdict.knee is not None and latency.knee else None
     return Comparison(
         predicted_knee=latency.knee,
         measured_knee=verdict.knee,

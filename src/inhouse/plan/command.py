@@ -66,8 +66,9 @@ def plan(
         27.0, "--mem-bandwidth", help="--cpu: measured read bandwidth in GB/s."
     ),
     latency: bool = typer.Option(
-        False, "--latency", help="Predict latency from the GPU's roofline (implied by "
-        "--profile and --cpu)."
+        False,
+        "--latency",
+        help="Predict latency from the GPU's roofline (implied by --profile and --cpu).",
     ),
     prompt_tokens: int = typer.Option(256, "--prompt-tokens", help="Latency: mean prompt tokens."),
     output_tokens: int = typer.Option(128, "--output-tokens", help="Latency: mean output tokens."),
@@ -81,7 +82,9 @@ def plan(
         None, "--max-num-seqs", help="The engine's; default the profile's, else 80% of memory's."
     ),
     max_num_batched_tokens: int | None = typer.Option(
-        None, "--max-num-batched-tokens", help="Token budget a step; default the profile's, else the recommended flag's."
+        None,
+        "--max-num-batched-tokens",
+        help="Token budget a step; default the profile's, else the recommended flag's.",
     ),
     chunked_prefill: bool = typer.Option(
         True, "--chunked-prefill/--no-chunked-prefill", help="Whether long prompts are split."
@@ -102,11 +105,11 @@ def plan(
     from inhouse.plan.latency import Traffic, parse_steps
     from inhouse.plan.latency_report import LatencyOptions, latency_section, render_latency
     from inhouse.plan.perf_model import read_profile
-    from inhouse.plan.step_costs import CpuTarget
     from inhouse.plan.plan_json import plan_as_dict
     from inhouse.plan.planner import PlanInputs, make_plan
     from inhouse.plan.report import render
     from inhouse.plan.source import load_model
+    from inhouse.plan.step_costs import CpuTarget
     from inhouse.plan.units import parse_bytes
 
     wants_latency = latency or cpu or profile is not None

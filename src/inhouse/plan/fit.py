@@ -39,7 +39,7 @@ class DecodePoint:
 def _solve(matrix: list[list[float]], vector: list[float]) -> list[float] | None:
     """Gaussian elimination with partial pivoting; None when the system is singular."""
     n = len(vector)
-    a = [row[:] + [vector[i]] for i, row in enumerate(matrix)]
+    a = [[*row, vector[i]] for i, row in enumerate(matrix)]
     for col in range(n):
         pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
         if abs(a[pivot][col]) < 1e-300:
@@ -80,8 +80,10 @@ def nonnegative_least_squares(rows: Sequence[Sequence[float]], ys: Sequence[floa
 
 
 def _sse(rows: Sequence[Sequence[float]], ys: Sequence[float], x: Sequence[float]) -> float:
-    return sum((sum(a * b for a, b in zip(row, x, strict=True)) - y) ** 2 for row, y in
-               zip(rows, ys, strict=True))
+    return sum(
+        (sum(a * b for a, b in zip(row, x, strict=True)) - y) ** 2
+        for row, y in zip(rows, ys, strict=True)
+    )
 
 
 def fit_step_cost(
@@ -91,9 +93,7 @@ def fit_step_cost(
     if len({p.prompt for p in prefill}) < 2 or len({d.batch for d in decode}) < 2:
         raise PlanError("a fit needs prefill probes of 2+ lengths and decode probes of 2+ batches")
     prefill_rows = [[1.0, p.prompt, prefill_pairs(0, p.prompt)] for p in prefill]
-    intercept, token_s, pair_s = nonnegative_least_squares(
-        prefill_rows, [p.ttft for p in prefill]
-    )
+    intercept, token_s, pair_s = nonnegative_least_squares(prefill_rows, [p.ttft for p in prefill])
     decode_rows = [[1.0, d.batch, d.batch * d.context] for d in decode]
     best: tuple[float, float, list[float]] | None = None
     floor = min(d.step for d in decode)

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from inhouse.launch.settings import settings_from_plan
+from inhouse.plan.errors import PlanError
 from inhouse.plan.latency import LatencyPlan, LatencyPoint, Traffic, plan_latency
 from inhouse.plan.perf_model import Hardware, Profile, StepCost
 from inhouse.plan.planner import Plan
 from inhouse.plan.simulate import SchedulerLimits, Workload, simulate
-from inhouse.plan.errors import PlanError
 from inhouse.plan.step_costs import CpuTarget, gpu_hardware, plan_roofline_cost
 
 OPEN_LOOP_REQUESTS = 200
@@ -23,7 +23,7 @@ OPEN_LOOP_REQUESTS = 200
 class LatencyOptions:
     """What the user asked the latency prediction for; None picks the documented default."""
 
-    traffic: Traffic = Traffic()
+    traffic: Traffic = field(default_factory=Traffic)
     slo_ttft: float = 2.0
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -55,7 +55,7 @@ class LatencyReport:
 
     @property
     def binds(self) -> str:
-        """"latency" when fewer requests meet the SLO than fit in memory, else "memory"."""
+        """ "latency" when fewer requests meet the SLO than fit in memory, else "memory"."""
         return "latency" if self.latency.max_within_slo < self.memory_limit else "memory"
 
     def to_json(self) -> dict[str, Any]:
@@ -126,7 +126,9 @@ def latency_section(
         return build_latency(plan, options, profile=None, hardware=cpu.hardware())
     if plan.gpu is None:
         raise PlanError("a latency prediction needs --gpu, --cpu or --profile")
-    return build_latency(plan, options, profile=None, hardware=gpu_hardware(plan.gpu, plan.inputs.tp))
+    return build_latency(
+        plan, options, profile=None, hardware=gpu_hardware(plan.gpu, plan.inputs.tp)
+    )
 
 
 def _ms(seconds: float) -> str:

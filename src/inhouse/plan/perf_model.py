@@ -145,8 +145,10 @@ class Profile:
 def profile_from_json(document: Any) -> Profile:
     """Read what `Profile.to_json` wrote; a clear PlanError for anything else."""
     if not isinstance(document, dict) or document.get("kind") != PROFILE_KIND:
-        raise PlanError(f"not a step profile (no \"kind\": \"{PROFILE_KIND}\"); write one with "
-                        "`inhouse bench calibrate`")
+        raise PlanError(
+            f'not a step profile (no "kind": "{PROFILE_KIND}"); write one with '
+            "`inhouse bench calibrate`"
+        )
     try:
         cost = StepCost(**document["step_cost"])
         scheduler = document["scheduler"]

@@ -122,8 +122,10 @@ def _lengths(workload: Workload) -> list[tuple[int, int]]:
         low, high = round(mean * (1 - workload.spread)), round(mean * (1 + workload.spread))
         return max(1, rng.randint(low, high))
 
-    return [(draw(workload.prompt_tokens), draw(workload.output_tokens))
-            for _ in range(workload.num_requests)]
+    return [
+        (draw(workload.prompt_tokens), draw(workload.output_tokens))
+        for _ in range(workload.num_requests)
+    ]
 
 
 @dataclass(slots=True)
