@@ -5,14 +5,15 @@ Starts `inhouse serve` on the bundled model (default settings) on a loopback por
 1. `inhouse bench calibrate` → profile.json (timed: it must stay under 2 minutes);
 2. per workload, `inhouse plan --profile profile.json --json` → the predicted curve and
    the largest concurrency within the SLO (p99 TTFT ≤ --slo seconds);
-3. `inhouse bench sweep --plan plan.json --profile profile.json --ignore-eos` over the
-   same steps → the measured knee, with the predicted curves drawn on its PNGs;
+3. `inhouse bench sweep --plan plan.json --profile profile.json --ignore-eos` at steps
+   from ½ to 2 × the predicted limit (dense near it, so a 20% miss shows) → the measured
+   knee, with the predicted curves drawn on its PNGs;
 4. prints predicted vs measured knee and TPOT at the predicted knee, with ratios.
 
 With ``--llama-server PATH`` the same loop runs against llama.cpp's server afterwards
 (`-np 16`, so the simulator is told 16 sequences a step).
 
-    .venv/bin/python benchmarks/knee_prediction.py [--steps 1,2,4,…] [--slo 2]
+    .venv/bin/python benchmarks/knee_prediction.py [--slo 2] [--steps 1,2,4,…]
         [--workloads 256:128,1024:64] [--llama-server PATH] [--out DIR]
 """
 
@@ -51,23 +52,30 @@ def calibrate(base_url: str, model: str, seqs: int, out: Path) -> float:
     return time.monotonic() - started
 
 
+def steps_around(within: int) -> str:
+    """Steps dense around the predicted limit, so a 20% miss shows as a different step."""
+    factors = (0.5, 0.75, 0.875, 1.0, 1.125, 1.25, 1.5, 2.0)
+    return ",".join(str(c) for c in sorted({1, *(max(1, round(within * f)) for f in factors)}))
+
+
 def workload_loop(
     base_url: str, model: str, profile: Path, workload: str, args: argparse.Namespace, out: Path
 ) -> dict:
     prompt, output = workload.split(":")
     plan = run(
         [inhouse(), "plan", "--cpu", "--profile", str(profile), "--prompt-tokens", prompt,
-         "--output-tokens", output, "--slo-ttft", str(args.slo), "--steps", args.steps,
-         "--json"],
+         "--output-tokens", output, "--slo-ttft", str(args.slo), "--json"],
         capture_output=True,
     ).stdout  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(plan)
     latency = json.loads(plan)["latency"]
+    steps = args.steps or steps_around(latency["max_concurrency_within_slo"])
+    print(f"{workload}: predicted limit {latency['max_concurrency_within_slo']}; steps {steps}")
     run(
         [inhouse(), "bench", "sweep", f"--base-url={base_url}", f"--model={model}",
          f"--input-len={prompt}", f"--output-len={output}", "--ignore-eos",
-         f"--steps={args.steps}", f"--slo=ttft={args.slo}s", f"--plan={out / 'plan.json'}",
+         f"--steps={steps}", f"--slo=ttft={args.slo}s", f"--plan={out / 'plan.json'}",
          f"--profile={profile}", f"--prompts-per-slot={args.prompts_per_slot}",
          f"--min-prompts={args.min_prompts}", f"--out={out}"],
         stdout=subprocess.DEVNULL,
@@ -126,7 +134,7 @@ def one_server(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", default="1,2,4,8,12,16,24,32,48")
+    parser.add_argument("--steps", help="default: ½ … 2 × the predicted limit, see steps_around")
     parser.add_argument("--slo", type=float, default=2.0, help="p99 TTFT seconds")
     parser.add_argument("--workloads", default="256:128,1024:64")
     parser.add_argument("--prompts-per-slot", type=int, default=2)
