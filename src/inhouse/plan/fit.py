@@ -95,17 +95,24 @@ def fit_step_cost(
     prefill_rows = [[1.0, p.prompt, prefill_pairs(0, p.prompt)] for p in prefill]
     intercept, token_s, pair_s = nonnegative_least_squares(prefill_rows, [p.ttft for p in prefill])
     decode_rows = [[1.0, d.batch, d.batch * d.context] for d in decode]
-    best: tuple[float, float, list[float]] | None = None
-    floor = min(d.step for d in decode)
-    for i in range(WEIGHTS_GRID + 1):
-        weights_s = floor * i / WEIGHTS_GRID
+
+    def fit_decode(weights_s: float) -> tuple[float, float, list[float]]:
         ys = [d.step - max(weights_s, token_s * d.batch) for d in decode]
         x = nonnegative_least_squares(decode_rows, ys)
-        error = _sse(decode_rows, ys, x)
-        if best is None or error < best[0] - 1e-15:
-            best = (error, weights_s, x)
-    assert best is not None
-    _, weights_s, (base_s, seq_s, context_s) = best
+        return _sse(decode_rows, ys, x), weights_s, x
+
+    floor = min(d.step for d in decode)
+    coarse = min(
+        (fit_decode(floor * i / WEIGHTS_GRID) for i in range(WEIGHTS_GRID + 1)),
+        key=lambda fit: fit[0],
+    )
+    width = floor / WEIGHTS_GRID
+    fine = (
+        max(coarse[1] + width * (i / WEIGHTS_GRID - 1), 0.0) for i in range(2 * WEIGHTS_GRID + 1)
+    )
+    _, weights_s, (base_s, seq_s, context_s) = min(
+        [coarse, *(fit_decode(w) for w in fine)], key=lambda fit: fit[0]
+    )
     return StepCost(
         base_s=base_s,
         weights_s=weights_s,
