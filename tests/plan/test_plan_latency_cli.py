@@ -91,3 +91,14 @@ def test_a_prompt_longer_than_the_budget_without_chunking_is_refused(tmp_path: P
     )  # fmt: skip
     assert result.exit_code == EXIT_BAD_INPUT
     assert "never fits a step of 2048 tokens without chunked prefill" in result.stderr
+
+
+def test_impossible_cpu_and_slo_values_are_one_clear_error() -> None:
+    for flags, fragment in (
+        (["--cpu", "--cores", "0"], "--cores ≥ 1"),
+        (["--cpu", "--mem-bandwidth", "0"], "positive --mem-bandwidth"),
+        (["--cpu", "--slo-ttft", "0"], "--slo-ttft must be a positive"),
+    ):
+        result = run("smollm2", *flags)
+        assert result.exit_code == EXIT_BAD_INPUT, flags
+        assert fragment in result.stderr and "Traceback" not in result.stderr

@@ -31,6 +31,10 @@ class LatencyOptions:
     steps: tuple[int, ...] | None = None
     request_rate: float | None = None
 
+    def __post_init__(self) -> None:
+        if not self.slo_ttft > 0:
+            raise PlanError(f"--slo-ttft must be a positive number of seconds, not {self.slo_ttft}")
+
 
 @dataclass(frozen=True, slots=True)
 class OpenLoopPoint:

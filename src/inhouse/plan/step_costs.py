@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inhouse.plan.errors import PlanError
 from inhouse.plan.gpus import GpuSpec
 from inhouse.plan.perf_model import (
     GPU_BANDWIDTH_EFFICIENCY,
@@ -36,6 +37,10 @@ class CpuTarget:
     cores: int
     bandwidth_bytes_per_s: float
     gflops_per_core: float = CPU_GFLOPS_PER_CORE
+
+    def __post_init__(self) -> None:
+        if self.cores < 1 or not self.bandwidth_bytes_per_s > 0 or self.ram_bytes < 1:
+            raise PlanError("--cpu needs --cores ≥ 1, a positive --mem-bandwidth and --ram")
 
     def hardware(self) -> Hardware:
         """The roofline inputs for this host."""
