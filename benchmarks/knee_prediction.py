@@ -4,7 +4,7 @@ Starts `inhouse serve` on the bundled model (default settings) on a loopback por
 
 1. `inhouse bench calibrate` → profile.json (timed: it must stay under 2 minutes);
 2. per workload, `inhouse plan --profile profile.json --json` → the predicted curve and
-   the largest concurrency within the SLO (p99 TTFT ≤ --slo seconds);
+   the largest concurrency within the workload's SLO (p99 TTFT ≤ its seconds);
 3. `inhouse bench sweep --plan plan.json --profile profile.json --ignore-eos` at steps
    from ½ to 2 × the predicted limit (dense near it, so a 20% miss shows) → the measured
    knee, with the predicted curves drawn on its PNGs;
@@ -13,8 +13,8 @@ Starts `inhouse serve` on the bundled model (default settings) on a loopback por
 With ``--llama-server PATH`` the same loop runs against llama.cpp's server afterwards
 (`-np 16`, so the simulator is told 16 sequences a step).
 
-    .venv/bin/python benchmarks/knee_prediction.py [--slo 2] [--steps 1,2,4,…]
-        [--workloads 256:128,1024:64] [--llama-server PATH] [--out DIR]
+    .venv/bin/python benchmarks/knee_prediction.py [--workloads 256:128:2,1024:64:5]
+        [--steps 1,2,4,…] [--llama-server PATH] [--out DIR]
 """
 
 from __future__ import annotations
@@ -55,16 +55,17 @@ def calibrate(base_url: str, model: str, seqs: int, out: Path) -> float:
 def steps_around(within: int) -> str:
     """Steps dense around the predicted limit, so a 20% miss shows as a different step."""
     factors = (0.5, 0.75, 0.875, 1.0, 1.125, 1.25, 1.5, 2.0)
-    return ",".join(str(c) for c in sorted({1, *(max(1, round(within * f)) for f in factors)}))
+    steps = {1, 2, 3, 4, *(max(1, round(within * f)) for f in factors)}
+    return ",".join(str(c) for c in sorted(s for s in steps if s <= max(4, 2 * within)))
 
 
 def workload_loop(
     base_url: str, model: str, profile: Path, workload: str, args: argparse.Namespace, out: Path
 ) -> dict:
-    prompt, output = workload.split(":")
+    prompt, output, slo = workload.split(":")
     plan = run(
         [inhouse(), "plan", "--cpu", "--profile", str(profile), "--prompt-tokens", prompt,
-         "--output-tokens", output, "--slo-ttft", str(args.slo), "--json"],
+         "--output-tokens", output, "--slo-ttft", slo, "--json"],
         capture_output=True,
     ).stdout  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
@@ -75,7 +76,7 @@ def workload_loop(
     run(
         [inhouse(), "bench", "sweep", f"--base-url={base_url}", f"--model={model}",
          f"--input-len={prompt}", f"--output-len={output}", "--ignore-eos",
-         f"--steps={steps}", f"--slo=ttft={args.slo}s", f"--plan={out / 'plan.json'}",
+         f"--steps={steps}", f"--slo=ttft={slo}s", f"--plan={out / 'plan.json'}",
          f"--profile={profile}", f"--prompts-per-slot={args.prompts_per_slot}",
          f"--min-prompts={args.min_prompts}", f"--out={out}"],
         stdout=subprocess.DEVNULL,
@@ -83,7 +84,7 @@ def workload_loop(
     results = json.loads((out / "results.json").read_text())
     comparison = results["prediction"]["comparison"]
     return {
-        "workload": f"{prompt} → {output}",
+        "workload": f"{prompt} → {output}, p99 TTFT ≤ {slo} s",
         "within_slo_predicted": latency["max_concurrency_within_slo"],
         "within_slo_measured": results["sweep"]["last_within_slo"],
         **comparison,
@@ -93,7 +94,7 @@ def workload_loop(
 def show(name: str, seconds: float, rows: list[dict]) -> None:
     print(f"\n{name}: calibration {seconds:.0f} s")
     print(
-        f"{'workload':<12} | {'knee pred':>9} {'meas':>5} {'ratio':>6} | "
+        f"{'workload':<30} | {'knee pred':>9} {'meas':>5} {'ratio':>6} | "
         f"{'TPOT@knee pred':>14} {'meas':>7} {'ratio':>6} | {'last ok pred':>12} {'meas':>5}"
     )
     for r in rows:
@@ -101,7 +102,7 @@ def show(name: str, seconds: float, rows: list[dict]) -> None:
         measured = "—" if r["tpot_measured"] is None else f"{r['tpot_measured'] * 1000:.1f}"
         tpot_ratio = "—" if r["tpot_ratio"] is None else f"{r['tpot_ratio']:.2f}"
         print(
-            f"{r['workload']:<12} | {r['predicted_knee']!s:>9} {r['measured_knee']!s:>5} "
+            f"{r['workload']:<30} | {r['predicted_knee']!s:>9} {r['measured_knee']!s:>5} "
             f"{ratio:>6} | {r['tpot_predicted'] * 1000:>11.1f} ms {measured:>7} {tpot_ratio:>6} | "
             f"{r['within_slo_predicted']!s:>12} {r['within_slo_measured']!s:>5}"
         )
@@ -120,7 +121,7 @@ def one_server(
         profile = out / "profile.json"
         seconds = calibrate(base_url, model, seqs, profile)
         rows = [
-            workload_loop(base_url, model, profile, w, args, out / w.replace(":", "-"))
+            workload_loop(base_url, model, profile, w, args, out / w.replace(":", "_"))
             for w in args.workloads.split(",")
         ]
     finally:
@@ -135,10 +136,13 @@ def one_server(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", help="default: ½ … 2 × the predicted limit, see steps_around")
-    parser.add_argument("--slo", type=float, default=2.0, help="p99 TTFT seconds")
-    parser.add_argument("--workloads", default="256:128,1024:64")
-    parser.add_argument("--prompts-per-slot", type=int, default=2)
-    parser.add_argument("--min-prompts", type=int, default=8)
+    parser.add_argument(
+        "--workloads",
+        default="256:128:2,1024:64:5",
+        help="prompt:output:SLO (p99 TTFT seconds) per workload, comma-separated",
+    )
+    parser.add_argument("--prompts-per-slot", type=int, default=1)
+    parser.add_argument("--min-prompts", type=int, default=2)
     parser.add_argument("--llama-server", help="also run the loop against this llama-server")
     parser.add_argument("--out", type=Path, help="keep results here (default: a temp dir)")
     args = parser.parse_args()

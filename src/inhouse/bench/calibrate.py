@@ -32,13 +32,13 @@ from inhouse.plan.perf_model import Profile
 class Probes:
     """Which probes to run; prompts longer than the step budget are left out."""
 
-    prefill_prompts: tuple[int, ...] = (128, 512, 1024, 1536)
-    prefill_repeats: int = 3
+    prefill_prompts: tuple[int, ...] = (64, 256, 512, 1024)
+    prefill_repeats: int = 2
     decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    decode_prompt: int = 128
-    decode_output: int = 32
+    decode_prompt: int = 64
+    decode_output: int = 24
     long_prompt: int = 1024
-    long_batches: tuple[int, ...] = (1, 4)
+    long_batches: tuple[int, ...] = (1,)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,9 +22,11 @@ from inhouse.plan.perf_model import (
 )
 from inhouse.plan.planner import Plan
 
+# Fitted to `inhouse serve`'s quiet-host TPOT for the bundled model (fp16 weights, 2 threads,
+# docs/benchmarks.md: 29.2 / 32.1 / 63.8 ms at c = 1 / 4 / 16); this roofline gives 30 / 34 / 63.
 CPU_BANDWIDTH_EFFICIENCY = 0.6
-CPU_GFLOPS_PER_CORE = 40.0  # dense bf16/fp32 GEMM per core, AVX-512 Zen 4 class
-CPU_FLOPS_EFFICIENCY = 0.5
+CPU_GFLOPS_PER_CORE = 96.0  # fp32 FMA peak of an AVX2 core at ~3 GHz (2 units × 8 lanes × 2)
+CPU_FLOPS_EFFICIENCY = 0.7
 CPU_STEP_OVERHEAD_S = 0.012  # per-op dispatch of a 30-layer model, ~7 µs an op
 CPU_SEQ_OVERHEAD_S = 0.0012  # sampling, detokenizing and one SSE event per sequence
 
