@@ -144,6 +144,7 @@ def main() -> None:
     parser.add_argument("--prompts-per-slot", type=int, default=1)
     parser.add_argument("--min-prompts", type=int, default=2)
     parser.add_argument("--llama-server", help="also run the loop against this llama-server")
+    parser.add_argument("--only-llama-server", action="store_true", help="skip inhouse serve")
     parser.add_argument("--out", type=Path, help="keep results here (default: a temp dir)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="knee-"))
@@ -151,7 +152,8 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()}; results under {out}")
     port = free_port()
     ours = [inhouse(), "serve", "--port", str(port), "--embedding-model", "none"]
-    one_server("inhouse serve", ours, port, DEFAULT_CHAT_MODEL_NAME, 64, args, out / "inhouse")
+    if not args.only_llama_server:
+        one_server("inhouse serve", ours, port, DEFAULT_CHAT_MODEL_NAME, 64, args, out / "inhouse")
     if args.llama_server:
         port = free_port()
         theirs = [
