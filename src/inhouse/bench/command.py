@@ -290,7 +290,7 @@ def calibrate(
     ] = 2048,
     timeout: Timeout = 120.0,
 ) -> None:
-    """Fit the plan's step-time model with short probes (< 2 min); write a profile for
+    """Fit the plan's step-time model with short probes (a minute or two); write a profile for
     `inhouse plan --profile` and `inhouse bench sweep --profile`."""
     import asyncio
     import json
