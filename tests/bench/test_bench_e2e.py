@@ -364,3 +364,54 @@ def test_shared_prefix_shows_the_prefix_cache_at_work(served: Served, tmp_path: 
     # Every request after the warm-up finds the 240-token system prompt's full blocks cached.
     assert run["server_metrics"]["prefix_cache_hit_rate"] > 0.7
     assert "prefix-cache hits" in result.stdout
+
+
+def test_calibrate_then_sweep_draws_the_prediction_beside_the_measurement(
+    served: Served, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from inhouse.bench.calibrate import Probes, Target, calibrate, describe
+
+    probes = Probes(
+        prefill_prompts=(64, 320), prefill_repeats=2, decode_batches=(1, 2), decode_output=8,
+        long_prompt=400, long_batches=(1,),
+    )  # fmt: skip
+    target = Target(served.url, served.model, API_KEY, max_num_seqs=2)
+    profile = asyncio.run(calibrate(target, probes))
+    measured = profile.measured
+    assert [p["prompt_tokens"] for p in measured["prefill"]] == [64, 320]
+    assert [(d["batch"], d["context_tokens"] > 300) for d in measured["decode"]] == [
+        (1, False), (2, False), (1, True)
+    ]  # fmt: skip
+    cost = profile.cost
+    for point in measured["decode"]:  # three points, three free coefficients: a close fit
+        fitted = cost.decode_step(point["batch"], point["context_tokens"])
+        assert 0.5 < fitted / point["step_s"] < 2
+    assert any(line.startswith("step = ") for line in describe(profile))
+    profile_file = tmp_path / "profile.json"
+    profile_file.write_text(json.dumps(profile.to_json()))
+
+    out = tmp_path / "sweep"
+    result = bench(
+        "sweep", *endpoint(served), "--steps", "1,2", "--input-len", "64", "--output-len", "16",
+        "--ignore-eos", "--prompts-per-slot", "2", "--min-prompts", "2", "--slo", "ttft=60s",
+        "--profile", str(profile_file), "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    document = load(out)
+    prediction = document["prediction"]
+    assert [p["concurrency"] for p in prediction["curve"]] == [1, 2]
+    comparison = prediction["comparison"]
+    assert comparison["predicted_knee"] is None and comparison["measured_knee"] is None
+    assert comparison["at"] == 2
+    # The fitted model, simulated, lands near what the server then did (a loose band: the
+    # host is shared, but a unit slip or a missing queue would land far outside it).
+    measured_tpot = document["runs"][1]["summary"]["tpot"]["p50"]
+    assert comparison["tpot_measured"] == measured_tpot
+    assert 1 / 3 < comparison["tpot_ratio"] < 3
+    measured_ttft = document["runs"][0]["summary"]["ttft"]["p50"]
+    assert 1 / 3 < measured_ttft / prediction["curve"][0]["ttft_p50"] < 3
+    assert "TPOT p50 at concurrency 2: predicted" in " ".join(result.stdout.split())
+    png = (out / "latency_vs_concurrency.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000

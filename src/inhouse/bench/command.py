@@ -217,6 +217,10 @@ def sweep(
     gpu: Annotated[
         str | None, typer.Option(help="GPU to plan for when --plan names a model.")
     ] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="`inhouse bench calibrate` profile: draw the predicted curves too."),
+    ] = None,
     prompts_per_slot: Annotated[int, typer.Option(help="Requests per concurrent slot.")] = 4,
     min_prompts: Annotated[int, typer.Option(help="Fewest requests at any step.")] = 8,
     warmup: Warmup = 2,
@@ -245,6 +249,63 @@ def sweep(
         raise typer.BadParameter(str(exc)) from exc
     if settings.slo.ttft is None:
         raise typer.BadParameter("--slo needs a ttft objective, e.g. ttft=2s")
+    prediction = None
+    if profile is not None:
+        from inhouse.bench.predicted import predict_sweep
+        from inhouse.plan.errors import PlanError
+
+        try:
+            prediction = predict_sweep(
+                profile,
+                chosen,
+                input_len=input_len,
+                output_len=output_len,
+                len_spread=len_spread,
+                per_slot=prompts_per_slot,
+                minimum=min_prompts,
+                slo_ttft=settings.slo.ttft,
+            )
+        except PlanError as exc:
+            raise typer.BadParameter(str(exc)) from exc
     _session(
-        lambda: bench_sweep(settings, chosen, predicted, prompts_per_slot, min_prompts, Console())
+        lambda: bench_sweep(
+            settings, chosen, predicted, prompts_per_slot, min_prompts, Console(), prediction
+        )
     )
+
+
+@bench_app.command("calibrate")
+def calibrate(
+    base_url: BaseUrl,
+    model: Model,
+    api_key: ApiKey = None,
+    out: Annotated[Path, typer.Option(help="Where to write the profile JSON.")] = Path(
+        "profile.json"
+    ),
+    max_num_seqs: Annotated[
+        int, typer.Option(help="The server's max sequences a step (decode probes stop there).")
+    ] = 64,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(help="The server's token budget a step (prefill probes stay within).")
+    ] = 2048,
+    timeout: Timeout = 120.0,
+) -> None:
+    """Fit the plan's step-time model with short probes (a minute or two); write a profile for
+    `inhouse plan --profile` and `inhouse bench sweep --profile`."""
+    import asyncio
+    import json
+
+    from inhouse.bench.calibrate import CalibrationError, Target, calibrate, describe
+    from inhouse.bench.preflight import EndpointError
+    from inhouse.plan.errors import PlanError
+
+    target = Target(base_url, model, api_key, max_num_seqs, max_num_batched_tokens, timeout)
+    try:
+        profile = asyncio.run(calibrate(target))
+    except (EndpointError, CalibrationError, PlanError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    for line in describe(profile):
+        typer.echo(line)
+    out.write_text(json.dumps(profile.to_json(), indent=1) + "\n", encoding="utf-8")
+    typer.echo(f"profile: {out}")

@@ -8,6 +8,7 @@ from pathlib import Path
 from inhouse.bench.metrics import Slo
 from inhouse.bench.run import RunResult
 from inhouse.bench.sweep import Verdict
+from inhouse.plan.latency import LatencyPoint
 
 LATENCY_PNG = "latency_vs_concurrency.png"
 THROUGHPUT_PNG = "throughput_vs_concurrency.png"
@@ -45,8 +46,15 @@ def _concurrency_axis(axis, steps: Sequence[int]) -> None:  # type: ignore[no-un
     axis.grid(True, which="major", alpha=0.3)
 
 
-def plot_latency(runs: Sequence[RunResult], slo: Slo, verdict: Verdict, path: Path) -> Path:
-    """p50/p99 TTFT and TPOT against concurrency, with the SLO lines, the plan and the knee."""
+def plot_latency(
+    runs: Sequence[RunResult],
+    slo: Slo,
+    verdict: Verdict,
+    path: Path,
+    predicted: Sequence[LatencyPoint] = (),
+) -> Path:
+    """p50/p99 TTFT and TPOT against concurrency, with the SLO lines, the plan and the knee,
+    and the predicted curves dashed when given."""
     plt = _pyplot()
     steps = [run.shape.max_concurrency or 0 for run in runs]
     figure, (ttft_axis, tpot_axis) = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -55,6 +63,10 @@ def plot_latency(runs: Sequence[RunResult], slo: Slo, verdict: Verdict, path: Pa
         for quantile, style in (("p50", "o-"), ("p99", "s-")):
             values = [getattr(getattr(run.summary, key), quantile) for run in runs]
             axis.plot(steps, _ms(values), style, label=f"{name} {quantile}")
+            if predicted:
+                guess = [getattr(p, f"{key}_{quantile}") for p in predicted]
+                xs = [p.concurrency for p in predicted]
+                axis.plot(xs, _ms(guess), style[0] + "--", alpha=0.6, label=f"predicted {quantile}")
         if limit is not None:
             axis.axhline(
                 limit * 1000, color="black", linewidth=1, label=f"SLO: {name} ≤ {limit * 1000:g} ms"
@@ -72,13 +84,27 @@ def plot_latency(runs: Sequence[RunResult], slo: Slo, verdict: Verdict, path: Pa
     return path
 
 
-def plot_throughput(runs: Sequence[RunResult], verdict: Verdict, path: Path) -> Path:
-    """Token and request throughput (and goodput) against concurrency, with plan and knee."""
+def plot_throughput(
+    runs: Sequence[RunResult],
+    verdict: Verdict,
+    path: Path,
+    predicted: Sequence[LatencyPoint] = (),
+) -> Path:
+    """Token and request throughput (and goodput) against concurrency, with plan and knee,
+    and the predicted output throughput dashed when given."""
     plt = _pyplot()
     steps = [run.shape.max_concurrency or 0 for run in runs]
     figure, (token_axis, request_axis) = plt.subplots(1, 2, figsize=(12, 4.8))
     token_axis.plot(steps, [r.summary.output_throughput for r in runs], "o-", label="output")
     token_axis.plot(steps, [r.summary.total_token_throughput for r in runs], "s-", label="total")
+    if predicted:
+        token_axis.plot(
+            [p.concurrency for p in predicted],
+            [p.output_tokens_per_s for p in predicted],
+            "o--",
+            alpha=0.6,
+            label="predicted output",
+        )
     token_axis.set_ylabel("tokens/s")
     token_axis.set_title("Token throughput vs concurrency")
     request_axis.plot(steps, [r.summary.request_throughput for r in runs], "o-", label="requests/s")
@@ -103,10 +129,16 @@ def plot_throughput(runs: Sequence[RunResult], verdict: Verdict, path: Path) -> 
     return path
 
 
-def plot_sweep(runs: Sequence[RunResult], slo: Slo, verdict: Verdict, out_dir: Path) -> list[Path]:
+def plot_sweep(
+    runs: Sequence[RunResult],
+    slo: Slo,
+    verdict: Verdict,
+    out_dir: Path,
+    predicted: Sequence[LatencyPoint] = (),
+) -> list[Path]:
     """Both PNGs into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     return [
-        plot_latency(runs, slo, verdict, out_dir / LATENCY_PNG),
-        plot_throughput(runs, verdict, out_dir / THROUGHPUT_PNG),
+        plot_latency(runs, slo, verdict, out_dir / LATENCY_PNG, predicted),
+        plot_throughput(runs, verdict, out_dir / THROUGHPUT_PNG, predicted),
     ]

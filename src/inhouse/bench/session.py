@@ -19,6 +19,7 @@ from inhouse.bench.datasets import (
     shared_prefix_dataset,
 )
 from inhouse.bench.loadgen import LoadShape
+from inhouse.bench.predicted import Comparison, Prediction, compare
 from inhouse.bench.preflight import check_endpoint
 from inhouse.bench.progress import BarProgress
 from inhouse.bench.report import print_notes, run_table, sweep_table
@@ -152,8 +153,10 @@ async def bench_sweep(
     per_slot: int,
     minimum: int,
     console: Console,
+    prediction: Prediction | None = None,
 ) -> SweepResult:
-    """A sweep; prints the table and verdict, writes `results.json` and both PNGs under `out`."""
+    """A sweep; prints the table and verdict, writes `results.json` and both PNGs under `out`;
+    with a `prediction`, also the predicted knee and TPOT beside the measured ones."""
     if settings.slo.ttft is None:
         raise ValueError("a sweep needs a TTFT objective: --slo ttft=…")
     sizes = step_sizes(steps, per_slot, minimum)
@@ -170,20 +173,34 @@ async def bench_sweep(
         )
     console.print(sweep_table(result.runs, result.verdict))
     print_notes(console, [*session.notes, *(n for run in result.runs for n in run.notes)])
+    comparison = None
+    if prediction is not None:
+        comparison = compare(prediction, result.runs, result.verdict)
+        for line in comparison.lines():
+            console.print(line, soft_wrap=True)
     if settings.out is not None:
-        save_sweep(settings, result, session.notes, settings.out, console)
+        save_sweep(settings, result, session.notes, settings.out, console, prediction, comparison)
     return result
 
 
 def save_sweep(
-    settings: SessionSettings, result: SweepResult, notes: list[str], out: Path, console: Console
+    settings: SessionSettings,
+    result: SweepResult,
+    notes: list[str],
+    out: Path,
+    console: Console,
+    prediction: Prediction | None = None,
+    comparison: Comparison | None = None,
 ) -> None:
-    """Write `results.json` and the two PNG plots."""
+    """Write `results.json` and the two PNG plots (with the predicted curves when given)."""
     from inhouse.bench.plots import plot_sweep
 
     document = results_document(
         "sweep", settings.config_json(), result.runs, result.verdict, notes=notes
     )
+    if prediction is not None and comparison is not None:
+        document["prediction"] = {**prediction.to_json(), "comparison": comparison.to_json()}
     console.print(f"results: {write_results(document, out)}")
-    for path in plot_sweep(result.runs, settings.slo, result.verdict, out):
+    curve = prediction.latency.points if prediction is not None else ()
+    for path in plot_sweep(result.runs, settings.slo, result.verdict, out, curve):
         console.print(f"plot: {path}")

@@ -11,8 +11,10 @@ from typing import Any
 from inhouse.bench.loadgen import LoadShape
 from inhouse.bench.requests import BenchRequest
 from inhouse.bench.run import RunContext, RunResult, execute_run
+from inhouse.plan.latency import parse_steps
 
 DEFAULT_TOP = 16
+__all__ = ["concurrency_steps", "find_knee", "judge", "parse_steps", "run_sweep"]
 
 
 def concurrency_steps(predicted: float | None = None, at_least: int | None = None) -> list[int]:
@@ -22,17 +24,6 @@ def concurrency_steps(predicted: float | None = None, at_least: int | None = Non
     steps = [1]
     while steps[-1] < top:
         steps.append(steps[-1] * 2)
-    return steps
-
-
-def parse_steps(text: str) -> list[int]:
-    """`1,2,4,8` → sorted distinct positive integers."""
-    try:
-        steps = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError as exc:
-        raise ValueError(f"{text!r}: steps must be integers like 1,2,4,8") from exc
-    if not steps or steps[0] < 1:
-        raise ValueError(f"{text!r}: steps must be positive integers")
     return steps
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 EXIT_DOES_NOT_FIT = 1
@@ -52,6 +54,41 @@ def plan(
         help="Print only the launch command for inhouse, llama.cpp, vllm or sglang "
         "(what it lacks as # comments).",
     ),
+    profile: Path | None = typer.Option(
+        None, "--profile", help="Step-time profile from `inhouse bench calibrate`: predict latency."
+    ),
+    cpu: bool = typer.Option(
+        False, "--cpu", help="Plan for a CPU host (--ram, --cores, --mem-bandwidth), not a GPU."
+    ),
+    ram: str = typer.Option("16GiB", "--ram", help="--cpu: memory the server may use."),
+    cores: int = typer.Option(2, "--cores", help="--cpu: cores the server's threads use."),
+    mem_bandwidth: float = typer.Option(
+        27.0, "--mem-bandwidth", help="--cpu: measured read bandwidth in GB/s."
+    ),
+    latency: bool = typer.Option(
+        False,
+        "--latency",
+        help="Predict latency from the GPU's roofline (implied by --profile and --cpu).",
+    ),
+    prompt_tokens: int = typer.Option(256, "--prompt-tokens", help="Latency: mean prompt tokens."),
+    output_tokens: int = typer.Option(128, "--output-tokens", help="Latency: mean output tokens."),
+    len_spread: float = typer.Option(0.0, "--len-spread", help="Lengths uniform in mean·(1±s)."),
+    slo_ttft: float = typer.Option(2.0, "--slo-ttft", help="Latency SLO: p99 TTFT seconds."),
+    steps: str | None = typer.Option(None, "--steps", help="Concurrencies to predict: 1,2,4,8."),
+    request_rate: float | None = typer.Option(
+        None, "--request-rate", help="Also predict an open loop at this many requests/s."
+    ),
+    max_num_seqs: int | None = typer.Option(
+        None, "--max-num-seqs", help="The engine's; default the profile's, else 80% of memory's."
+    ),
+    max_num_batched_tokens: int | None = typer.Option(
+        None,
+        "--max-num-batched-tokens",
+        help="Token budget a step; default the profile's, else the recommended flag's.",
+    ),
+    chunked_prefill: bool = typer.Option(
+        True, "--chunked-prefill/--no-chunked-prefill", help="Whether long prompts are split."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the numbers as JSON."),
     explain: bool = typer.Option(False, "--explain", help="Spell out the arithmetic."),
 ) -> None:
@@ -65,20 +102,25 @@ def plan(
     from inhouse.launch import ENGINES
     from inhouse.launch.emit import emit as emit_command
     from inhouse.plan.errors import PlanError
+    from inhouse.plan.latency import Traffic, parse_steps
+    from inhouse.plan.latency_report import LatencyOptions, latency_section, render_latency
+    from inhouse.plan.perf_model import read_profile
     from inhouse.plan.plan_json import plan_as_dict
     from inhouse.plan.planner import PlanInputs, make_plan
     from inhouse.plan.report import render
     from inhouse.plan.source import load_model
+    from inhouse.plan.step_costs import CpuTarget
     from inhouse.plan.units import parse_bytes
 
+    wants_latency = latency or cpu or profile is not None
     if emit is not None and emit not in ENGINES:
         known = ", ".join(ENGINES)
         typer.echo(f"inhouse plan: --emit takes one of {known}, not {emit!r}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     try:
         inputs = PlanInputs(
-            gpu=gpu,
-            vram_bytes=parse_bytes(vram) if vram else None,
+            gpu=None if cpu else gpu,
+            vram_bytes=parse_bytes(ram) if cpu else (parse_bytes(vram) if vram else None),
             tp=tp,
             util=util,
             overhead_bytes=parse_bytes(overhead) if overhead else None,
@@ -88,15 +130,36 @@ def plan(
             kv_dtype=kv_dtype,
         )
         result = make_plan(load_model(model), inputs)
+        report = None
+        if wants_latency and result.fits:
+            report = latency_section(
+                result,
+                LatencyOptions(
+                    traffic=Traffic(prompt_tokens, output_tokens, len_spread),
+                    slo_ttft=slo_ttft,
+                    max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens,
+                    chunked_prefill=chunked_prefill,
+                    steps=tuple(parse_steps(steps)) if steps else None,
+                    request_rate=request_rate,
+                ),
+                profile=read_profile(profile) if profile else None,
+                cpu=CpuTarget(parse_bytes(ram), cores, mem_bandwidth * 1e9) if cpu else None,
+            )
     except (PlanError, BundledModelMissing) as error:
         typer.echo(f"inhouse plan: {error}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
     if as_json:
-        typer.echo(json.dumps(plan_as_dict(result), indent=2))
+        document = plan_as_dict(result)
+        document["latency"] = report.to_json() if report else None
+        typer.echo(json.dumps(document, indent=2))
     elif emit is not None and result.fits:
         typer.echo(emit_command(emit, result))
     elif result.fits:
-        render(result, Console(file=sys.stdout), explain=explain)
+        console = Console(file=sys.stdout)
+        render(result, console, explain=explain)
+        if report is not None:
+            render_latency(report, console)
     if not result.fits:
         typer.echo(
             f"inhouse plan: {result.model.spec.name} does not fit: {result.reason}", err=True

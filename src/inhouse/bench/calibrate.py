@@ -1,0 +1,187 @@
+"""`inhouse bench calibrate`: short controlled probes that fit the plan's step-time model.
+
+Prefill probes send prompts of growing length one at a time and time their first
+token; decode probes send 1, 2, 4, … requests together with short prompts and a fixed
+number of output tokens (``ignore_eos``) and take the median gap between tokens, at a
+short and a long context. Every prompt is fresh random words, so nothing but the chat
+template's first block is found in a prefix cache. The fit (`inhouse.plan.fit`) turns
+the points into a `StepCost`; the profile file holds it, the points and the scheduler
+settings the simulator should assume. Works against any OpenAI-compatible server.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from inhouse.bench.client import StreamingClient, auth_headers, normalize_base_url
+from inhouse.bench.datasets import LengthSpec, random_dataset
+from inhouse.bench.loadgen import LoadShape, generate_load
+from inhouse.bench.preflight import check_endpoint
+from inhouse.bench.requests import BenchRequest, RequestRecord
+from inhouse.bench.tokenize import ServerTokenCounter, probe_token_counter
+from inhouse.plan.fit import DecodePoint, PrefillPoint, fit_step_cost
+from inhouse.plan.perf_model import Profile
+
+
+@dataclass(frozen=True, slots=True)
+class Probes:
+    """Which probes to run; prompts longer than the step budget are left out."""
+
+    prefill_prompts: tuple[int, ...] = (64, 256, 512, 1024)
+    prefill_repeats: int = 2
+    decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    decode_prompt: int = 64
+    decode_output: int = 24
+    long_prompt: int = 1024
+    long_batches: tuple[int, ...] = (1,)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The server to calibrate and the scheduler settings it runs with."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    timeout: float = 120.0
+
+
+class CalibrationError(RuntimeError):
+    """A probe failed, so no profile can be fitted."""
+
+
+def _checked(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    failed = [r for r in records if not r.ok]
+    if failed:
+        raise CalibrationError(f"a probe request failed: {failed[0].error or failed[0].status}")
+    return list(records)
+
+
+async def _max_model_len(http: httpx.AsyncClient, model: str) -> int:
+    """The model's `max_model_len` as vLLM and `inhouse serve` list it; unlimited if absent."""
+    listed = (await http.get("/v1/models")).json().get("data") or []
+    card = next((m for m in listed if isinstance(m, dict) and m.get("id") == model), {})
+    value = card.get("max_model_len")
+    return value if isinstance(value, int) and value > 0 else 1 << 30
+
+
+class _Prober:
+    def __init__(self, client: StreamingClient, counter: ServerTokenCounter | None) -> None:
+        self.client = client
+        self.counter = counter
+        self.overhead = 0
+        self.seed = 1000
+
+    async def prompts(self, count: int, prompt: int, output: int) -> list[BenchRequest]:
+        self.seed += 1
+        return await random_dataset(
+            count,
+            LengthSpec(prompt),
+            LengthSpec(output),
+            seed=self.seed,
+            counter=self.counter,
+            template_overhead=self.overhead,
+        )
+
+    async def together(self, requests: Sequence[BenchRequest]) -> list[RequestRecord]:
+        shape = LoadShape(max_concurrency=len(requests), num_prompts=len(requests))
+        return _checked((await generate_load(requests, self.client.send, shape)).records)
+
+    async def prefill(self, prompt: int, repeats: int) -> PrefillPoint:
+        records = []
+        for request in await self.prompts(repeats, prompt, 1):
+            records.extend(await self.together([request]))
+        tokens = statistics.median(r.prompt_tokens or prompt for r in records)
+        return PrefillPoint(round(tokens), statistics.median(r.ttft or 0.0 for r in records))
+
+    async def decode(self, batch: int, prompt: int, output: int) -> DecodePoint:
+        records = await self.together(await self.prompts(batch, prompt, output))
+        gaps = [gap for r in records for gap in r.itl]
+        if not gaps:
+            raise CalibrationError("the decode probe streamed no token gaps (is streaming on?)")
+        context = statistics.mean((r.prompt_tokens or prompt) for r in records) + output // 2
+        return DecodePoint(batch, round(context), statistics.median(gaps))
+
+
+async def calibrate(target: Target, probes: Probes = Probes()) -> Profile:
+    """Run the probes against the server and fit its profile."""
+    started = time.monotonic()
+    async with httpx.AsyncClient(
+        base_url=normalize_base_url(target.base_url),
+        headers=auth_headers(target.api_key),
+        timeout=httpx.Timeout(30.0, connect=5.0),
+    ) as http:
+        await check_endpoint(http, target.model)
+        longest = await _max_model_len(http, target.model)
+        counter = await probe_token_counter(http, target.model)
+        async with StreamingClient(
+            target.base_url,
+            target.model,
+            api_key=target.api_key,
+            timeout=target.timeout,
+            sampling={"temperature": 0.0, "ignore_eos": True},
+        ) as client:
+            prober = _Prober(client, counter)
+            if counter is not None:
+                prober.overhead = await counter.chat_overhead()
+            await prober.together(await prober.prompts(2, probes.decode_prompt, 4))  # warm-up
+            budget = target.max_num_batched_tokens
+            prefill_cap = min(budget, longest - 2)
+            prefill = [
+                await prober.prefill(p, probes.prefill_repeats)
+                for p in sorted({min(p, prefill_cap) for p in probes.prefill_prompts})
+            ]
+            decode = [
+                await prober.decode(b, probes.decode_prompt, probes.decode_output)
+                for b in probes.decode_batches
+                if b <= target.max_num_seqs
+            ]
+            long_prompt = min(probes.long_prompt, longest - probes.decode_output - 1)
+            decode += [
+                await prober.decode(b, long_prompt, probes.decode_output)
+                for b in probes.long_batches
+                if b <= target.max_num_seqs and b * long_prompt <= budget
+            ]
+    cost = fit_step_cost(prefill, decode, source=f"calibrated: {target.base_url}")
+    return Profile(
+        cost=cost,
+        model=target.model,
+        max_num_seqs=target.max_num_seqs,
+        max_num_batched_tokens=target.max_num_batched_tokens,
+        measured={
+            "prefill": [{"prompt_tokens": p.prompt, "ttft_s": p.ttft} for p in prefill],
+            "decode": [
+                {"batch": d.batch, "context_tokens": d.context, "step_s": d.step} for d in decode
+            ],
+            "seconds": round(time.monotonic() - started, 1),
+        },
+    )
+
+
+def describe(profile: Profile) -> list[str]:
+    """The probes and the fitted coefficients, one line each, for the console."""
+    cost, measured = profile.cost, profile.measured
+    lines = [
+        f"prefill {p['prompt_tokens']:>5} tokens alone: TTFT {p['ttft_s'] * 1000:7.1f} ms"
+        for p in measured["prefill"]
+    ]
+    lines += [
+        f"decode batch {d['batch']:>3} at {d['context_tokens']:>5} tokens: "
+        f"{d['step_s'] * 1000:6.1f} ms a token"
+        for d in measured["decode"]
+    ]
+    lines.append(
+        f"step = {cost.base_s * 1000:.2f} ms + max({cost.weights_s * 1000:.2f} ms, "
+        f"{cost.token_s * 1e6:.1f} µs × tokens) + {cost.seq_s * 1e6:.0f} µs × decodes + "
+        f"{cost.context_s * 1e9:.1f} ns × context + {cost.pair_s * 1e9:.3f} ns × prefill pairs; "
+        f"TTFT adds {cost.request_s * 1000:.1f} ms"
+    )
+    lines.append(f"calibrated in {measured['seconds']} s")
+    return lines

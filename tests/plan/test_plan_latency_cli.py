@@ -1,0 +1,104 @@
+"""`inhouse plan` with a latency prediction: from a profile, a CPU, or a GPU's roofline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from inhouse.plan.command import EXIT_BAD_INPUT, plan
+from inhouse.plan.perf_model import Profile, StepCost
+
+app = typer.Typer()
+app.command()(plan)
+
+COST = StepCost(
+    base_s=0.02, weights_s=0.01, token_s=0.0004, seq_s=0.002, context_s=1e-6, pair_s=1e-9,
+    request_s=0.005, source="calibrated: test",
+)  # fmt: skip
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def write_profile(tmp_path: Path, max_num_seqs: int = 16) -> Path:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(Profile(COST, "m", max_num_seqs, 2048, {}).to_json()))
+    return path
+
+
+def test_profile_predicts_the_curve_and_says_which_limit_binds(tmp_path: Path) -> None:
+    result = run(
+        "smollm2", "--weights", "bf16", "--vram", "8GiB", "--profile",
+        str(write_profile(tmp_path)), "--steps", "1,4,16,32", "--slo-ttft", "2", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    latency = json.loads(result.stdout)["latency"]
+    assert latency["step_cost"]["source"] == "calibrated: test"
+    assert latency["scheduler"]["max_num_seqs"] == 16  # the profile's, not the memory plan's
+    curve = {p["concurrency"]: p for p in latency["curve"]}
+    assert list(curve) == [1, 4, 16, 32]
+    within = latency["max_concurrency_within_slo"]
+    assert 1 <= within < 32
+    knee = latency["predicted_knee"]
+    assert knee == min(c for c, p in curve.items() if p["ttft_p99"] > 2)
+    assert latency["binds"] == "latency"  # SmolLM2's KV for 384 tokens: thousands fit
+    assert latency["memory_max_concurrent"] > within
+
+
+def test_cpu_target_reports_both_limits_in_words() -> None:
+    result = run(
+        "smollm2", "--cpu", "--ram", "8GiB", "--cores", "2", "--mem-bandwidth", "27",
+        "--weights", "bf16", "--request-rate", "1",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "step cost from roofline: CPU, 2 cores, 27 GB/s" in out
+    assert "Latency limit:" in out and "memory limit:" in out and "binds" in out
+    assert "Open loop at 1 requests/s: TTFT p50" in out
+
+
+def test_a_gpu_roofline_prediction_on_request() -> None:
+    result = run("llama-3.1-8b", "--gpu", "A100-40G", "--latency", "--json")
+    assert result.exit_code == 0, result.stderr
+    latency = json.loads(result.stdout)["latency"]
+    assert latency["step_cost"]["source"] == "roofline: A100 40G SXM"
+    assert latency["curve"][0]["concurrency"] == 1
+
+
+def test_latency_without_hardware_is_one_clear_error() -> None:
+    result = run("llama-3.1-8b", "--vram", "80GiB", "--latency")
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "needs --gpu, --cpu or --profile" in result.stderr
+
+
+def test_a_broken_profile_is_one_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    path.write_text("{not json")
+    result = run("smollm2", "--vram", "8GiB", "--profile", str(path))
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert result.stderr.startswith("inhouse plan: profile") and "not JSON" in result.stderr
+
+
+def test_a_prompt_longer_than_the_budget_without_chunking_is_refused(tmp_path: Path) -> None:
+    result = run(
+        "smollm2", "--vram", "8GiB", "--profile", str(write_profile(tmp_path)),
+        "--prompt-tokens", "3000",
+        "--no-chunked-prefill",
+    )  # fmt: skip
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "never fits a step of 2048 tokens without chunked prefill" in result.stderr
+
+
+def test_impossible_cpu_and_slo_values_are_one_clear_error() -> None:
+    for flags, fragment in (
+        (["--cpu", "--cores", "0"], "--cores ≥ 1"),
+        (["--cpu", "--mem-bandwidth", "0"], "positive --mem-bandwidth"),
+        (["--cpu", "--slo-ttft", "0"], "--slo-ttft must be a positive"),
+    ):
+        result = run("smollm2", *flags)
+        assert result.exit_code == EXIT_BAD_INPUT, flags
+        assert fragment in result.stderr and "Traceback" not in result.stderr
