@@ -3,8 +3,8 @@
 On a CPU a decode step streams every weight once, so the bytes per weight decide its
 speed. The default is int8 block weights (q8, 1.125 bytes a weight) on the C++ kernels
 (:mod:`inhouse.engine.kernels`) wherever they build, except on CPUs with AMX: there
-bf16 matrix tiles run batched decode and prompts 2-5x faster than q8 (measured on a
-Xeon with AMX, 2 cores: 16 rows 29 vs 65 ms a step, 64 rows 45 vs 240 ms), though one
+bf16 matrix tiles run batched decode and prompts 1.4-4x faster than q8 (measured on a
+Xeon with AMX, 2 cores: 16 rows 36 vs 52 ms a step, 64 rows 46 vs 191 ms), though one
 stream alone decodes 2x faster on q8. Without the kernels: bf16 where the CPU has it
 natively, else fbgemm's float16 weights with float32 activations. q4 (4-bit blocks)
 runs when asked. ``--dtype`` and ``--quantization`` override the choice, with a
@@ -94,7 +94,7 @@ def choose_precision(
     if quantization == "auto" and not dtype_auto:
         return Precision(dtype, "none", f"--dtype {_name(dtype)}: the checkpoint's exact weights")
     if quantization == "auto" and dtype_auto and _cpu_has_amx():
-        why = "bf16 on AMX: batches and prompts 2-5x faster than q8 (q8: one stream faster)"
+        why = "bf16 on AMX: batches and prompts 1.4-4x faster than q8 (q8: one stream faster)"
         return Precision(torch.bfloat16, "none", why)
     if quantization == "auto" and (built := kernels()) is not None:
         why = f"int8 blocks on C++ kernels for {built.isa}: 1.125 bytes a weight"
