@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -91,12 +92,21 @@ def open_database(url: str) -> Engine:
     path = sqlite_path(url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        _create_private(path)
     engine = create_engine(url, connect_args={"timeout": 30} if is_sqlite else {})
     if is_sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
     _create_tables(engine)
     return engine
+
+
+def _create_private(path: Path) -> None:
+    """Create the file, readable by its owner only, unless it exists. An existing file is
+    never opened here: closing any descriptor of a file drops every POSIX lock this process
+    holds on it, so another process would take this process's SQLite connections for gone,
+    checkpoint and delete the WAL they are still writing to, and their commits would be lost."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _create_tables(engine: Engine, attempts: int = 3) -> None:

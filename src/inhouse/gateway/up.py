@@ -301,8 +301,12 @@ def ensure_admin_key(config: GatewayConfig) -> str | None:
     from inhouse.gateway.db import open_database
     from inhouse.gateway.keys import KeyStore, load_pepper
 
-    store = KeyStore(open_database(config.database), load_pepper(config))
-    if any(k.name == ADMIN_KEY for k in store.list()):
-        return None
-    _, secret = store.create(ADMIN_KEY)
-    return secret
+    db = open_database(config.database)
+    try:
+        store = KeyStore(db, load_pepper(config))
+        if any(k.name == ADMIN_KEY for k in store.list()):
+            return None
+        _, secret = store.create(ADMIN_KEY)
+        return secret
+    finally:
+        db.dispose()
