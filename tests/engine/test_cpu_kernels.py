@@ -27,6 +27,7 @@ from inhouse.engine.kernels.quant import dequantize, linear, quantize
 from inhouse.engine.models.loader import load_model
 from inhouse.engine.models.precision import choose_precision, resolve_dtype
 from inhouse.engine.runner import ModelRunner
+from inhouse.engine.sequence import Sequence
 
 CPU = torch.device("cpu")
 # Logit gap to HF's best that a greedy pick may show (activations rounded to int8 blocks;
@@ -154,6 +155,48 @@ def test_fused_rotary_kv_write_swiglu_and_add_norm_match_the_eager_ops() -> None
     torch.testing.assert_close(normed, F.rms_norm(expected_stream, (40,), weight, 1e-5))
     alone = torch.ops.inhouse_cpu.add_rms_norm(residual, None, weight, 1e-5)
     torch.testing.assert_close(alone, normed)
+
+
+def _step_logits(runner: ModelRunner, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:
+    """Each step's logits: the prompts prefilled together, then one token each a step."""
+    seqs = []
+    for i, prompt in enumerate(prompts):
+        seq = Sequence(f"r{i}", list(prompt), sampling_params=None)
+        need = -(-(len(prompt) + steps) // runner.block_size)
+        seq.block_table = list(range(i * need, (i + 1) * need))
+        seqs.append(seq)
+    batch, seen = [(s, s.num_tokens) for s in seqs], []
+    for _ in range(steps):
+        logits = runner.execute(batch)
+        seen.append(logits)
+        for (seq, n), row in zip(batch, logits, strict=True):
+            seq.num_computed_tokens += n
+            seq.token_ids.append(int(row.argmax()))
+        batch = [(s, 1) for s in seqs]
+    return seen
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["q8", "q4"])
+@pytest.mark.parametrize(
+    "folder_fixture",
+    ["tiny_llama_folder", "tiny_qwen2_folder", "tiny_mistral_folder", "tiny_qwen2_window_folder"],
+)
+def test_decode_steps_in_one_cpp_call_give_the_per_layer_path_bits(
+    kind, folder_fixture, request
+) -> None:
+    """``decode_layers`` (every layer of a decode step in C++) against the same model run
+    layer by layer from Python: equal logits, bit for bit, with biases and sliding windows."""
+    loaded = load_model(request.getfixturevalue(folder_fixture), quantization=kind)
+    model = loaded.model
+    assert model.decode_weights is not None
+    prompts = [[5, 9, 200, 17, 3, 3, 80], [44, 2, 19]]
+    one_call = _step_logits(ModelRunner(loaded, num_blocks=32, block_size=4), prompts, 14)
+    weights, model.decode_weights = model.decode_weights, None
+    layer_by_layer = _step_logits(ModelRunner(loaded, num_blocks=32, block_size=4), prompts, 14)
+    model.decode_weights = weights
+    for ours, reference in zip(one_call, layer_by_layer, strict=True):
+        assert torch.equal(ours, reference)
 
 
 def hf_with_quantized_weights(folder, kind: str):

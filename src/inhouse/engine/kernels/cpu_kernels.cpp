@@ -480,6 +480,51 @@ torch::Tensor add_rms_norm(torch::Tensor residual, const c10::optional<torch::Te
   return out;
 }
 
+// A weight-only linear of the decode step, by its format: q4 when it has mins.
+torch::Tensor linear_any(const torch::Tensor& x, const c10::List<c10::optional<torch::Tensor>>& w,
+                         size_t at) {
+  const torch::Tensor q = *w.get(at), d = *w.get(at + 1);
+  const c10::optional<torch::Tensor> mins = w.get(at + 2), bias = w.get(at + 3);
+  if (mins.has_value()) return linear_impl<true>(x, q, d, &*mins, bias);
+  return linear_impl<false>(x, q, d, nullptr, bias);
+}
+
+constexpr size_t kLayerWeights = 18;
+
+// A decode step (one new token for each of T sequences) through every decoder layer, calling
+// the kernels above in the order the model's fused Python path calls them, so each row gets
+// the same bits; what it saves is Python's dispatch of ~10 ops a layer. `weights` holds
+// kLayerWeights entries a layer: input norm; qkv (q, d, mins?, bias?); o (the same four);
+// post-attention norm; gate_up; down. Adds the previous MLP output `delta` into `residual`
+// (in place) and returns the last layer's MLP output.
+torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,
+                            const torch::Tensor& cos, const torch::Tensor& sin,
+                            torch::Tensor kv_caches, const torch::Tensor& slots,
+                            const torch::Tensor& block_tables, const torch::Tensor& context_lens,
+                            int64_t block_size, int64_t heads, double scale,
+                            at::IntArrayRef windows, double eps,
+                            const c10::List<c10::optional<torch::Tensor>>& weights) {
+  const int64_t layers = kv_caches.size(0), tokens = residual.size(0);
+  const int64_t kv_heads = kv_caches.size(3), dim = kv_caches.size(4);
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * static_cast<int64_t>(kLayerWeights) &&
+                  static_cast<int64_t>(windows.size()) == layers,
+              "one set of weights and one window per layer");
+  c10::optional<torch::Tensor> added = delta;
+  for (int64_t l = 0; l < layers; ++l) {
+    const size_t at = static_cast<size_t>(l) * kLayerWeights;
+    torch::Tensor k_cache = kv_caches[l][0], v_cache = kv_caches[l][1];
+    const torch::Tensor x = add_rms_norm(residual, added, *weights.get(at), eps);
+    const torch::Tensor qkv = linear_any(x, weights, at + 1).view({tokens, heads + 2 * kv_heads, dim});
+    const torch::Tensor q = rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads);
+    const torch::Tensor attended = paged_decode_attention(
+        q, k_cache, v_cache, block_tables, context_lens, block_size, scale, windows[l]);
+    const torch::Tensor o = linear_any(attended, weights, at + 5);
+    const torch::Tensor h = add_rms_norm(residual, o, *weights.get(at + 9), eps);
+    added = linear_any(silu_mul(linear_any(h, weights, at + 10)), weights, at + 14);
+  }
+  return *added;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(inhouse_cpu, m) {
@@ -493,6 +538,11 @@ TORCH_LIBRARY(inhouse_cpu, m) {
       "Tensor slots, int heads) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
+  m.def(
+      "decode_layers(Tensor(a!) residual, Tensor? delta, Tensor cos, Tensor sin, "
+      "Tensor(b!) kv_caches, Tensor slots, Tensor block_tables, Tensor context_lens, "
+      "int block_size, int heads, float scale, int[] windows, float eps, Tensor?[] weights) "
+      "-> Tensor");
   m.def("quantize_q8(Tensor weight) -> (Tensor, Tensor)");
   m.def("quantize_q4(Tensor weight) -> (Tensor, Tensor, Tensor)");
 }
@@ -504,6 +554,7 @@ TORCH_LIBRARY_IMPL(inhouse_cpu, CPU, m) {
   m.impl("rope_write_kv", &rope_write_kv);
   m.impl("silu_mul", &silu_mul);
   m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("decode_layers", &decode_layers);
   m.impl("quantize_q8", &quantize_q8);
   m.impl("quantize_q4", &quantize_q4);
 }

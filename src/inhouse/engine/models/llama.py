@@ -296,6 +296,7 @@ class LlamaForCausalLM(nn.Module):
         )
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, like)
         self.fused_norms = False  # residual adds fused into the norms (see fuse_cpu_ops)
+        self.decode_weights: list[torch.Tensor | None] | None = None  # see fuse_cpu_ops
         self.lm_head = (
             self.embed_tokens
             if args.tie_word_embeddings
@@ -319,7 +320,10 @@ class LlamaForCausalLM(nn.Module):
         h = F.embedding(input_ids, self.embed_tokens.weight).to(self.dtype)
         cos = self.rope_cos[positions].to(h.dtype)[:, None, :]
         sin = self.rope_sin[positions].to(h.dtype)[:, None, :]
-        if self.fused_norms:
+        if self.decode_weights is not None and _plain_decode(meta):
+            delta = self._decode_layers(h, cos, sin, kv_caches, meta)
+            h = self.norm(h[logit_rows] + delta[logit_rows])
+        elif self.fused_norms:
             delta = None
             for layer, cache in zip(self.layers, kv_caches, strict=True):
                 delta = layer.fused(h, delta, cos, sin, cache[0], cache[1], meta)
@@ -329,6 +333,30 @@ class LlamaForCausalLM(nn.Module):
                 h = layer(h, cos, sin, cache[0], cache[1], meta)
             h = self.norm(h[logit_rows])
         return self.lm_head(h).float()
+
+    def _decode_layers(self, h, cos, sin, kv_caches, meta) -> torch.Tensor:
+        """Every layer of a step of single-token decodes in one C++ call (``decode_layers``):
+        the same kernels in the same order as :meth:`DecoderLayer.fused`, so the same bits."""
+        d = meta.decode
+        assert d is not None and self.decode_weights is not None
+        head_dim = self.args.head_dim
+        windows = [meta.sliding_window if layer.self_attn.sliding else 0 for layer in self.layers]
+        return torch.ops.inhouse_cpu.decode_layers(
+            h,
+            None,
+            cos.view(-1, head_dim),
+            sin.view(-1, head_dim),
+            kv_caches,
+            meta.slot_mapping,
+            d.block_tables,
+            d.context_lens,
+            d.block_size,
+            self.args.num_heads,
+            head_dim**-0.5,
+            windows,
+            self.args.rms_norm_eps,
+            self.decode_weights,
+        )
 
     def packer(self, quantization: str) -> Callable[[str], None]:
         """A loader callback that packs each projection as soon as the last of its
@@ -366,6 +394,7 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.fused = layer.self_attn.q_norm is None
             layer.mlp.fused = True
         self.fused_norms = True
+        self.decode_weights = _decode_weights(self.layers)
 
     def weight_keys(self) -> set[str]:
         """Keys :meth:`weight_target` hands out; a complete checkpoint covers all of them."""
@@ -400,6 +429,26 @@ class LlamaForCausalLM(nn.Module):
             return self.get_parameter(name)
         except AttributeError:
             return None
+
+
+def _plain_decode(meta: AttentionMetadata) -> bool:
+    """Whether every entry of the step is one new token for the C++ decode kernel."""
+    return meta.decode is not None and meta.decode.token_rows is None and not meta.groups
+
+
+def _decode_weights(layers: nn.ModuleList) -> list[torch.Tensor | None] | None:
+    """The layers' weights in ``decode_layers``' order, or None when a layer cannot run there
+    (a projection left unquantized, or per-head q/k norms that the fused attention skips)."""
+    weights: list[torch.Tensor | None] = []
+    for layer in layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        projections = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if not attention.fused or any(p.quantized is None for p in projections):
+            return None
+        parts = [(p.quantized.q, p.quantized.scales, p.quantized.mins, p.bias) for p in projections]
+        weights += [layer.input_layernorm.weight, *parts[0], *parts[1]]
+        weights += [layer.post_attention_layernorm.weight, *parts[2], *parts[3]]
+    return weights
 
 
 def _parts_of(name: str) -> tuple[int | None, ...]:
