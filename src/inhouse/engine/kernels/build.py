@@ -26,6 +26,7 @@ import torch
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+HEADERS = (Path(__file__).with_name("work_pool.h"),)
 _SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16")
 
 
@@ -87,6 +88,8 @@ def _command(compiler: str, out: Path) -> list[str]:
 def _digest(compiler: str, flags: frozenset[str]) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256(SOURCE.read_bytes())
+    for header in HEADERS:
+        digest.update(header.read_bytes())
     for part in (torch.__version__, version, " ".join(sorted(flags)), sys.version):
         digest.update(part.encode())
     return digest.hexdigest()[:16]

@@ -22,6 +22,8 @@
 #include <tuple>
 #include <vector>
 
+#include "work_pool.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define INHOUSE_AVX2 1
@@ -97,15 +99,32 @@ void unpack_q4_row(const uint8_t* q, int64_t groups, uint8_t* out) {
   }
 }
 
-// out[r] for `rows` (1..4) activation rows against one weight row of `groups` groups,
-// one byte a weight: q8 signed; q4 unpacked unsigned codes with a per-group min.
+#if defined(INHOUSE_AVX2) && !defined(INHOUSE_AVX512)
+// AVX2 reads q4 rows as stored and unpacks each group's codes in registers.
+constexpr bool kQ4InRegisters = true;
+#else
+// AVX-512 and the plain loops read each q4 row unpacked first (one byte a code).
+constexpr bool kQ4InRegisters = false;
+#endif
+
 #ifdef INHOUSE_AVX2
-// One group's contribution for R activation rows, added to acc[r] (one byte a weight).
+// A q4 group's 32 codes (16 bytes as stored) as 32 bytes in order: low nibbles are codes
+// 0..15, high nibbles 16..31.
+inline __m256i unpack_q4_group(const uint8_t* q) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// One group's contribution for R activation rows, added to acc[r]: q8 signed bytes, q4
+// unsigned codes (packed when kQ4InRegisters, else one byte each).
 template <bool kQ4, int R>
 inline void group_step(const uint8_t* wq, float wd, const QuantizedActivations& a, int64_t row0,
                        int64_t groups, int64_t g, __m256* acc) {
   const int64_t k = groups * kGroup;
-  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + g * kGroup));
+  const __m256i w = kQ4 && kQ4InRegisters
+                        ? unpack_q4_group(wq + g * kGroup / 2)
+                        : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + g * kGroup));
   const __m256i wabs = kQ4 ? w : _mm256_sign_epi8(w, w);
   for (int r = 0; r < R; ++r) {
     __m256i x = _mm256_loadu_si256(
@@ -150,8 +169,23 @@ void dot_row_512(const uint8_t* wq, const float* wd, const QuantizedActivations&
 }
 #endif
 
-// out[r] for R (1..4) activation rows against one weight row of `groups` groups, one
-// byte a weight: q8 signed; q4 unpacked unsigned codes with a per-group min `wm`.
+// q4's per-group mins against the activations' group sums: sum over g of wm[g] * s[g].
+inline float min_term(const float* wm, const float* s, int64_t groups) {
+  int64_t g = 0;
+  float tail = 0.f;
+#ifdef INHOUSE_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; g + 8 <= groups; g += 8) {
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(wm + g), _mm256_loadu_ps(s + g), acc);
+  }
+  tail = hsum(acc);
+#endif
+  for (; g < groups; ++g) tail += wm[g] * s[g];
+  return tail;
+}
+
+// out[r] for R (1..4) activation rows against one weight row of `groups` groups: q8 signed
+// bytes; q4 unsigned codes (see kQ4InRegisters) with a per-group min `wm`.
 template <bool kQ4, int R>
 void dot_row(const uint8_t* wq, const float* wd, const float* wm, const QuantizedActivations& a,
              int64_t row0, int64_t groups, float* out) {
@@ -189,12 +223,7 @@ void dot_row(const uint8_t* wq, const float* wd, const float* wm, const Quantize
 #endif
   }
   if constexpr (kQ4) {
-    for (int r = 0; r < R; ++r) {
-      const float* s = a.s.data() + (row0 + r) * groups;
-      float tail = 0.f;
-      for (int64_t g = 0; g < groups; ++g) tail += wm[g] * s[g];
-      out[r] += tail;
-    }
+    for (int r = 0; r < R; ++r) out[r] += min_term(wm, a.s.data() + (row0 + r) * groups, groups);
   }
 }
 
@@ -226,13 +255,13 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const 
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   const int64_t row_bytes = kQ4 ? k / 2 : k;
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, n_out, 16, [&](int64_t begin, int64_t end) {
+  inhouse::parallel_for(0, n_out, 16, [&](int64_t begin, int64_t end) {
     float sums[4];
-    std::vector<uint8_t> codes(kQ4 ? k : 0);
+    std::vector<uint8_t> codes(kQ4 && !kQ4InRegisters ? k : 0);
     for (int64_t n = begin; n < end; ++n) {
       const float b = bp ? bp[n] : 0.f;
       const uint8_t* row = qp + n * row_bytes;
-      if constexpr (kQ4) {
+      if constexpr (kQ4 && !kQ4InRegisters) {
         unpack_q4_row(row, groups, codes.data());
         row = codes.data();
       }
@@ -284,7 +313,7 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
   const int64_t* lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const int64_t row = kv_heads * dim;  // floats per cache slot
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  inhouse::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / kv_heads, kvh = item % kv_heads;
@@ -341,7 +370,7 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& cos,
   float* qp = q.data_ptr<float>();
   float* kp = k_cache.data_ptr<float>();
   float* vp = v_cache.data_ptr<float>();
-  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+  inhouse::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* c = cp + t * dim;
       const float* s = sp + t * dim;
@@ -460,7 +489,7 @@ torch::Tensor add_rms_norm(torch::Tensor residual, const c10::optional<torch::Te
   const float* wp = weight.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float epsilon = static_cast<float>(eps);
-  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+  inhouse::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float* r = rp + t * dim;
       if (dp) {
