@@ -156,7 +156,7 @@ def bundled_model_fp16():
 @pytest.fixture(scope="session")
 def bundled_model_q8():
     """The bundled SmolLM2 with int8 block weights for the C++ kernels: the CPU default
-    wherever they build (float32 activations, on AVX2 and AVX-512 alike)."""
+    for every source but a Q4_1 GGUF wherever they build (float32 activations)."""
     from inhouse.engine.models.loader import load_model
 
     return load_model(None, quantization="q8")
@@ -165,7 +165,7 @@ def bundled_model_q8():
 @pytest.fixture(scope="session")
 def bundled_model_q4():
     """The bundled SmolLM2 with 4-bit block weights (the GGUF's own Q4_1 blocks) for the
-    C++ kernels, float32 activations."""
+    C++ kernels, float32 activations: its default wherever they build, except on AMX."""
     from inhouse.engine.models.loader import load_model
 
     return load_model(None, quantization="q4")

@@ -230,10 +230,12 @@ def test_tiny_models_with_quantized_weights_agree_with_hf(kind, folder_fixture, 
 
 @needs_kernels
 @pytest.mark.slow
-def test_bundled_model_with_q8_weights_agrees_with_hf(bundled_model_q8) -> None:
-    prompts = chat_prompt_ids(bundled_model_q8.tokenizer)
-    ours = runner_greedy(ModelRunner(bundled_model_q8, num_blocks=64, block_size=16), prompts, 48)
-    hf = hf_with_quantized_weights(bundled_model_q8.hf_folder, "q8")
+@pytest.mark.parametrize("kind", ["q8", "q4"])
+def test_bundled_model_with_block_weights_agrees_with_hf(kind: str, request) -> None:
+    loaded = request.getfixturevalue(f"bundled_model_{kind}")
+    prompts = chat_prompt_ids(loaded.tokenizer)
+    ours = runner_greedy(ModelRunner(loaded, num_blocks=64, block_size=16), prompts, 48)
+    hf = hf_with_quantized_weights(loaded.hf_folder, kind)
     assert_greedy_consistent(hf, prompts, ours, TOLERANCE)
 
 
@@ -250,7 +252,7 @@ def test_q8_and_q4_run_when_asked(isa: str) -> None:
 
 
 @pytest.mark.parametrize("amx", [False, True], ids=["no-amx", "amx"])
-def test_auto_is_bf16_on_amx_else_q8_where_the_kernels_build(amx: bool, monkeypatch) -> None:
+def test_auto_is_bf16_on_amx_else_q4_for_q4_1_ggufs_else_q8(amx: bool, monkeypatch) -> None:
     from inhouse.engine.models import precision
 
     monkeypatch.setattr(precision, "_cpu_has_amx", lambda: amx)
@@ -262,6 +264,14 @@ def test_auto_is_bf16_on_amx_else_q8_where_the_kernels_build(amx: bool, monkeypa
         else:
             assert (chosen.dtype, chosen.quantization) == (torch.float32, "q8")
             assert isa in chosen.reason
+        gguf = choose_precision("auto", "auto", CPU, _kernels(isa), source_blocks="Q4_1")
+        if amx:
+            assert gguf.quantization == "none"
+        else:
+            assert (gguf.quantization, gguf.dtype) == ("q4", torch.float32)
+            assert "Q4_1" in gguf.reason
+        other = choose_precision("auto", "auto", CPU, _kernels(isa), source_blocks="Q4_K")
+        assert other.quantization == chosen.quantization
     if not amx:
         without = choose_precision("auto", "auto", CPU, lambda: None)
         if resolve_dtype("auto", CPU) == torch.bfloat16:

@@ -178,10 +178,11 @@ def test_version_reports_model_and_hashes(server: RunningServer) -> None:
     assert info["served_model_name"] == MODEL
     assert len(info["model_sha256"]) == 64
     assert len(info["chat_template_sha256"]) == 64
-    # the default on a CPU: q8 on our C++ kernels where they build (make builds them),
-    # else native bf16 or fbgemm's fp16 weights; /version says why
+    # the default on a CPU: the bundled GGUF's own Q4_1 blocks (q4) on our C++ kernels
+    # where they build (make builds them), bf16 on AMX, else native bf16 or fbgemm's fp16
+    # weights; /version says why
     assert (info["dtype"], info["quantization"]) in {
-        ("float32", "q8"),
+        ("float32", "q4"),
         ("float32", "fp16"),
         ("bfloat16", "none"),
     }

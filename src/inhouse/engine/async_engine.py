@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,6 +31,12 @@ from inhouse.engine.request import EngineRequest
 from inhouse.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
+
+# The engine thread needs the GIL back after every C++ call; while the event loop runs
+# Python (SSE chunks, JSON, new prompts) it would wait up to the default 5 ms for it. At
+# 0.5 ms, 50 decode linears on a 2-core host beside a busy Python thread took 303 ms
+# instead of 1,375 ms.
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class EngineDeadError(RuntimeError):
@@ -73,8 +80,11 @@ class AsyncEngine:
     # -- lifecycle --------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the step loop; also shortens the interpreter's GIL switch interval (see
+        ``GIL_SWITCH_INTERVAL_S``)."""
         if self._thread is not None:
             return
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._run, name="inhouse-engine", daemon=True)
         self._thread.start()
 

@@ -72,6 +72,15 @@ def dequantize(weight: QuantizedWeight) -> torch.Tensor:
     return w.reshape(out_features, weight.in_features)
 
 
+def dequantize_rows(weight: QuantizedWeight, rows: torch.Tensor) -> torch.Tensor:
+    """Float32 rows ``[len(rows), in]`` of a q8 weight, as :func:`dequantize` gives them."""
+    if weight.kind != "q8":
+        raise ValueError(f"rows are looked up in q8 tables only, not {weight.kind}")
+    codes = weight.q.index_select(0, rows).reshape(len(rows), -1, GROUP).float()
+    scaled = codes * weight.scales.index_select(0, rows)[..., None]
+    return scaled.reshape(len(rows), weight.in_features)
+
+
 def linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` by the C++ kernel for the weight's format (float32 ``x``)."""
     ops = torch.ops.inhouse_cpu

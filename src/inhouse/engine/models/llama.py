@@ -132,13 +132,12 @@ class Linear(nn.Module):
         if not keep_weight:
             self.weight = None
 
-    def quantize(self, kind: str, keep_weight: bool = False) -> None:
+    def quantize(self, kind: str) -> None:
         """Hold the weight in block format ``kind`` ("q8" or "q4") for the C++ kernels."""
         self.quantized = quant.quantize(self.weight.data, kind)
         if self.bias is not None:
             self.bias = nn.Parameter(self.bias.data.float(), requires_grad=False)
-        if not keep_weight:
-            self.weight = None
+        self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
@@ -317,7 +316,7 @@ class LlamaForCausalLM(nn.Module):
         logit_rows: torch.Tensor,
     ) -> torch.Tensor:
         """Float32 logits at ``logit_rows``; ``kv_caches``: ``[layers, 2, slots, heads, dim]``."""
-        h = F.embedding(input_ids, self.embed_tokens.weight).to(self.dtype)
+        h = self._embed(input_ids)
         cos = self.rope_cos[positions].to(h.dtype)[:, None, :]
         sin = self.rope_sin[positions].to(h.dtype)[:, None, :]
         if self.decode_weights is not None and _plain_decode(meta):
@@ -333,6 +332,15 @@ class LlamaForCausalLM(nn.Module):
                 h = layer(h, cos, sin, cache[0], cache[1], meta)
             h = self.norm(h[logit_rows])
         return self.lm_head(h).float()
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embedding rows; a table held only in blocks (a tied q8 LM head) gives
+        its dequantized rows, the numbers the LM head multiplies by."""
+        table = self.embed_tokens
+        if table.weight is not None:
+            return F.embedding(input_ids, table.weight).to(self.dtype)
+        assert table.quantized is not None
+        return quant.dequantize_rows(table.quantized, input_ids)
 
     def _decode_layers(self, h, cos, sin, kv_caches, meta) -> torch.Tensor:
         """Every layer of a step of single-token decodes in one C++ call (``decode_layers``):
@@ -363,7 +371,8 @@ class LlamaForCausalLM(nn.Module):
         checkpoint parts is in, so loading never holds every projection twice:
         "fp16" by :meth:`Linear.pack_fp16`, "q8"/"q4" by :meth:`Linear.quantize` (the
         embedding/LM head always q8; a projection whose width is not a multiple of 32
-        stays as loaded). A tied embedding keeps its table for lookups."""
+        stays as loaded). A tied embedding keeps its float table for lookups only beside
+        fp16 (packed weights cannot give rows back); in blocks it looks rows up there."""
         waiting: dict[str, set[str]] = {}
         for key in self.weight_keys():
             waiting.setdefault(_module_of(key), set()).add(key)
@@ -382,7 +391,7 @@ class LlamaForCausalLM(nn.Module):
                 module.pack_fp16(keep_weight=embedding)
             elif quant.quantizable(module.weight.shape[1]):
                 head = module is self.lm_head
-                module.quantize("q8" if head else quantization, keep_weight=embedding)
+                module.quantize("q8" if head else quantization)
 
         return loaded
 

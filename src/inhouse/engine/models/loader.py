@@ -93,6 +93,15 @@ def _resolve(source: str | Path | None, cache_dir: Path) -> tuple[Path, Path, st
     )
 
 
+def _gguf_blocks(path: Path) -> str | None:
+    """The block type most of a GGUF file's tensors have (e.g. "Q4_1"); None for a folder."""
+    if path.suffix != ".gguf":
+        return None
+    from inhouse.plan.gguf_header import read_gguf
+
+    return read_gguf(path).tensors.main_type
+
+
 def _cached_gguf(path: Path, cache_dir: Path) -> tuple[Path, str]:
     sha = file_sha256(path)
     folder = cache_dir / "gguf" / sha
@@ -254,9 +263,9 @@ def load_model(
     from transformers import AutoConfig, AutoTokenizer
 
     dev = torch.device(device)
-    precision = choose_precision(dtype, quantization, dev)
-    torch_dtype, quant = precision.dtype, precision.quantization
     folder, path, sha, model_id = _resolve(source, cache_dir or default_cache_dir())
+    precision = choose_precision(dtype, quantization, dev, source_blocks=_gguf_blocks(path))
+    torch_dtype, quant = precision.dtype, precision.quantization
     hf_config = AutoConfig.from_pretrained(folder)
     weight_dtype = torch.float16 if quant == "fp16" else None
     model = build_model(hf_config, torch_dtype, dev, weight_dtype)
