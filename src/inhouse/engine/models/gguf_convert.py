@@ -9,8 +9,10 @@ by transformers.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +67,27 @@ def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return rows.swapaxes(1, 2).reshape(weight.shape)
 
 
+BLOCK_TYPES_FILE = "gguf_block_types.json"
+
+
+def write_block_types(folder: Path, counts: Counter[str]) -> None:
+    """Record, beside a converted folder, how many of the GGUF's tensors had each type."""
+    (folder / BLOCK_TYPES_FILE).write_text(json.dumps(dict(counts)))
+
+
+def main_block_type(folder: Path, source: Path) -> str:
+    """The type most of the GGUF's tensors had (e.g. "Q4_1"), from the record the conversion
+    wrote; a folder converted before there was one gets it now, once (parsing a GGUF header
+    with ``gguf`` takes seconds: it reads the whole vocabulary)."""
+    record = folder / BLOCK_TYPES_FILE
+    if not record.is_file():
+        from gguf import GGUFReader
+
+        write_block_types(folder, Counter(t.tensor_type.name for t in GGUFReader(source).tensors))
+    counts: dict[str, int] = json.loads(record.read_text())
+    return max(counts, key=lambda kind: counts[kind])
+
+
 def convert_gguf(path: Path, out_dir: Path) -> None:
     """Write the HF folder for GGUF ``path`` to ``out_dir`` atomically (a rename at the end)."""
     from gguf import GGUFReader, dequantize
@@ -96,6 +119,7 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
     config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+    write_block_types(tmp, Counter(t.tensor_type.name for t in reader.tensors))
     try:
         tmp.rename(out_dir)
     except OSError:

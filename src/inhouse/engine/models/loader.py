@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from inhouse.engine.models.gguf_convert import convert_gguf
+from inhouse.engine.models.gguf_convert import convert_gguf, main_block_type
 from inhouse.engine.models.llama import LlamaArgs, LlamaForCausalLM
 from inhouse.engine.models.precision import choose_precision
 
@@ -93,13 +93,9 @@ def _resolve(source: str | Path | None, cache_dir: Path) -> tuple[Path, Path, st
     )
 
 
-def _gguf_blocks(path: Path) -> str | None:
-    """The block type most of a GGUF file's tensors have (e.g. "Q4_1"); None for a folder."""
-    if path.suffix != ".gguf":
-        return None
-    from inhouse.plan.gguf_header import read_gguf
-
-    return read_gguf(path).tensors.main_type
+def _gguf_blocks(folder: Path, source: Path) -> str | None:
+    """The block type most of a GGUF source's tensors have (e.g. "Q4_1"); None for a folder."""
+    return main_block_type(folder, source) if source.suffix == ".gguf" else None
 
 
 def _cached_gguf(path: Path, cache_dir: Path) -> tuple[Path, str]:
@@ -264,7 +260,7 @@ def load_model(
 
     dev = torch.device(device)
     folder, path, sha, model_id = _resolve(source, cache_dir or default_cache_dir())
-    precision = choose_precision(dtype, quantization, dev, source_blocks=_gguf_blocks(path))
+    precision = choose_precision(dtype, quantization, dev, source_blocks=_gguf_blocks(folder, path))
     torch_dtype, quant = precision.dtype, precision.quantization
     hf_config = AutoConfig.from_pretrained(folder)
     weight_dtype = torch.float16 if quant == "fp16" else None
