@@ -6,6 +6,7 @@ import typer
 
 from inhouse import __version__
 from inhouse.bench.command import bench_app
+from inhouse.eval.command import eval_command
 from inhouse.gateway.command import audit_command, gateway_command, keys_app
 from inhouse.gateway.up import up_command
 from inhouse.models.command import models_app
@@ -28,6 +29,7 @@ def root() -> None:
 
 
 app.add_typer(bench_app, name="bench")
+app.command("eval")(eval_command)
 app.command("gateway")(gateway_command)
 app.add_typer(keys_app, name="keys")
 app.add_typer(models_app, name="models")
