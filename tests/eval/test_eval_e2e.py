@@ -21,12 +21,9 @@ import pytest
 
 from inhouse.bundled import default_chat_model
 from inhouse.eval.items import load_eval_set, starter_set
-from inhouse.gateway.config import load_config
-from inhouse.gateway.db import open_database
-from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.up import free_port, inhouse_command
 from inhouse.models.verify import lock
-from serving import Process, audit_rows
+from serving import Process, audit_rows, gateway_key, gateway_process
 
 pytestmark = pytest.mark.slow
 
@@ -84,18 +81,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     )  # fmt: skip
     db_url = f"sqlite:///{base / 'gateway.db'}"
     config_path = base / "inhouse.toml"
-    config_path.write_text(_gateway_config(gateway_port, db_url, serve_url, serve_key))
-    gateway = Process(
-        [*inhouse_command(), "gateway", "--config", str(config_path)], base / "gateway.log"
+    gateway = gateway_process(
+        config_path, _gateway_config(gateway_port, db_url, serve_url, serve_key)
     )
+    gateway_url = f"http://127.0.0.1:{gateway_port}"
     try:
-        serve.start()
-        gateway.start()
+        for process in (serve, gateway):
+            process.start()
         serve.wait_healthy(f"{serve_url}/health", 300)
-        gateway_url = f"http://127.0.0.1:{gateway_port}"
         gateway.wait_healthy(f"{gateway_url}/health", 60)
-        store = KeyStore(open_database(db_url), load_pepper(load_config(config_path)))
-        _, secret = store.create(KEY_NAME)
+        secret = gateway_key(config_path, KEY_NAME)
         yield Stack(
             serve_url, serve_key, gateway_url, secret, db_url, pinned.revision, manifest, base
         )

@@ -150,3 +150,6 @@ def test_cli_lock_verify_and_serve_refuses_a_tampered_file(tmp_path: Path, folde
     assert served.returncode == 1
     assert "model.safetensors: changed" in served.stderr
     assert "Serving on" not in served.stdout
+    up = _inhouse("up", "--manifest", str(manifest), "--port", "1", cache_dir=cache_dir)
+    assert up.returncode == 1 and "model.safetensors: changed" in up.stderr
+    assert "replica" not in up.stdout  # nothing was started
