@@ -93,7 +93,7 @@ def lock_command(
         quantization=manifest.quantization,
     )
     out.write_text(pinned.to_toml())
-    typer.echo(f"locked {len(pinned.files)} files of {source} at {pinned.revision} into {out}")
+    typer.echo(f"locked {_files(pinned)} of {source} at {pinned.revision} into {out}")
 
 
 @models_app.command("verify")
@@ -108,6 +108,10 @@ def verify_command(
     """Check that the model's files match the manifest, without serving it (exit 1 if not)."""
     checked = checked_manifest(manifest, rehash)
     typer.echo(
-        f"ok: {len(checked.files)} files of {checked.source_path()} match "
-        f"revision {checked.revision}"
+        f"ok: {_files(checked)} of {checked.source_path()} match revision {checked.revision}"
     )
+
+
+def _files(manifest: Manifest) -> str:
+    count = len(manifest.files)
+    return f"{count} file" + ("" if count == 1 else "s")
