@@ -143,6 +143,11 @@ def test_cli_lock_verify_and_serve_refuses_a_tampered_file(tmp_path: Path, folde
     assert read_manifest(manifest).source == str(folder)
     verified = _inhouse("models", "verify", str(manifest), cache_dir=cache_dir)
     assert verified.returncode == 0 and "ok: 3 files" in verified.stdout
+    beside = tmp_path / "inhouse.model.toml"  # the model below the manifest: kept relative
+    again = _inhouse("models", "lock", str(folder), "--out", str(beside), cache_dir=cache_dir)
+    assert again.returncode == 0, again.stderr
+    assert read_manifest(beside).source == "tiny-model"
+    assert read_manifest(beside).source_path() == folder
     _flip_one_byte(folder / "model.safetensors")
     refused = _inhouse("models", "verify", str(manifest), cache_dir=cache_dir)
     assert refused.returncode == 1 and "model.safetensors: changed" in refused.stderr

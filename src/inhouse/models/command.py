@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,16 +83,9 @@ def lock_command(
         manifest = _or_exit(
             lambda: lock(source, name, revision, dtype, quantization, progress=advance)
         )
-    out_dir = out.resolve().parent
-    relative = source.is_relative_to(out_dir)
-    pinned = Manifest(
-        name=manifest.name,
-        source=str(source.relative_to(out_dir)) if relative else str(source),
-        revision=manifest.revision,
-        files=manifest.files,
-        dtype=manifest.dtype,
-        quantization=manifest.quantization,
-    )
+    out_dir = out.resolve().parent  # a source below the manifest is kept relative to it
+    written = source.relative_to(out_dir) if source.is_relative_to(out_dir) else source
+    pinned = dataclasses.replace(manifest, source=str(written))
     out.write_text(pinned.to_toml())
     typer.echo(f"locked {_files(pinned)} of {source} at {pinned.revision} into {out}")
 
@@ -107,9 +101,8 @@ def verify_command(
 ) -> None:
     """Check that the model's files match the manifest, without serving it (exit 1 if not)."""
     checked = checked_manifest(manifest, rehash)
-    typer.echo(
-        f"ok: {_files(checked)} of {checked.source_path()} match revision {checked.revision}"
-    )
+    where, revision = checked.source_path(), checked.revision
+    typer.echo(f"ok: {_files(checked)} of {where} verified at revision {revision}")
 
 
 def _files(manifest: Manifest) -> str:
