@@ -4,6 +4,7 @@ written, and a second run resumes, asking again only what failed."""
 
 from __future__ import annotations
 
+import email.utils
 import json
 import threading
 import time
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -21,6 +23,7 @@ from starlette.routing import Route
 from typer.testing import CliRunner
 
 from inhouse.cli import app
+from inhouse.eval.client import retry_after
 from inhouse.gateway.up import free_port
 
 RETRY_AFTER_S = 0.3
@@ -159,3 +162,12 @@ def test_a_second_run_resumes_and_asks_only_what_failed(upstream: Upstream, tmp_
     assert upstream.count("flaky") == flaky + 1  # only the 500 asked again
     assert len(upstream.seen["flaky", "broken 1+1"]) == broken_before + 1
     assert report["endpoints"][0]["errors"] == 1
+
+
+def test_retry_after_reads_seconds_and_http_dates_and_is_capped() -> None:
+    soon = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert retry_after(httpx.Headers({"Retry-After": "2.5"}), 0.5, 60) == 2.5
+    assert 28 <= retry_after(httpx.Headers({"Retry-After": soon}), 0.5, 60) <= 30
+    assert retry_after(httpx.Headers({"Retry-After": "3600"}), 0.5, 60) == 60
+    assert retry_after(httpx.Headers({"Retry-After": "soon"}), 0.5, 60) == 0.5
+    assert retry_after(httpx.Headers(), 4.0, 60) == 4.0
