@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ class ResultStore:
     """Append-only answers of one endpoint under ``out_dir``."""
 
     def __init__(self, out_dir: Path, endpoint: Endpoint, settings: Settings) -> None:
-        self.path = out_dir / f"answers-{endpoint.name}.jsonl"
+        safe = re.sub(r"[^\w.-]", "_", endpoint.name)
+        self.path = out_dir / f"answers-{safe}.jsonl"
         self._run = _digest([endpoint.root, endpoint.model, settings.key()])
 
     def _key(self, item: EvalItem) -> str:
