@@ -1,4 +1,7 @@
-"""``inhouse models lock|verify``, and the up-front check ``serve`` and ``up`` run."""
+"""``inhouse models lock|verify``, and the up-front check ``serve`` and ``up`` run.
+
+The progress bar and the hashing are imported when a command runs, not with the CLI.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +12,9 @@ from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from inhouse.models.hashing import HashCache
 from inhouse.models.manifest import DEFAULT_MANIFEST, Manifest, ManifestError, read_manifest
 from inhouse.models.pickles import PickleRefused
-from inhouse.models.verify import lock, require_verified, total_bytes
 
 EXIT_MISMATCH = 1
 T = TypeVar("T")
@@ -29,6 +28,9 @@ models_app = typer.Typer(
 @contextmanager
 def byte_progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
     """A transient bar on stderr over ``total`` bytes; yields the callback to advance it."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
     bar = Progress(
         TextColumn(label),
         BarColumn(),
@@ -45,6 +47,9 @@ def byte_progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
 def checked_manifest(path: Path, rehash: bool = False) -> Manifest:
     """Read ``path`` and verify the model against it, with progress; exit 1 naming the
     files when anything differs, is missing or unexpected."""
+    from inhouse.models.hashing import HashCache
+    from inhouse.models.verify import require_verified, total_bytes
+
     manifest = _or_exit(lambda: read_manifest(path))
     source = manifest.source_path()
     total = total_bytes(source) if source.exists() else 0
@@ -75,6 +80,8 @@ def lock_command(
     quantization: Annotated[str, typer.Option(help="As inhouse serve --quantization.")] = "auto",
 ) -> None:
     """Hash every weight, tokenizer and config file of PATH into a manifest."""
+    from inhouse.models.verify import lock, total_bytes
+
     if not path.exists():
         typer.echo(f"inhouse: {path} does not exist", err=True)
         raise typer.Exit(EXIT_MISMATCH)
