@@ -106,6 +106,24 @@ def serve_process(port: int, key: str, log: Path) -> Process:
     return Process(args, log, {"INHOUSE_API_KEY": key})
 
 
+def gateway_process(config_path: Path, config_text: str) -> Process:
+    """`inhouse gateway` on a config written to `config_path` (its log beside it)."""
+    config_path.write_text(config_text)
+    args = [*inhouse_command(), "gateway", "--config", str(config_path)]
+    return Process(args, config_path.with_name("gateway.log"))
+
+
+def gateway_key(config_path: Path, name: str) -> str:
+    """Create a key called `name` in the database of the gateway config at `config_path`;
+    returns its secret."""
+    from inhouse.gateway.config import load_config
+    from inhouse.gateway.keys import KeyStore, load_pepper
+
+    config = load_config(config_path)
+    _, secret = KeyStore(open_database(config.database), load_pepper(config)).create(name)
+    return secret
+
+
 def audit_rows(
     db_url: str, key_name: str, expect: int, timeout: float = 10.0
 ) -> list[dict[str, Any]]:

@@ -6,8 +6,10 @@ import typer
 
 from inhouse import __version__
 from inhouse.bench.command import bench_app
+from inhouse.eval.command import eval_command
 from inhouse.gateway.command import audit_command, gateway_command, keys_app
 from inhouse.gateway.up import up_command
+from inhouse.models.command import models_app
 from inhouse.observe.command import observe_app
 from inhouse.plan.command import plan
 from inhouse.server.serve import serve_command
@@ -27,8 +29,10 @@ def root() -> None:
 
 
 app.add_typer(bench_app, name="bench")
+app.command("eval")(eval_command)
 app.command("gateway")(gateway_command)
 app.add_typer(keys_app, name="keys")
+app.add_typer(models_app, name="models")
 app.command("audit")(audit_command)
 app.add_typer(observe_app, name="observe")
 app.command("up")(up_command)

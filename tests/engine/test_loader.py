@@ -16,10 +16,10 @@ from inhouse.engine.models.loader import (
     ModelSourceError,
     _cached_gguf,
     default_cache_dir,
-    file_sha256,
     load_model,
 )
 from inhouse.engine.models.precision import resolve_dtype
+from inhouse.models.hashing import file_sha256
 
 
 def _llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
@@ -108,6 +108,15 @@ def test_bad_sources_are_refused_clearly(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ModelSourceError, match=r"no \*\.safetensors"):
         load_model(tmp_path)
+
+
+def test_pickle_weights_are_refused_with_the_reason(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04K\x01.")  # pickle of the int 1
+    with pytest.raises(ModelSourceError, match=r"pytorch_model\.bin.*unpickling runs arbitrary"):
+        load_model(tmp_path)
+    with pytest.raises(ModelSourceError, match=r"pytorch_model\.bin.*refused"):
+        load_model(tmp_path / "pytorch_model.bin")
 
 
 def test_unsupported_architecture_is_refused():

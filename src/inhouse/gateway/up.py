@@ -63,6 +63,10 @@ def up_command(
     kv_dtype: Annotated[str, typer.Option(help="KV cache dtype, as inhouse plan.")] = "auto",
     max_model_len: Annotated[int | None, typer.Option(help="Cap on one request.")] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Sequences at once per replica.")] = None,
+    manifest: Annotated[
+        Path | None,
+        typer.Option(help="Model manifest: verified before any replica starts; names the model."),
+    ] = None,
 ) -> None:
     """Start engine replicas and the gateway in front of them on http://127.0.0.1:8000."""
     from inhouse.gateway.config import default_database_url
@@ -82,14 +86,23 @@ def up_command(
         _fail(str(missing))
     if tp > 1 and gpu is None and vram is None:
         _fail("--tp needs --gpu or --vram: tensor parallelism is planned per GPU")
+    chat_name = served_name(model)
+    if manifest is not None:
+        from inhouse.models.command import checked_manifest
+
+        if model is not None:
+            _fail("give MODEL or --manifest, not both (the manifest names it)")
+        pinned = checked_manifest(manifest)
+        model, chat_name = str(pinned.source_path()), pinned.name
     try:
         inputs = plan_inputs(gpu, vram, tp, util, avg_context, weights, kv_dtype, max_model_len)
         settings = launch_settings(model, inputs, max_model_len, max_num_seqs)
     except PlanError as error:
         _fail(str(error))
+    if manifest is not None:
+        settings = dataclasses.replace(settings, manifest=str(manifest.resolve()))
     if chosen.gguf_only and not settings.gguf:
         _fail(f"{chosen.name} loads GGUF files only; give it a .gguf file")
-    chat_name = served_name(model)
     with_embeddings = embeddings and chosen.name == "inhouse"
     if embeddings and not with_embeddings:
         typer.echo(f"{chosen.name} replicas serve the chat model only (no embedding model)")

@@ -35,6 +35,7 @@ class LaunchSettings:
     vllm_quantization: str | None = None  # the --quantization value vLLM and SGLang know
     dtype: str | None = None  # float16 or bfloat16
     gpu: bool = False  # a GPU deployment (llama.cpp then offloads every layer)
+    manifest: str | None = None  # a verified model manifest, for engines that read one
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,8 @@ class InhouseEngine(Engine):
         return [*inhouse_command(), "serve"]
 
     def model_args(self, settings: LaunchSettings) -> list[str]:
-        return [settings.model]
+        """The model, or the manifest that names it (serve verifies it again at start)."""
+        return ["--manifest", settings.manifest] if settings.manifest else [settings.model]
 
     def plan_flags(self, settings: LaunchSettings, flags: Flags) -> None:
         if settings.max_model_len:

@@ -14,7 +14,30 @@ if TYPE_CHECKING:
     from inhouse.engine.async_engine import AsyncEngine
     from inhouse.engine.embedder import Embedder
     from inhouse.engine.structured import GrammarCompiler
+    from inhouse.models.manifest import Manifest
     from inhouse.server.chat_template import ChatRenderer
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestStatus:
+    """What ``/version`` and the start-up table say about the model's manifest."""
+
+    path: str | None = None
+    revision: str | None = None
+    verified: bool = False  # every file's sha256 matched before loading
+
+    @classmethod
+    def of(cls, manifest: Manifest | None) -> ManifestStatus:
+        """The status of a manifest that was verified, or of none (not verified)."""
+        if manifest is None:
+            return cls()
+        return cls(str(manifest.path), manifest.revision, verified=True)
+
+    def describe(self) -> str:
+        """One line for the start-up table."""
+        if self.path is None:
+            return "none (files not verified; see inhouse models lock)"
+        return f"{self.path}, revision {self.revision}, verified"
 
 
 @dataclass(slots=True)
@@ -27,6 +50,7 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     embedding_model: Path | None = None
     embedding_model_name: str | None = None
+    manifest: ManifestStatus = field(default_factory=ManifestStatus)
 
 
 @dataclass(slots=True)

@@ -59,6 +59,13 @@ def serve_command(
         int, typer.Option(help="Largest request body in bytes (413 above).")
     ] = DEFAULT_MAX_BODY_BYTES,
     seed: Annotated[int | None, typer.Option(help="Engine seed for unseeded requests.")] = None,
+    manifest: Annotated[
+        Path | None,
+        typer.Option(
+            help="Model manifest (inhouse models lock): refuse to start unless every file "
+            "matches; gives the model, name, dtype and quantization unless flags do."
+        ),
+    ] = None,
     kv_reserve: Annotated[
         float,
         typer.Option(
@@ -68,13 +75,24 @@ def serve_command(
     ] = 1.0,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API."""
+    pinned = None  # checked before the heavy imports: a mismatch exits at once
+    if manifest is not None:
+        from inhouse.models.command import checked_manifest
+
+        if model is not None:
+            raise typer.BadParameter("give MODEL or --manifest, not both (the manifest names it)")
+        pinned = checked_manifest(manifest)
+        model = str(pinned.source_path())
+        served_model_name = served_model_name or pinned.name
+        dtype = pinned.dtype if dtype == "auto" else dtype
+        quantization = pinned.quantization if quantization == "auto" else quantization
     import uvicorn
 
     from inhouse.bundled import default_embedding_model
     from inhouse.engine.config import EngineConfig
     from inhouse.plan.units import parse_bytes
     from inhouse.server.app import build_app
-    from inhouse.server.context import ServerConfig, ServerContext
+    from inhouse.server.context import ManifestStatus, ServerConfig, ServerContext
     from inhouse.server.loading import ContextLoader
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -108,6 +126,7 @@ def serve_command(
         max_body_bytes=max_request_body,
         embedding_model=embedding_path,
         embedding_model_name=embedding_name,
+        manifest=ManifestStatus.of(pinned),
     )
     ctx = ServerContext.create(config, name)
     app = build_app(ctx, ContextLoader(engine_config))
@@ -140,6 +159,7 @@ def _announce(ctx, host: str, port: int) -> None:
         ("model", ctx.model_name),
         ("dtype", f"{info.dtype} (weights {WEIGHT_FORMATS[info.quantization]})"),
         ("why", info.path_reason),
+        ("manifest", ctx.config.manifest.describe()),
         ("max model len", f"{budget.max_model_len} tokens"),
         ("KV cache", f"{budget.kv_cache_memory / 2**20:.1f} MiB ({budget.reason})"),
         ("KV blocks", f"{budget.num_blocks} x {budget.block_size} tokens"),

@@ -10,7 +10,6 @@ import hashlib
 import json
 import math
 import mmap
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,8 @@ import torch
 from inhouse.engine.models.gguf_convert import convert_gguf, main_block_type
 from inhouse.engine.models.llama import LlamaArgs, LlamaForCausalLM
 from inhouse.engine.models.precision import choose_precision
+from inhouse.models.hashing import CACHE_FILE, HashCache, default_cache_dir
+from inhouse.models.pickles import PickleRefused, refuse_pickle
 
 
 class ModelSourceError(ValueError):
@@ -47,19 +48,6 @@ class LoadedModel:
     path_reason: str = ""  # why this dtype and weight format were chosen on this machine
 
 
-def default_cache_dir() -> Path:
-    """``$INHOUSE_CACHE``, else ``~/.cache/inhouse``."""
-    return Path(os.environ.get("INHOUSE_CACHE") or Path.home() / ".cache" / "inhouse")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _folder_fingerprint(folder: Path) -> str:
     """sha256 over config.json and every safetensors file's name, size and header (not its data)."""
     digest = hashlib.sha256((folder / "config.json").read_bytes())
@@ -81,6 +69,11 @@ def _resolve(source: str | Path | None, cache_dir: Path) -> tuple[Path, Path, st
         folder, sha = _cached_gguf(path, cache_dir)
         return folder, path, sha, DEFAULT_CHAT_MODEL_NAME
     path = Path(source).expanduser()
+    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
+        try:  # a .bin/.pt file, or a folder whose only weights are pickles
+            refuse_pickle(path)
+        except PickleRefused as err:
+            raise ModelSourceError(str(err)) from None
     if path.is_file() and path.suffix == ".gguf":
         folder, sha = _cached_gguf(path, cache_dir)
         return folder, path, sha, path.name.removesuffix(".gguf")
@@ -99,7 +92,7 @@ def _gguf_blocks(folder: Path, source: Path) -> str | None:
 
 
 def _cached_gguf(path: Path, cache_dir: Path) -> tuple[Path, str]:
-    sha = file_sha256(path)
+    sha = HashCache(cache_dir / CACHE_FILE).sha256(path)
     folder = cache_dir / "gguf" / sha
     if not (folder / "model.safetensors").is_file():
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -44,8 +44,16 @@ async def metrics(ctx: ServerContext = Depends(context)) -> Response:
 
 @router.get("/version")
 async def version(ctx: ServerContext = Depends(context)) -> dict:
-    """inhouse version, model identity and hashes of tokenizer and chat template."""
-    info: dict = {"version": __version__, "served_model_name": ctx.model_name}
+    """inhouse version, model identity, manifest revision and whether its files were verified,
+    and hashes of tokenizer and chat template."""
+    pinned = ctx.config.manifest
+    info: dict = {
+        "version": __version__,
+        "served_model_name": ctx.model_name,
+        "model_revision": pinned.revision,
+        "manifest": pinned.path,
+        "manifest_verified": pinned.verified,
+    }
     engine = ctx.engine
     if engine is not None:
         described = engine.info

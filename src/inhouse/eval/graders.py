@@ -1,0 +1,185 @@
+"""Graders: does an answer match what an item expects? Each is a pure function of the item
+and the answer; :func:`check_expected` rejects an item whose ``expected`` the grader cannot use.
+
+- ``exact``: the text, stripped of whitespace and a trailing period, equals ``expected``.
+- ``contains``: ``expected`` (a string, or a list: all of them) appears, case-insensitively.
+- ``regex``: the pattern ``expected`` matches somewhere (``re.search``).
+- ``numeric``: the last number in the text is within ``tolerance`` of ``expected``.
+- ``choice``: the first standalone capital letter A–D (or ``expected``'s own letters) is it.
+- ``json_schema``: the text (or its first JSON block) parses and validates against ``expected``.
+- ``tool_call``: the first tool call names ``expected["name"]``, its arguments are a JSON object
+  that validates against that tool's ``parameters`` and holds ``expected["arguments"]``, if given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+
+if TYPE_CHECKING:
+    from inhouse.eval.items import EvalItem
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
+_FENCED = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What an endpoint answered: the text and any tool calls (name, arguments JSON text)."""
+
+    text: str
+    tool_calls: tuple[tuple[str, str], ...] = field(default=())
+
+
+def _exact(item: EvalItem, answer: Answer) -> bool:
+    return answer.text.strip().removesuffix(".").strip() == str(item.expected).strip()
+
+
+def _contains(item: EvalItem, answer: Answer) -> bool:
+    wanted = item.expected if isinstance(item.expected, list) else [item.expected]
+    text = answer.text.casefold()
+    return all(str(w).casefold() in text for w in wanted)
+
+
+def _regex(item: EvalItem, answer: Answer) -> bool:
+    return re.search(item.expected, answer.text) is not None
+
+
+def last_number(text: str) -> float | None:
+    """The last number written in ``text`` (thousands commas allowed), or None."""
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _numeric(item: EvalItem, answer: Answer) -> bool:
+    value = last_number(answer.text)
+    return value is not None and math.isclose(
+        value, float(item.expected), rel_tol=0.0, abs_tol=item.tolerance
+    )
+
+
+def chosen_letter(text: str, letters: str = "ABCD") -> str | None:
+    """The first standalone option letter in ``text`` ("B", "(B)", "B)", "Answer: B")."""
+    match = re.search(rf"(?<![A-Za-z])([{letters}])(?![A-Za-z])", text)
+    return match.group(1) if match else None
+
+
+def _choice(item: EvalItem, answer: Answer) -> bool:
+    letters = "".join(sorted(set("ABCD") | {str(item.expected)}))
+    return chosen_letter(answer.text, letters) == item.expected
+
+
+def json_in(text: str) -> Any:
+    """The JSON value of ``text``: all of it, else a fenced block, else its outermost {…};
+    raises ``ValueError`` when none parses."""
+    candidates = [text.strip()]
+    candidates += [m.strip() for m in _FENCED.findall(text)]
+    start, end = text.find("{"), text.rfind("}")
+    if 0 <= start < end:
+        candidates.append(text[start : end + 1])
+    for candidate in candidates:
+        try:
+            return json.loads(candidate)
+        except ValueError:
+            continue
+    raise ValueError("no JSON in the answer")
+
+
+def _json_schema(item: EvalItem, answer: Answer) -> bool:
+    try:
+        value = json_in(answer.text)
+    except ValueError:
+        return False
+    return jsonschema.Draft202012Validator(item.expected).is_valid(value)
+
+
+def _tool_parameters(item: EvalItem, name: str) -> dict[str, Any] | None:
+    for tool in item.tools or []:
+        function = tool.get("function", {})
+        if function.get("name") == name:
+            return function.get("parameters") or {"type": "object"}
+    return None
+
+
+def _tool_call(item: EvalItem, answer: Answer) -> bool:
+    if not answer.tool_calls:
+        return False
+    name, arguments_text = answer.tool_calls[0]
+    if name != item.expected["name"]:
+        return False
+    try:
+        arguments = json.loads(arguments_text)
+    except ValueError:
+        return False
+    schema = _tool_parameters(item, name)
+    if not isinstance(arguments, dict) or schema is None:
+        return False
+    if not jsonschema.Draft202012Validator(schema).is_valid(arguments):
+        return False
+    wanted = item.expected.get("arguments", {})
+    return all(arguments.get(key) == value for key, value in wanted.items())
+
+
+GRADERS: dict[str, Callable[[EvalItem, Answer], bool]] = {
+    "exact": _exact,
+    "contains": _contains,
+    "regex": _regex,
+    "numeric": _numeric,
+    "choice": _choice,
+    "json_schema": _json_schema,
+    "tool_call": _tool_call,
+}
+
+
+def grade(item: EvalItem, answer: Answer) -> bool:
+    """True when ``answer`` is right for ``item`` under the item's grader."""
+    return GRADERS[item.grader](item, answer)
+
+
+def _is_text(expected: Any) -> bool:
+    if isinstance(expected, list):
+        return bool(expected) and all(isinstance(e, str) and e for e in expected)
+    return isinstance(expected, str) and bool(expected)
+
+
+def check_expected(item: EvalItem) -> None:
+    """``ValueError`` when the item's ``expected`` does not fit its grader."""
+    expected, grader = item.expected, item.grader
+    if grader in ("exact", "contains") and not _is_text(expected):
+        raise ValueError(f"{grader}: 'expected' must be a non-empty string")
+    if grader == "regex":
+        try:
+            re.compile(expected)
+        except (re.error, TypeError) as err:
+            raise ValueError(f"regex: 'expected' is not a regular expression ({err})") from None
+    if grader == "numeric" and (
+        isinstance(expected, bool) or not isinstance(expected, int | float)
+    ):
+        raise ValueError("numeric: 'expected' must be a number")
+    if grader == "choice" and not (
+        isinstance(expected, str) and len(expected) == 1 and expected.isupper()
+    ):
+        raise ValueError("choice: 'expected' must be one capital letter such as 'B'")
+    if grader == "json_schema":
+        try:
+            jsonschema.Draft202012Validator.check_schema(expected)
+        except jsonschema.SchemaError as err:
+            raise ValueError(
+                f"json_schema: 'expected' is not a JSON schema ({err.message})"
+            ) from None
+    if grader == "tool_call":
+        if not isinstance(expected, dict) or not isinstance(expected.get("name"), str):
+            raise ValueError('tool_call: \'expected\' must be {"name": ..., "arguments": {...}}')
+        if _tool_parameters(item, expected["name"]) is None:
+            raise ValueError(f"tool_call: 'tools' has no function named {expected['name']!r}")

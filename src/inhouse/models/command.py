@@ -1,0 +1,117 @@
+"""``inhouse models lock|verify``, and the up-front check ``serve`` and ``up`` run.
+
+The progress bar and the hashing are imported when a command runs, not with the CLI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+
+from inhouse.models.manifest import DEFAULT_MANIFEST, Manifest, ManifestError, read_manifest
+from inhouse.models.pickles import PickleRefused
+
+EXIT_MISMATCH = 1
+T = TypeVar("T")
+
+models_app = typer.Typer(
+    help="Pin a model's files in a manifest (lock) and check them (verify).",
+    no_args_is_help=True,
+)
+
+
+@contextmanager
+def byte_progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A transient bar on stderr over ``total`` bytes; yields the callback to advance it."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn(label),
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    task = bar.add_task(label, total=total)
+    with bar:
+        yield lambda n: bar.advance(task, n)
+
+
+def checked_manifest(path: Path, rehash: bool = False) -> Manifest:
+    """Read ``path`` and verify the model against it, with progress; exit 1 naming the
+    files when anything differs, is missing or unexpected."""
+    from inhouse.models.hashing import HashCache
+    from inhouse.models.verify import require_verified, total_bytes
+
+    manifest = _or_exit(lambda: read_manifest(path))
+    source = manifest.source_path()
+    total = total_bytes(source) if source.exists() else 0
+    with byte_progress(f"verifying {source.name}", total) as advance:
+        _or_exit(lambda: require_verified(manifest, HashCache(trust=not rehash), advance))
+    return manifest
+
+
+def _or_exit(action: Callable[[], T]) -> T:
+    try:
+        return action()
+    except (ManifestError, PickleRefused) as err:
+        typer.echo(f"inhouse: {err}", err=True)
+        raise typer.Exit(EXIT_MISMATCH) from None
+
+
+@models_app.command("lock")
+def lock_command(
+    path: Annotated[Path, typer.Argument(help="An HF folder or a .gguf file.")],
+    out: Annotated[Path, typer.Option(help="Where to write the manifest.")] = Path(
+        DEFAULT_MANIFEST
+    ),
+    name: Annotated[str | None, typer.Option(help="Served model name.")] = None,
+    revision: Annotated[
+        str | None, typer.Option(help="HF commit or your label (default: detected or a digest).")
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="dtype to serve with, as inhouse serve.")] = "auto",
+    quantization: Annotated[str, typer.Option(help="As inhouse serve --quantization.")] = "auto",
+) -> None:
+    """Hash every weight, tokenizer and config file of PATH into a manifest."""
+    from inhouse.models.verify import lock, total_bytes
+
+    if not path.exists():
+        typer.echo(f"inhouse: {path} does not exist", err=True)
+        raise typer.Exit(EXIT_MISMATCH)
+    source = path.resolve()
+    with byte_progress(f"hashing {source.name}", total_bytes(source)) as advance:
+        manifest = _or_exit(
+            lambda: lock(source, name, revision, dtype, quantization, progress=advance)
+        )
+    out_dir = out.resolve().parent  # a source below the manifest is kept relative to it
+    written = source.relative_to(out_dir) if source.is_relative_to(out_dir) else source
+    pinned = dataclasses.replace(manifest, source=str(written))
+    out.write_text(pinned.to_toml())
+    typer.echo(f"locked {_files(pinned)} of {source} at {pinned.revision} into {out}")
+
+
+@models_app.command("verify")
+def verify_command(
+    manifest: Annotated[Path, typer.Argument(help="The manifest to check.")] = Path(
+        DEFAULT_MANIFEST
+    ),
+    rehash: Annotated[
+        bool, typer.Option(help="Hash every file again, ignoring the size + mtime cache.")
+    ] = False,
+) -> None:
+    """Check that the model's files match the manifest, without serving it (exit 1 if not)."""
+    checked = checked_manifest(manifest, rehash)
+    where, revision = checked.source_path(), checked.revision
+    typer.echo(f"ok: {_files(checked)} of {where} verified at revision {revision}")
+
+
+def _files(manifest: Manifest) -> str:
+    count = len(manifest.files)
+    return f"{count} file" + ("" if count == 1 else "s")
