@@ -7,14 +7,13 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import Receive
 
 from inhouse.api.body import json_object
@@ -45,6 +44,7 @@ from inhouse.gateway.proxy import (
 from inhouse.gateway.routing import Lease, Overloaded, Router
 from inhouse.gateway.tokens import budget
 from inhouse.http1 import Response as UpstreamResponse
+from inhouse.http_errors import error_response
 
 T = TypeVar("T")
 CLIENT_CLOSED = 499  # nginx's "client closed request"
@@ -407,17 +407,6 @@ class Gateway:
                     await asyncio.sleep(0.01)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def error_response(
-    err: APIError, headers: dict[str, str] | None = None, retry_after: float | None = None
-) -> JSONResponse:
-    """OpenAI's error body with rate-limit headers and, when known, Retry-After."""
-    out = dict(headers or {})
-    if retry_after is not None and math.isfinite(retry_after):
-        out["retry-after"] = str(max(1, math.ceil(retry_after)))
-        out["retry-after-ms"] = str(max(1, math.ceil(retry_after * 1000)))
-    return JSONResponse(err.body().model_dump(), status_code=err.status_code, headers=out)
 
 
 def _left(call: Call) -> None:
