@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inhouse.gateway.proxy import Outcome, read_answer, relay_events
+from inhouse.gateway.call import Outcome
+from inhouse.gateway.proxy import read_answer, relay_events
 
 EVENTS = [
     b": keep-alive",

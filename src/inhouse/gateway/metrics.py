@@ -150,9 +150,6 @@ class _Window:
         self._gauge.set(self._sum / len(self._values))
 
 
-UNSCRAPED_KINDS = frozenset({"openai"})  # hosted APIs: no /metrics of ours to read
-
-
 def scrape_targets(backends: Iterable[Backend]) -> list[dict[str, Any]]:
     """Prometheus HTTP-SD target groups: one per backend URL that exports /metrics.
 
@@ -161,7 +158,7 @@ def scrape_targets(backends: Iterable[Backend]) -> list[dict[str, Any]]:
     """
     groups: dict[str, dict[str, Any]] = {}
     for b in backends:
-        if b.upstream.kind in UNSCRAPED_KINDS:
+        if not b.upstream.scraped:  # hosted APIs: no /metrics of ours to read
             continue
         url = urlsplit(b.upstream.url)
         key = f"{url.scheme}://{url.netloc}{url.path}"

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,41 +23,18 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from inhouse.gateway.call import Outcome
 from inhouse.gateway.config import Upstream
 from inhouse.gateway.needs import output_param
 from inhouse.http1 import Http1Client
 from inhouse.http1 import Response as UpstreamResponse
 from inhouse.wire.auth import auth_headers, error_body
-from inhouse.wire.openai import EventSplitter, Usage, event_data, read_chunk
+from inhouse.wire.openai import EventSplitter, event_data, read_chunk
 
 GENERATING_ENDPOINTS = frozenset({"chat/completions", "completions"})
 # Endpoints outside /v1 (vLLM's and `inhouse serve`'s).
 UPSTREAM_PATHS = {"tokenize": "/tokenize", "detokenize": "/detokenize"}
 LEAVE_WATCH_AFTER_S = 0.25
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What came back from upstream, filled in as it passes."""
-
-    status: int = 0
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    finish_reason: str | None = None
-    first_token_at: float | None = None
-    content_chunks: int = 0
-    text: list[str] | None = None
-    completed: bool = False
-    error_type: str | None = None
-
-    def read_usage(self, usage: Usage | None) -> None:
-        """Take the counts the upstream reported."""
-        if usage is None:
-            return
-        if usage.prompt_tokens is not None:
-            self.prompt_tokens = usage.prompt_tokens
-        if usage.completion_tokens is not None:
-            self.completion_tokens = usage.completion_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +179,7 @@ class RelayResponse(Response):
         self,
         chunks: AsyncGenerator[bytes, None],
         upstream: contextlib.AsyncExitStack,
-        on_close: Callable[[], Awaitable[None]],
+        on_close: Callable[[], None],
         headers: dict[str, str],
     ) -> None:
         self._chunks = chunks
@@ -222,7 +199,7 @@ class RelayResponse(Response):
             with anyio.CancelScope(shield=True):
                 await self._chunks.aclose()
                 await self._upstream.aclose()
-                await self._on_close()
+                self._on_close()
 
     async def _stream(self, send: Send, scope: anyio.CancelScope) -> None:
         await send(
