@@ -110,16 +110,16 @@ def audit_rows(
     db_url: str, key_name: str, expect: int, timeout: float = 10.0
 ) -> list[dict[str, Any]]:
     """The key's audit rows (oldest first) once `expect` of them are written."""
-    engine = open_database(db_url)
+    db = open_database(db_url)
     deadline = time.monotonic() + timeout
     try:
         while True:
-            rows = recent_rows(engine, 1000, key_name)
+            rows = recent_rows(db, 1000, key_name)
             if len(rows) >= expect or time.monotonic() > deadline:
                 return rows[::-1]
             time.sleep(0.1)
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 def burst(
