@@ -130,7 +130,8 @@ class GatewayMetrics:
                 )
             self.backend_in_flight.labels(b.model, b.upstream.name).set(b.in_flight)
 
-    def render(self) -> bytes:
+    def exposition(self) -> bytes:
+        """The Prometheus text exposition for ``GET /metrics``."""
         return generate_latest(self.registry)
 
 
