@@ -80,10 +80,10 @@ class Backend:
         """What `GET /health` shows: never the backend key."""
         return {
             "name": self.upstream.name,
-            "url": self.upstream.url,
             "state": self.state.value,
             "in_flight": self.in_flight,
             "waiting": self.waiting,
+            "url": self.upstream.url,
             "kv_cache_usage_perc": self.kv_usage,
             "consecutive_failures": self.failures,
             "last_error": self.last_error,

@@ -16,14 +16,14 @@ class Outcome:
     """What came back from upstream, filled in as it passes."""
 
     status: int = 0
+    completed: bool = False  # False while a stream is still passing (or was cut off)
+    error_type: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    content_chunks: int = 0  # chunks that carried generated text or a tool call
     finish_reason: str | None = None
     first_token_at: float | None = None
-    content_chunks: int = 0
-    text: list[str] | None = None
-    completed: bool = False
-    error_type: str | None = None
+    text: list[str] | None = None  # kept only for keys that log content
 
     def read_usage(self, usage: Usage | None) -> None:
         """Take the counts the upstream reported."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import Response
@@ -33,20 +34,17 @@ from inhouse.http_errors import error_response
 SHUTTING_DOWN = service_unavailable("the gateway is shutting down; retry on another replica")
 
 
+@dataclass(slots=True)
 class Forwarder:
     """Sends admitted calls upstream and answers the client with what comes back."""
 
-    def __init__(
-        self, keys: KeyStore, router: Router, upstreams: UpstreamClients, settler: Settler,
-        ledger: Ledger, health: HealthSettings, timeout_s: float,
-    ) -> None:  # fmt: skip
-        self._keys = keys
-        self._router = router
-        self._upstreams = upstreams
-        self._settler = settler
-        self._ledger = ledger
-        self._health = health
-        self._timeout_s = timeout_s
+    keys: KeyStore
+    router: Router
+    upstreams: UpstreamClients
+    settler: Settler
+    ledger: Ledger
+    health: HealthSettings
+    timeout_s: float
 
     async def forward(self, call: Call, body: dict[str, Any], receive: Receive | None) -> Response:
         """The client's answer. With `receive`, a non-streamed call whose client disconnects
@@ -55,7 +53,7 @@ class Forwarder:
         stack = contextlib.AsyncExitStack()
         watch: LeaveWatch | None = None
         try:
-            async with asyncio.timeout(self._timeout_s) as deadline:
+            async with asyncio.timeout(self.timeout_s) as deadline:
                 if receive is not None and not call.stream:
                     watch = LeaveWatch(receive, deadline, call.leave)
                 opened = await self._open(call, body, outcome, stack)
@@ -68,7 +66,7 @@ class Forwarder:
                     strip = not forward.client_wants_usage
                     chunks = relay_events(upstream.iter_body(), outcome, strip)
                     return RelayResponse(
-                        chunks, stack, lambda: self._settler.settle(call, outcome), call.headers
+                        chunks, stack, lambda: self.settler.settle(call, outcome), call.headers
                     )
                 answer = await upstream.read()
         except (OSError, TimeoutError) as exc:
@@ -76,7 +74,7 @@ class Forwarder:
             if call.client_left and not call.settled:  # answered to nobody: the client left
                 outcome.status, outcome.error_type = CLIENT_CLOSED, "client_disconnected"
                 outcome.completed = True
-                self._settler.settle(call, outcome)
+                self.settler.settle(call, outcome)
                 return Response(status_code=CLIENT_CLOSED)
             return self.fail(call, outcome, _upstream_error(exc))
         except asyncio.CancelledError:  # shutdown past its drain deadline: the request ends
@@ -90,7 +88,7 @@ class Forwarder:
         await stack.aclose()
         read_answer(answer, outcome, call.key.log_content)
         outcome.completed = True
-        self._settler.settle(call, outcome)
+        self.settler.settle(call, outcome)
         media = upstream.headers.get("content-type", "application/json")
         return Response(answer, outcome.status, headers=call.headers, media_type=media)
 
@@ -100,8 +98,8 @@ class Forwarder:
         """Answer `error` and settle the call with it (unless it is settled already)."""
         outcome.status, outcome.completed = error.status_code, True
         outcome.error_type = error.type
-        self._ledger.failed(call, error)
-        self._settler.settle(call, outcome)
+        self.ledger.failed(call, error)
+        self.settler.settle(call, outcome)
         return error_response(error, call.headers, retry_after)
 
     async def _open(
@@ -112,20 +110,20 @@ class Forwarder:
         tried: set[int] = set()
         while True:
             try:
-                call.lease = await self._router.acquire(
+                call.lease = await self.router.acquire(
                     call.route, call.needs, call.key.allow_fallback, frozenset(tried)
                 )
             except Overloaded as err:
                 return self.fail(call, outcome, err, err.retry_after_s)
             lease = call.lease
             if lease.fallback:
-                self._ledger.metrics.fallbacks.labels(call.route.name).inc()
-            salt = self._keys.cache_salt(call.key)
+                self.ledger.fell_back(call.route.name)
+            salt = self.keys.cache_salt(call.key)
             forward = prepare(lease.upstream, call.endpoint, body, salt, call.output_cap)
             try:
-                upstream = await self._upstreams.open(forward, stack)
+                upstream = await self.upstreams.open(forward, stack)
             except (ConnectionRefusedError, socket.gaierror) as exc:
-                self._router.release(lease)
+                self.router.release(lease)
                 call.lease = None
                 if lease.backend is None:
                     error = service_unavailable(
@@ -133,8 +131,8 @@ class Forwarder:
                     )
                     return self.fail(call, outcome, error)
                 tried.add(id(lease.backend))
-                if lease.backend.record_failure(self._health, f"proxy: {exc!r}"[:200]):
-                    self._router.wake(call.route.name)
+                if lease.backend.record_failure(self.health, f"proxy: {exc!r}"[:200]):
+                    self.router.wake(call.route.name)
                 continue
             outcome.status = upstream.status
             return upstream, forward

@@ -50,6 +50,10 @@ class Ledger:
             )
         )
 
+    def fell_back(self, model: str) -> None:
+        """A request of `model` sent to its fallback."""
+        self.metrics.fallbacks.labels(model).inc()
+
     def failed(self, call: Call, error: APIError) -> None:
         """An admitted request that ended in an error the gateway answered."""
         reason = "no_backend" if error.status_code == 503 else (error.code or error.type)

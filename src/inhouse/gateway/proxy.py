@@ -41,9 +41,9 @@ LEAVE_WATCH_AFTER_S = 0.25
 class Forward:
     """One request as it will be sent upstream."""
 
+    body: dict[str, Any]
     upstream: Upstream
     endpoint: str
-    body: dict[str, Any]
     client_wants_usage: bool
 
 
@@ -73,7 +73,7 @@ def prepare(
         out["cache_salt"] = cache_salt
     else:
         out.pop("cache_salt", None)
-    return Forward(upstream, endpoint, out, wants_usage)
+    return Forward(out, upstream, endpoint, wants_usage)
 
 
 class UpstreamClients:

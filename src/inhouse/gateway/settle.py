@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 from inhouse.gateway.call import Call, Outcome
@@ -32,20 +33,17 @@ def charge(call: Call, outcome: Outcome) -> tuple[int, int]:
     return prompt, completion
 
 
+@dataclass(slots=True)
 class Settler:
     """Settles each admitted call exactly once and counts those still open."""
 
-    def __init__(
-        self, keys: KeyStore, limiter: KeyLimiter, limits: LimitCalls, router: Router,
-        ledger: Ledger,
-    ) -> None:  # fmt: skip
-        self._keys = keys
-        self._limiter = limiter
-        self._limits = limits
-        self._router = router
-        self._ledger = ledger
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.active = 0  # admitted calls not yet settled
+    keys: KeyStore
+    limiter: KeyLimiter
+    limits: LimitCalls
+    router: Router
+    ledger: Ledger
+    active: int = field(default=0, init=False)  # admitted calls not yet settled
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
 
     def opened(self) -> None:
         """Count a call just admitted."""
@@ -59,23 +57,23 @@ class Settler:
         call.settled = True
         self.active -= 1
         if call.lease is not None:
-            self._router.release(call.lease)
+            self.router.release(call.lease)
         prompt, completion = charge(call, outcome)
-        self._ledger.settled(call, outcome, prompt, completion)
+        self.ledger.settled(call, outcome, prompt, completion)
         charged = prompt + completion
-        if self._limits.blocking or call.key.quota_tokens is not None:
+        if self.limits.blocking or call.key.quota_tokens is not None:
             self._spawn(self._settle_limits(call, charged))
             return
-        self._limiter.settle(call.key, call.reserve, charged)
-        self._limiter.release(call.key)
+        self.limiter.settle(call.key, call.reserve, charged)
+        self.limiter.release(call.key)
 
     async def _settle_limits(self, call: Call, charged: int) -> None:
-        await self._limits(self._limiter.settle, call.key, call.reserve, charged)
+        await self.limits(self.limiter.settle, call.key, call.reserve, charged)
         if call.key.quota_tokens is not None:
             await asyncio.to_thread(
-                self._keys.settle_quota, call.key, call.ts, call.reserve, charged
+                self.keys.settle_quota, call.key, call.ts, call.reserve, charged
             )
-        self._limiter.release(call.key)
+        self.limiter.release(call.key)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
