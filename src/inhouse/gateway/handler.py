@@ -78,7 +78,7 @@ class Gateway:
             key = await authenticate(self.keys, authorization)
             body = json_object(raw)
             model = model_name(body)
-            request = parse(self.config, self.router, key, endpoint, body)
+            request = parse(self.config, self.router, key, endpoint, body, model)
         except APIError as err:
             return self._refuse(Refusal(err), key, model, endpoint, ts, started)
         prompt_text = self.ledger.prompt_text(key, body)

@@ -30,10 +30,12 @@ def model_name(body: dict[str, Any]) -> str | None:
 
 
 def parse(
-    config: GatewayConfig, router: Router, key: ApiKey, endpoint: str, body: dict[str, Any]
-) -> Parsed:
-    """The route and needs of `body` on `endpoint`; APIError (400 or 404) when refused."""
-    route = _route(config, key, model_name(body))
+    config: GatewayConfig, router: Router, key: ApiKey, endpoint: str, body: dict[str, Any],
+    model: str | None,
+) -> Parsed:  # fmt: skip
+    """The route and needs of `body` (asking for `model`, see `model_name`) on `endpoint`;
+    APIError (400 or 404) when refused."""
+    route = _route(config, key, model)
     try:
         needs = read_needs(endpoint, body)
     except BadRequest as err:
