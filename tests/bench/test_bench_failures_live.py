@@ -96,6 +96,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         served.stop()
 
 
+@pytest.fixture(autouse=True)
+def alive(stack: Stack) -> None:
+    """The server up again (and routed to) if an earlier test killed it."""
+    process = stack.served.process
+    if process.popen is not None and process.popen.poll() is None:
+        return
+    process.start()
+    assert process.popen is not None
+    wait_healthy(f"{stack.served.url}/health", process.popen, process.log, 300)
+    deadline = time.monotonic() + 30
+    while _status(f"{stack.gateway_url}/health") != 200:
+        assert time.monotonic() < deadline, "the gateway never routed to the restarted server"
+        time.sleep(0.2)
+
+
 def _status(url: str) -> int | None:
     try:
         return httpx.get(url, timeout=2).status_code

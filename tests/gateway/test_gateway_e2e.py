@@ -534,9 +534,12 @@ def test_restarting_a_replica_brings_it_back(stack: Stack) -> None:
     _wait_state(stack, "smol", 0, "down", 3 * HEALTH_INTERVAL_S + 5)
     replica.start()
     _wait_state(stack, "smol", 0, "up", 300)
+    _wait_state(stack, "smol-r1", 0, "up", 30)
     secret = stack.key("welcome-back")
-    reply = stack.client(secret).chat.completions.create(model="smol", messages=HELLO, max_tokens=1)
-    assert reply.usage.total_tokens > 0
+    reply = stack.client(secret).chat.completions.create(  # r1 is smol-r1's only replica
+        model="smol-r1", messages=HELLO, max_tokens=1
+    )
+    assert reply.usage is not None and reply.usage.completion_tokens == 1
     assert stack.audit("welcome-back", 1)[-1]["backend"] == "r1"
     metrics = httpx.get(f"{stack.gateway_url}/metrics").text
     up = [
