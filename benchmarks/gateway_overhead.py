@@ -39,8 +39,9 @@ import httpx
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.gateway.up import free_port, inhouse_command
 from inhouse.http1 import Http1Client
+from inhouse.launch.inhouse import inhouse_command
+from inhouse.launch.ports import free_port
 
 REPLY = json.dumps(
     {

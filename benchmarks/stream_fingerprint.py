@@ -23,7 +23,8 @@ from pathlib import Path
 
 import httpx
 
-from inhouse.gateway.up import free_port, inhouse_command
+from inhouse.launch.inhouse import inhouse_command
+from inhouse.launch.ports import free_port
 
 SERVE_FLAGS = [
     "--kv-cache-memory",

@@ -21,7 +21,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 import httpx
 
 from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
+from inhouse.launch.ports import free_port
 
 
 @dataclass(slots=True)
@@ -42,12 +42,6 @@ class ServerRun:
     steps: dict[int, dict]
     ready_s: float
     peak_rss_mb: float | None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> float:

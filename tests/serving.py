@@ -1,5 +1,6 @@
-"""Shared by the end-to-end tests: start real `inhouse` processes, wait until they answer,
-stop them, and fire concurrent OpenAI calls at a gateway."""
+"""Shared by the end-to-end tests: start real `inhouse` processes (`start_serve` for one
+`inhouse serve`, `Process` for anything else), wait until they answer, stop them, and fire
+concurrent OpenAI calls at a gateway."""
 
 from __future__ import annotations
 
@@ -19,9 +20,20 @@ import pytest
 
 from inhouse.gateway.audit import recent_rows
 from inhouse.gateway.db import open_database
-from inhouse.gateway.up import inhouse_command
+from inhouse.launch.inhouse import inhouse_command
+from inhouse.launch.ports import free_port
+
+__all__ = ["free_port", "inhouse_command"]  # and what is defined here
 
 POLL_S = 0.2
+SERVE_KEY = "serve-key"
+STARTUP_TIMEOUT_S = 600
+# `inhouse serve` small enough for CI; None leaves an option out (then serve's default holds).
+SERVE_OPTIONS: dict[str, str | None] = {
+    "max_model_len": "2048",
+    "kv_cache_memory": "128MiB",
+    "embedding_model": "none",
+}
 
 
 def log_tail(log: Path) -> str:
@@ -99,10 +111,13 @@ class Process:
             stop(self.popen)
 
 
-def serve_process(port: int, key: str, log: Path) -> Process:
-    """`inhouse serve` of the bundled chat model on a loopback port, small enough for CI."""
-    args = [*inhouse_command(), "serve", "--port", str(port), "--embedding-model", "none"]
-    args += ["--max-model-len", "2048", "--kv-cache-memory", "128MiB"]
+def serve_process(port: int, key: str, log: Path, **options: str | None) -> Process:
+    """`inhouse serve` of the bundled models on a loopback port: `SERVE_OPTIONS`, with
+    `options` (`max_num_seqs="4"` is `--max-num-seqs 4`) added or replacing them."""
+    args = [*inhouse_command(), "serve", "--port", str(port)]
+    for name, value in {**SERVE_OPTIONS, **options}.items():
+        if value is not None:
+            args += [f"--{name.replace('_', '-')}", value]
     return Process(args, log, {"INHOUSE_API_KEY": key})
 
 
@@ -124,20 +139,54 @@ def gateway_key(config_path: Path, name: str) -> str:
     return secret
 
 
+@dataclass
+class Served:
+    """A running `inhouse serve`, its root URL and the model it serves."""
+
+    process: Process
+    url: str
+    model: str = ""
+    health_seen: list[int] = field(default_factory=list)
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def start_serve(log: Path, key: str = SERVE_KEY, **options: str | None) -> Served:
+    """Start `inhouse serve` (see `serve_process`) on a free port; return once /health says
+    200, with every status /health answered while it loaded in `health_seen`."""
+    port = free_port()
+    served = Served(serve_process(port, key, log, **options), f"http://127.0.0.1:{port}")
+    served.process.start()
+    try:
+        assert served.process.popen is not None
+        wait_healthy(
+            f"{served.url}/health", served.process.popen, log, STARTUP_TIMEOUT_S,
+            served.health_seen,
+        )  # fmt: skip
+        auth = {"Authorization": f"Bearer {key}"}
+        models = httpx.get(f"{served.url}/v1/models", headers=auth, timeout=10).json()
+    except BaseException:
+        served.stop()
+        raise
+    served.model = models["data"][0]["id"]
+    return served
+
+
 def audit_rows(
     db_url: str, key_name: str, expect: int, timeout: float = 10.0
 ) -> list[dict[str, Any]]:
     """The key's audit rows (oldest first) once `expect` of them are written."""
-    engine = open_database(db_url)
+    db = open_database(db_url)
     deadline = time.monotonic() + timeout
     try:
         while True:
-            rows = recent_rows(engine, 1000, key_name)
+            rows = recent_rows(db, 1000, key_name)
             if len(rows) >= expect or time.monotonic() > deadline:
                 return rows[::-1]
             time.sleep(0.1)
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 def burst(

@@ -9,6 +9,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inhouse.api.errors import payload_too_large
 
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # serve's and the gateway's default body cap
+
 
 class BodySizeLimit:
     """ASGI middleware: answer 413 once a request body passes ``max_bytes``."""

@@ -5,6 +5,7 @@ that are not JSON, and anything unexpected (a logged 500)."""
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,9 +17,16 @@ from inhouse.api.errors import APIError, invalid_fields, not_found, server_error
 log = logging.getLogger(__name__)
 
 
-def error_response(error: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
-    """The JSON response for an :class:`APIError`."""
-    return JSONResponse(error.body().model_dump(), status_code=error.status_code, headers=headers)
+def error_response(
+    error: APIError, headers: dict[str, str] | None = None, retry_after: float | None = None
+) -> JSONResponse:
+    """The JSON response for an :class:`APIError`, with `Retry-After` (seconds, and
+    `retry-after-ms`) when `retry_after` is known."""
+    out = dict(headers or {})
+    if retry_after is not None and math.isfinite(retry_after):
+        out["retry-after"] = str(max(1, math.ceil(retry_after)))
+        out["retry-after-ms"] = str(max(1, math.ceil(retry_after * 1000)))
+    return JSONResponse(error.body().model_dump(), status_code=error.status_code, headers=out)
 
 
 def method_not_allowed(method: str, path: str) -> APIError:

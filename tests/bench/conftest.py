@@ -5,15 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from bench_serving import Served, start_serve
+
+from serving import Served, start_serve
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One server for a test module: small context, two sequences a step so load queues."""
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    server = start_serve(
-        log, "--max-model-len", "512", "--max-num-seqs", "2", "--kv-cache-memory", "64MiB"
-    )
+    server = start_serve(log, max_model_len="512", max_num_seqs="2", kv_cache_memory="64MiB")
     yield server
     server.stop()

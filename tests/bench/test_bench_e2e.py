@@ -9,13 +9,13 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from bench_serving import API_KEY, Served
 from typer.testing import CliRunner
 
 from inhouse.bench.schema import RESULTS_SCHEMA
 from inhouse.bench.sweep import find_knee
 from inhouse.cli import app
-from inhouse.gateway.up import free_port
+from serving import SERVE_KEY as API_KEY
+from serving import Served, free_port
 
 pytest.importorskip("inhouse.server")
 pytestmark = pytest.mark.slow

@@ -17,13 +17,12 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-from bench_serving import API_KEY, Served, start_serve
 from typer.testing import CliRunner
 
 from inhouse.bench.schema import RESULTS_SCHEMA
 from inhouse.cli import app
-from inhouse.gateway.up import free_port, inhouse_command
-from serving import stop, wait_healthy
+from serving import SERVE_KEY as API_KEY
+from serving import Served, free_port, inhouse_command, start_serve, stop, wait_healthy
 
 pytest.importorskip("inhouse.server")
 pytestmark = pytest.mark.slow
@@ -71,7 +70,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     from inhouse.gateway.keys import KeyStore, load_pepper
 
     base = tmp_path_factory.mktemp("bench-live")
-    served = start_serve(base / "serve.log", "--max-model-len", "512", "--max-num-seqs", "4")
+    served = start_serve(base / "serve.log", max_model_len="512", max_num_seqs="4")
     port, database = free_port(), f"sqlite:///{base / 'gateway.db'}"
     config_path = base / "gateway.toml"
     config_path.write_text(
@@ -95,6 +94,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     finally:
         stop(gateway)
         served.stop()
+
+
+@pytest.fixture(autouse=True)
+def alive(stack: Stack) -> None:
+    """The server up again (and routed to) if an earlier test killed it."""
+    process = stack.served.process
+    if process.popen is not None and process.popen.poll() is None:
+        return
+    process.start()
+    assert process.popen is not None
+    wait_healthy(f"{stack.served.url}/health", process.popen, process.log, 300)
+    deadline = time.monotonic() + 30
+    while _status(f"{stack.gateway_url}/health") != 200:
+        assert time.monotonic() < deadline, "the gateway never routed to the restarted server"
+        time.sleep(0.2)
 
 
 def _status(url: str) -> int | None:

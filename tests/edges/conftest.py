@@ -13,9 +13,8 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.gateway.up import free_port, inhouse_command
 from inhouse.server.serve import DEFAULT_EMBEDDING_NAME
-from serving import Process
+from serving import Process, free_port, inhouse_command
 
 CHAT_MODEL = "SmolLM2-135M-Instruct"
 MAX_MODEL_LEN = 128  # bounds what any fuzzed request can generate

@@ -14,8 +14,7 @@ import httpx
 import pytest
 
 from inhouse.gateway.access_log import AccessLog
-from inhouse.gateway.up import free_port, inhouse_command
-from serving import stop, wait_healthy
+from serving import free_port, inhouse_command, stop, wait_healthy
 
 SECRET = "ih-" + "s" * 43
 

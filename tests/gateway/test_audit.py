@@ -47,8 +47,8 @@ def test_redactor_hides_keys_tokens_emails_and_numbers() -> None:
 
 
 def test_writer_batches_rows_and_totals_add_up(db_url: str) -> None:
-    engine = open_database(db_url)
-    writer = AuditWriter(engine, AuditSettings(batch_size=2), Path(db_url[10:] + ".audit"))
+    db = open_database(db_url)
+    writer = AuditWriter(db, AuditSettings(batch_size=2), Path(db_url[10:] + ".audit"))
     statuses = [("a", 200), ("a", 429), ("b", 200), ("a", 200), ("b", 503)]
     rows = [
         AuditRecord(ts=1.0 + i, key_name=name, model="m", endpoint="chat/completions",
@@ -57,24 +57,24 @@ def test_writer_batches_rows_and_totals_add_up(db_url: str) -> None:
     ]  # fmt: skip
     for row in rows:
         writer.record(row)
-    assert recent_rows(engine) == []
+    assert recent_rows(db) == []
     asyncio.run(writer.flush())
-    newest = recent_rows(engine, limit=2)
+    newest = recent_rows(db, limit=2)
     assert [r["status"] for r in newest] == [503, 200]
-    totals = {t["key_name"]: t for t in totals_by_key(engine)}
+    totals = {t["key_name"]: t for t in totals_by_key(db)}
     assert totals["a"]["requests"] == 3 and totals["a"]["errors"] == 1
     assert totals["b"]["prompt_tokens"] == 20 and totals["b"]["completion_tokens"] == 10
-    assert [r["key_name"] for r in recent_rows(engine, key_name="b")] == ["b", "b"]
+    assert [r["key_name"] for r in recent_rows(db, key_name="b")] == ["b", "b"]
 
 
 def test_a_row_the_database_refuses_never_blocks_the_others(db_url: str, tmp_path: Path) -> None:
-    engine = open_database(db_url)
-    writer = AuditWriter(engine, AuditSettings(), tmp_path / "journal")
+    db = open_database(db_url)
+    writer = AuditWriter(db, AuditSettings(), tmp_path / "journal")
     huge = 9223372036854775808 * 2
     writer.record(_row(0, reserved_tokens=huge, latency_ms=float("nan"), model="m" * 5000))
     writer.record(_row(1, prompt_text="\udfff lone surrogate"))
     asyncio.run(writer.flush())
-    first, second = recent_rows(engine)[::-1]
+    first, second = recent_rows(db)[::-1]
     assert first["reserved_tokens"] == 2**63 - 1 and first["latency_ms"] is None
     assert len(first["model"]) == 200 and "\udfff" not in second["prompt_text"]
     bad = clean_row(_row(2))
@@ -86,22 +86,22 @@ def test_a_row_the_database_refuses_never_blocks_the_others(db_url: str, tmp_pat
     asyncio.run(writer.flush())
     writer.record(_row(6))
     asyncio.run(writer.flush())
-    assert [r["ts"] for r in recent_rows(engine)][::-1] == [1.0, 2.0, 4.0, 5.0, 6.0, 7.0]
+    assert [r["ts"] for r in recent_rows(db)][::-1] == [1.0, 2.0, 4.0, 5.0, 6.0, 7.0]
     assert writer.set_aside == 1
     assert (tmp_path / "journal" / REJECTED).exists()
 
 
 def test_a_dead_gateways_journal_is_replayed_once(db_url: str, tmp_path: Path) -> None:
-    engine = open_database(db_url)
+    db = open_database(db_url)
     journal = tmp_path / "journal"
-    dead = AuditWriter(engine, AuditSettings(), journal)
+    dead = AuditWriter(db, AuditSettings(), journal)
     for i in range(3):
         dead.record(_row(i))
-    committed = AuditWriter(engine, AuditSettings(), journal)
+    committed = AuditWriter(db, AuditSettings(), journal)
     committed.record(_row(3))
     segment = committed._journal.rotate()
     assert segment is not None
-    with engine.begin() as conn:  # its rows and name reached the database, then it died
+    with db.begin() as conn:  # its rows and name reached the database, then it died
         conn.execute(insert(audit_segments), {"name": segment.name})
         conn.execute(insert(audit_log), segment.rows)
     os.close(dead._journal.current.fd)  # the processes die: their locks go
@@ -111,12 +111,12 @@ def test_a_dead_gateways_journal_is_replayed_once(db_url: str, tmp_path: Path) -
     assert [r["ts"] for r in lines] == [1.0, 2.0, 3.0]
     assert _mode(dead._journal.current.path) == 0o600 and _mode(journal) == 0o700
 
-    heir = AuditWriter(engine, AuditSettings(), journal)
+    heir = AuditWriter(db, AuditSettings(), journal)
     assert heir.adopt_orphans() == 3  # two segments of the dead, one committed but not deleted
     asyncio.run(heir.flush())
-    assert sorted(r["ts"] for r in recent_rows(engine)) == [1.0, 2.0, 3.0, 4.0]
+    assert sorted(r["ts"] for r in recent_rows(db)) == [1.0, 2.0, 3.0, 4.0]
     assert sorted(p.name for p in journal.iterdir()) == [heir._journal.current.path.name]
-    assert AuditWriter(engine, AuditSettings(), journal).adopt_orphans() == 0
+    assert AuditWriter(db, AuditSettings(), journal).adopt_orphans() == 0
 
 
 def test_a_new_sqlite_database_is_readable_by_its_owner_only(db_url: str) -> None:

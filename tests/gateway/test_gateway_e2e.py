@@ -1,7 +1,9 @@
 """The gateway end to end: real `inhouse serve` processes on loopback (two replicas and a
 fallback), a real `inhouse gateway` process, a real SQLite file, the official client.
 
-Tests run in file order on one shared stack; the ones that kill backends come last.
+Tests share one stack per module and pass in any order: before each test every replica is
+up again (`healthy` fixture), unless the test is marked `replicas_as_they_are` and sets the
+replicas itself.
 """
 
 from __future__ import annotations
@@ -23,8 +25,15 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.gateway.up import free_port, inhouse_command
-from serving import Process, audit_rows, burst, serve_process
+from serving import (
+    Process,
+    audit_rows,
+    burst,
+    free_port,
+    inhouse_command,
+    serve_process,
+    wait_healthy,
+)
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve (issue 4) is not importable yet")
 
@@ -63,6 +72,17 @@ class Stack:
         body = httpx.get(f"{self.gateway_url}/health").json()
         return [b["state"] for b in body["models"][model]["backends"]]
 
+    def all_up(self) -> None:
+        """Start the replicas that are not running; return once the gateway routes to all."""
+        for replica, url in zip(self.replicas, self.replica_urls, strict=True):
+            if replica.popen is None or replica.popen.poll() is not None:
+                replica.start()
+                assert replica.popen is not None
+                wait_healthy(f"{url}/health", replica.popen, replica.log, 300)
+        for model, count in (("smol", 2), ("smol-fb", 2), ("smol-r1", 1)):
+            for index in range(count):
+                _wait_state(self, model, index, "up", 30)
+
 
 def _config(
     port: int, db_url: str, urls: list[str], fallback_url: str, keys: tuple[str, str]
@@ -98,6 +118,9 @@ policy = "queue"
 queue_max_depth = 16
 queue_max_wait_s = {QUEUE_WAIT_S}
 {backends}
+[[models]]
+name = "smol-r1"
+{replica.format(i=1, url=urls[0], key=keys[0], model=UPSTREAM_MODEL)}
 [[models]]
 name = "smol-fb"
 policy = "fallback"
@@ -146,6 +169,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             proc.stop()
 
 
+@pytest.fixture(autouse=True)
+def healthy(stack: Stack, request: pytest.FixtureRequest) -> None:
+    """Every replica up before each test, whatever ran before it."""
+    if request.node.get_closest_marker("replicas_as_they_are") is None:
+        stack.all_up()
+
+
 def test_401_without_wrong_revoked_or_expired_key(stack: Stack) -> None:
     no_key = httpx.post(f"{stack.gateway_url}/v1/chat/completions", json={"model": "smol"})
     assert no_key.status_code == 401 and no_key.json()["error"]["code"] == "invalid_api_key"
@@ -153,7 +183,8 @@ def test_401_without_wrong_revoked_or_expired_key(stack: Stack) -> None:
         stack.client("ih-" + secrets.token_urlsafe(32)).models.list()
     secret = stack.key("soon-revoked")
     client = stack.client(secret)
-    assert client.chat.completions.create(model="smol", messages=HELLO, max_tokens=1).usage
+    reply = client.chat.completions.create(model="smol", messages=HELLO, max_tokens=1)
+    assert reply.usage is not None and reply.usage.completion_tokens == 1
     stack.store.revoke("soon-revoked")
     with pytest.raises(openai.AuthenticationError, match="revoked"):
         client.chat.completions.create(model="smol", messages=HELLO, max_tokens=1)
@@ -243,7 +274,8 @@ def test_tpm_retry_after_is_the_time_until_the_tokens_fit(stack: Stack) -> None:
     expected_ms = (reserve - (600 - charged)) * 100  # 600 tokens/min: 100 ms per token
     assert expected_ms - elapsed_ms - 1 <= wait_ms <= expected_ms + 1  # tokens refill meanwhile
     time.sleep(wait_ms / 1000)
-    assert client.chat.completions.create(model="smol", messages=HELLO, max_tokens=big, stop=[" "])
+    reply = client.chat.completions.create(model="smol", messages=HELLO, max_tokens=big, stop=[" "])
+    assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= big
 
 
 def test_concurrency_cap(stack: Stack) -> None:
@@ -253,7 +285,8 @@ def test_concurrency_cap(stack: Stack) -> None:
     assert statuses == [200, 200, 429, 429, 429, 429]
     codes = {body["code"] for status, _, body in results if status == 429}
     assert codes == {"concurrency_limit_exceeded"}
-    assert stack.client(secret).chat.completions.create(model="smol", messages=HELLO, max_tokens=1)
+    reply = stack.client(secret).chat.completions.create(model="smol", messages=HELLO, max_tokens=1)
+    assert reply.usage is not None and reply.usage.completion_tokens == 1  # both slots are back
 
 
 def test_quota_exhaustion(stack: Stack) -> None:
@@ -409,7 +442,8 @@ def test_an_oversized_body_is_refused_unread_and_the_gateway_keeps_serving(stack
     for response in (declared, streamed):
         assert response.status_code == 413
         assert response.json()["error"]["code"] == "request_too_large"
-    assert stack.client(secret).chat.completions.create(model="smol", messages=HELLO, max_tokens=1)
+    reply = stack.client(secret).chat.completions.create(model="smol", messages=HELLO, max_tokens=1)
+    assert reply.usage is not None and reply.usage.completion_tokens == 1
 
 
 def test_audit_rows_equal_the_requests_made(stack: Stack) -> None:
@@ -454,8 +488,9 @@ def test_killing_a_replica_moves_traffic_to_the_other(stack: Stack) -> None:
     client = stack.client(secret)
     stack.replicas[0].kill()
     killed = time.monotonic()
-    for _ in range(6):
-        assert client.chat.completions.create(model="smol", messages=HELLO, max_tokens=1)
+    for _ in range(6):  # each lands on r2, at once or after r1 refused the connection
+        reply = client.chat.completions.create(model="smol", messages=HELLO, max_tokens=1)
+        assert reply.usage is not None and reply.usage.completion_tokens == 1
     down_after = _wait_state(stack, "smol", 0, "down", 3 * HEALTH_INTERVAL_S + 5)
     assert time.monotonic() - killed <= 3 * HEALTH_INTERVAL_S + 5, down_after
     after = len(stack.audit("survivor", 6))
@@ -466,9 +501,11 @@ def test_killing_a_replica_moves_traffic_to_the_other(stack: Stack) -> None:
     assert [r["backend"] for r in rows[after:]] == ["r2"] * 4
 
 
+@pytest.mark.replicas_as_they_are
 def test_all_replicas_down(stack: Stack) -> None:
-    stack.replicas[1].kill()
-    _wait_state(stack, "smol", 1, "down", 3 * HEALTH_INTERVAL_S + 5)
+    for index, replica in enumerate(stack.replicas):
+        replica.kill()
+        _wait_state(stack, "smol", index, "down", 3 * HEALTH_INTERVAL_S + 5)
     secret = stack.key("outage")
     client = stack.client(secret)
     reply = client.chat.completions.create(model="smol-fb", messages=HELLO, max_tokens=2)
@@ -490,13 +527,19 @@ def test_all_replicas_down(stack: Stack) -> None:
     assert stack.audit("local-only", 1)[-1]["backend"] is None
 
 
+@pytest.mark.replicas_as_they_are
 def test_restarting_a_replica_brings_it_back(stack: Stack) -> None:
     replica = stack.replicas[0]
+    replica.kill()
+    _wait_state(stack, "smol", 0, "down", 3 * HEALTH_INTERVAL_S + 5)
     replica.start()
     _wait_state(stack, "smol", 0, "up", 300)
+    _wait_state(stack, "smol-r1", 0, "up", 30)
     secret = stack.key("welcome-back")
-    reply = stack.client(secret).chat.completions.create(model="smol", messages=HELLO, max_tokens=1)
-    assert reply.usage.total_tokens > 0
+    reply = stack.client(secret).chat.completions.create(  # r1 is smol-r1's only replica
+        model="smol-r1", messages=HELLO, max_tokens=1
+    )
+    assert reply.usage is not None and reply.usage.completion_tokens == 1
     assert stack.audit("welcome-back", 1)[-1]["backend"] == "r1"
     metrics = httpx.get(f"{stack.gateway_url}/metrics").text
     up = [
@@ -512,13 +555,12 @@ def test_restarting_a_replica_brings_it_back(stack: Stack) -> None:
 
 
 def test_tenants_never_share_prefix_cache(stack: Stack) -> None:
-    """After the restart only r1 is up, so every request lands on the same engine."""
-    assert stack.backend_states() == ["up", "down"]
+    """Model smol-r1 has one replica, so every request lands on the same server."""
     prompt = [{"role": "user", "content": "Summarise the following notes. " + "alpha beta " * 60}]
     clients = [stack.client(stack.key(name)) for name in ("tenant-a", "tenant-b")]
 
     def cached(client: openai.OpenAI) -> int:
-        usage = client.chat.completions.create(model="smol", messages=prompt, max_tokens=1).usage
+        usage = client.chat.completions.create(model="smol-r1", messages=prompt, max_tokens=1).usage
         details = usage.prompt_tokens_details
         return 0 if details is None else details.cached_tokens or 0
 
@@ -528,6 +570,10 @@ def test_tenants_never_share_prefix_cache(stack: Stack) -> None:
 
 
 def test_no_secret_in_any_log_or_database_column(stack: Stack) -> None:
+    reply = stack.client(stack.key("discreet")).completions.create(
+        model="smol", prompt="Hi", max_tokens=1
+    )
+    assert reply.usage is not None and reply.usage.completion_tokens == 1
     audit = subprocess.run(
         [*inhouse_command(), "audit", "--database", stack.db_url, "--limit", "500"],
         capture_output=True,

@@ -58,9 +58,9 @@ def test_reset_is_time_until_full(clock) -> None:
 
 
 def test_two_replicas_sharing_the_database_share_one_limit(db_url: str) -> None:
-    engine = open_database(db_url)
+    db = open_database(db_url)
     frozen = 5_000.0
-    replicas = [Gcra(SqlTatStore(engine), lambda: frozen) for _ in range(2)]
+    replicas = [Gcra(SqlTatStore(db), lambda: frozen) for _ in range(2)]
     admitted = []
     lock = threading.Lock()
 

@@ -28,8 +28,7 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.gateway.up import free_port, inhouse_command
-from serving import Process, audit_rows, burst, serve_process
+from serving import Process, audit_rows, burst, free_port, inhouse_command, serve_process
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve is not importable")
 

@@ -6,7 +6,7 @@ import pytest
 
 from inhouse.gateway.gcra import Gcra, MemoryTatStore
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.limits import KeyLimiter, quota_refusal
+from inhouse.gateway.limits import KeyLimiter, quota_exceeded
 
 
 @pytest.fixture
@@ -75,13 +75,15 @@ def test_withdraw_undoes_an_admission(store: KeyStore, limiter: KeyLimiter) -> N
     assert limiter.admit(key, 100).allowed
 
 
-def test_quota_refusal_waits_for_the_period_unless_it_can_never_fit(store: KeyStore, clock) -> None:
+def test_quota_exceeded_waits_for_the_period_unless_it_can_never_fit(
+    store: KeyStore, clock
+) -> None:
     key, _ = store.create("q", quota_tokens=1000, quota_period_s=86400)
-    refused = quota_refusal(key, 900, 200, clock.now, {})
+    refused = quota_exceeded(key, 900, 200, clock.now, {})
     assert not refused.allowed and refused.reason == "insufficient_quota"
     assert refused.retry_after_s == pytest.approx(86400)
     assert "900 of 1000 used" in refused.message
-    assert quota_refusal(key, 0, 1001, clock.now, {}).retry_after_s is None
+    assert quota_exceeded(key, 0, 1001, clock.now, {}).retry_after_s is None
 
 
 def test_an_unmetered_call_takes_a_slot_but_no_request_or_tokens(

@@ -24,8 +24,8 @@ def test_secret_is_shown_once_and_stored_only_as_hash(store: KeyStore, tmp_path:
 
 
 def test_database_uses_wal(db_url: str) -> None:
-    engine = open_database(db_url)
-    with engine.connect() as conn:
+    db = open_database(db_url)
+    with db.connect() as conn:
         assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
 
 

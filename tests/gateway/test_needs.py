@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inhouse.gateway.config import Capabilities, Upstream
-from inhouse.gateway.needs import TEMPLATE_TOKENS, BadRequest, read_needs, refusal
+from inhouse.gateway.needs import TEMPLATE_TOKENS, BadRequest, missing_capability, read_needs
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 
@@ -80,14 +80,14 @@ def test_malformed_bodies(endpoint: str, body: dict, param: str) -> None:
 
 def test_refusals_name_the_reason() -> None:
     image = read_needs("chat/completions", {"messages": [{"content": [IMAGE]}]})
-    assert refusal(_upstream("chat"), image) == "model does not support vision"
-    assert refusal(_upstream("chat", "vision"), image) is None
+    assert missing_capability(_upstream("chat"), image) == "model does not support vision"
+    assert missing_capability(_upstream("chat", "vision"), image) is None
     long = read_needs("chat/completions", {"messages": [{"content": "x" * 8000}], "max_tokens": 10})
     assert "exceeds the model's context of 1024" in str(
-        refusal(_upstream("chat", context=1024), long)
+        missing_capability(_upstream("chat", context=1024), long)
     )
     big = read_needs("chat/completions", {"messages": [{"content": "x"}], "max_tokens": 600})
-    assert "output limit 512" in str(refusal(_upstream("chat", output=512), big))
-    assert refusal(_upstream("chat"), read_needs("embeddings", {"input": "x"})) == (
+    assert "output limit 512" in str(missing_capability(_upstream("chat", output=512), big))
+    assert missing_capability(_upstream("chat"), read_needs("embeddings", {"input": "x"})) == (
         "model does not support embeddings"
     )

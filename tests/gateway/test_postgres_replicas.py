@@ -24,8 +24,7 @@ from sqlalchemy import create_engine, text
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.gateway.up import free_port, inhouse_command
-from serving import Process, audit_rows, burst, serve_process
+from serving import Process, audit_rows, burst, free_port, inhouse_command, serve_process
 
 pgserver = pytest.importorskip("pgserver", reason="pip install -e '.[dev]' (pgserver)")
 pytest.importorskip("psycopg", reason="pip install -e '.[dev]' (psycopg[binary])")

@@ -130,4 +130,4 @@ def test_refusal_only_when_no_upstream_could_serve() -> None:
         "chat/completions",
         {"messages": [{"content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
     )
-    assert router.refusal(router.routes["m"], image, True) == "model does not support vision"
+    assert router.capability_gap(router.routes["m"], image, True) == "model does not support vision"

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from inhouse.cli import app
 from inhouse.gateway.config import GatewayConfig
-from inhouse.gateway.up import ensure_admin_key, free_port, inhouse_command
-from serving import wait_healthy
+from inhouse.gateway.up import ensure_admin_key
+from serving import free_port, inhouse_command, wait_healthy
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve (issue 4) is not importable yet")
 

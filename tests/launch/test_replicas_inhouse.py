@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from inhouse.bundled import default_chat_model
-from inhouse.gateway.up import free_port
 from inhouse.launch.base import Endpoint, Health, LaunchSettings
 from inhouse.launch.inhouse import InhouseEngine
 from inhouse.launch.replicas import start_replica, stop_replicas, wait_started
+from serving import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -22,11 +22,10 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.gateway.up import free_port, inhouse_command
 from inhouse.observe.dashboard import queries
 from inhouse.observe.rules import AlertThresholds, rules_yaml
 from inhouse.observe.scrape import prometheus_yaml
-from serving import Process, burst, debian_binary
+from serving import Process, burst, debian_binary, free_port, inhouse_command
 
 pytestmark = pytest.mark.slow
 

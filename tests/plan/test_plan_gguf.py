@@ -13,7 +13,6 @@ from inhouse.plan.catalogue import catalogue_spec
 from inhouse.plan.errors import PlanError
 from inhouse.plan.gguf_header import GgufModel, read_gguf
 from inhouse.plan.source import load_model
-from inhouse.plan.spec import spec_from_gguf
 from inhouse.plan.weights import gguf_weight_bytes
 
 
@@ -55,10 +54,6 @@ def test_weights_are_the_tensor_data_in_the_file(bundled: GgufModel) -> None:
     assert weights.total == 96_576_768
     assert 0 < file_size - weights.total < 2_000_000  # the rest is the header and tokenizer
     assert weights.format_name == "gguf (Q4_1)"
-
-
-def test_spec_from_gguf_reads_the_same_header(bundled: GgufModel) -> None:
-    assert spec_from_gguf(default_chat_model()) == bundled.spec
 
 
 def test_a_truncated_gguf_is_one_clear_error(tmp_path: Path) -> None:

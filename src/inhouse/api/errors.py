@@ -86,9 +86,6 @@ def not_found(message: str, param: str | None = None, code: str | None = None) -
     return APIError(404, message, type="invalid_request_error", param=param, code=code)
 
 
-DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # serve's and the gateway's default body cap
-
-
 def payload_too_large(limit_bytes: int) -> APIError:
     """413: the body is over the server's size limit."""
     return APIError(

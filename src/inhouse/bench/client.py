@@ -9,6 +9,8 @@ from typing import Any
 
 from inhouse.bench.requests import ENDPOINT_PATHS, BenchRequest, RequestRecord
 from inhouse.http1 import Http1Client
+from inhouse.wire.auth import auth_headers, error_message
+from inhouse.wire.openai import Chunk, EventSplitter, event_data, read_chunk
 
 
 def normalize_base_url(url: str) -> str:
@@ -17,78 +19,44 @@ def normalize_base_url(url: str) -> str:
     return url.removesuffix("/v1")
 
 
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    """`Authorization: Bearer …` when a key is given."""
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def error_message(body: bytes) -> str:
-    """The `error.message` of an OpenAI error body, or the start of whatever came back."""
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        return body[:200].decode("utf-8", "replace").strip()
-    error = payload.get("error") if isinstance(payload, dict) else None
-    if isinstance(error, dict) and error.get("message"):
-        return str(error["message"])
-    if isinstance(payload, dict) and payload.get("detail"):
-        return str(payload["detail"])
-    return body[:200].decode("utf-8", "replace").strip()
-
-
 class _StreamState:
     """Folds SSE events into a record; times are taken when bytes arrive, not when parsed."""
 
-    __slots__ = ("buffer", "done", "record", "sent_at")
+    __slots__ = ("done", "events", "record", "sent_at")
 
     def __init__(self, record: RequestRecord, sent_at: float) -> None:
         self.record = record
         self.sent_at = sent_at
-        self.buffer = b""
+        self.events = EventSplitter()
         self.done = False
 
     def feed(self, data: bytes, arrived_at: float) -> None:
-        lines = (self.buffer + data).split(b"\n")
-        self.buffer = lines.pop()
-        for line in lines:
-            if line.startswith(b"data:"):
-                self._event(line[5:].strip(), arrived_at - self.sent_at)
+        """Take the bytes that arrived at `arrived_at`; ValueError if an event is not JSON."""
+        for event in self.events.feed(data):
+            payload = event_data(event)
+            if payload is not None:
+                self._chunk(read_chunk(payload), arrived_at - self.sent_at)
 
-    def _event(self, payload: bytes, at: float) -> None:
-        if payload == b"[DONE]":
+    def _chunk(self, chunk: Chunk, at: float) -> None:
+        record = self.record
+        if chunk.done:
             self.done = True
             return
-        event = json.loads(payload)
-        record = self.record
-        if event.get("error"):
-            error = event["error"]
-            message = error.get("message") if isinstance(error, dict) else error
-            record.error = f"stream: {message}"
+        if chunk.error_message is not None:
+            record.error = f"stream: {chunk.error_message}"
             return
-        usage = event.get("usage")
-        if usage:
-            record.prompt_tokens = usage.get("prompt_tokens")
-            record.output_tokens = usage.get("completion_tokens")
+        if chunk.usage is not None:
+            record.prompt_tokens = chunk.usage.prompt_tokens
+            record.output_tokens = chunk.usage.completion_tokens
             record.token_source = "usage"
-        for choice in event.get("choices") or ():
-            text = _choice_text(choice)
-            if text:
+        for choice in chunk.choices:
+            if choice.produced:
                 if record.ttft is None:
                     record.ttft = at
                 record.chunk_times.append(at)
-                record.output_text += text
-            if choice.get("finish_reason"):
-                record.finish_reason = choice["finish_reason"]
-
-
-def _choice_text(choice: dict[str, Any]) -> str:
-    delta = choice.get("delta")
-    if delta is None:
-        return choice.get("text") or ""
-    content = delta.get("content") or delta.get("reasoning_content") or ""
-    if not content and delta.get("tool_calls"):
-        return json.dumps(delta["tool_calls"])
-    return content
+                record.output_text += choice.text
+            if choice.finish_reason:
+                record.finish_reason = choice.finish_reason
 
 
 class StreamingClient:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
+
+from inhouse.wire.prometheus import sample_totals
 
 # Names without their prefix; vLLM's deprecated gpu_cache_usage_perc is read as well.
 KV_USAGE_NAMES = ("kv_cache_usage_perc", "gpu_cache_usage_perc")
@@ -19,8 +20,6 @@ PREFIX_QUERY_NAMES = ("prefix_cache_queries_total", "prefix_cache_queries")
 PREFIX_HIT_NAMES = ("prefix_cache_hits_total", "prefix_cache_hits")
 PREEMPTION_NAMES = ("num_preemptions_total", "num_preemptions")
 PREFIXES = ("inhouse:", "vllm:")
-
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
 
 
 @dataclass(slots=True, frozen=True)
@@ -36,20 +35,14 @@ class ServerReading:
 
 
 def read_gauges(text: str) -> ServerReading:
-    """The series found in a Prometheus text exposition, under inhouse or vLLM names."""
+    """The series found in a Prometheus text exposition, under inhouse or vLLM names;
+    ValueError if the page is not a valid exposition."""
     totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        name = match.group(1)
+    for name, value in sample_totals(text).items():
         for prefix in PREFIXES:
             if name.startswith(prefix):
                 short = name[len(prefix) :]
-                with contextlib.suppress(ValueError):
-                    totals[short] = totals.get(short, 0.0) + float(match.group(2))
+                totals[short] = totals.get(short, 0.0) + value
                 break
 
     def first(names: tuple[str, ...]) -> float | None:
@@ -148,7 +141,11 @@ class MetricsScraper:
             self.readings.error = f"/metrics answered HTTP {response.status_code}"
             self._missing = True
             return
-        self.readings.add(read_gauges(response.text))
+        try:
+            self.readings.add(read_gauges(response.text))
+        except ValueError:
+            self.readings.error = "/metrics is not a Prometheus text exposition"
+            return
         self.readings.error = None
 
     async def _poll(self) -> None:

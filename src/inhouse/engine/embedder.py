@@ -61,10 +61,6 @@ class Embedder:
             return_tensors="pt",
         )
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens ``text`` would use (before truncation)."""
-        return len(self.tokenizer(text)["input_ids"])
-
 
 def _max_seq_length(folder: Path) -> int:
     config = folder / "sentence_bert_config.json"

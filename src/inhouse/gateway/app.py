@@ -34,16 +34,16 @@ from inhouse.http_errors import install_error_handlers
 
 def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time) -> Gateway:
     """Open the database and build the gateway's state objects from a config."""
-    engine = open_database(config.database)
-    keys = KeyStore(engine, load_pepper(config), clock)
-    store = SqlTatStore(engine) if config.shared_limits else MemoryTatStore()
+    db = open_database(config.database)
+    keys = KeyStore(db, load_pepper(config), clock)
+    store = SqlTatStore(db) if config.shared_limits else MemoryTatStore()
     limiter = KeyLimiter(Gcra(store, clock))
     return Gateway(
         config,
         keys,
         limiter,
         Router(config.models, config.health.interval_s),
-        AuditWriter(engine, config.audit, journal_dir(config)),
+        AuditWriter(db, config.audit, journal_dir(config)),
         GatewayMetrics(config.audit.creep_window, [m.name for m in config.models]),
         UpstreamClients(),
         limits_block=config.shared_limits,
@@ -114,7 +114,7 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
         gateway.metrics.observe_backends(gateway.router.all_backends())
         for name in gateway.router.routes:
             gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
-        return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     @app.get("/metrics/targets")
     async def metrics_targets() -> JSONResponse:

@@ -81,8 +81,8 @@ class AuditWriter:
     aside in the journal's `rejected.jsonl`; it never holds back the others. Rows wait in
     memory for at most two segments of `SEGMENT_ROWS`; older ones are read back from disk."""
 
-    def __init__(self, engine: Engine, settings: AuditSettings, journal_dir: Path) -> None:
-        self._engine = engine
+    def __init__(self, db: Engine, settings: AuditSettings, journal_dir: Path) -> None:
+        self._db = db
         self._settings = settings
         self._journal = Journal(journal_dir)
         self._waiting: deque[Segment] = deque()
@@ -136,7 +136,7 @@ class AuditWriter:
         """Insert a segment's rows with its name; False while the database is unreachable."""
         rows = segment.read_rows()
         try:
-            with self._engine.begin() as conn:
+            with self._db.begin() as conn:
                 conn.execute(insert(audit_segments), {"name": segment.name})
                 for start in range(0, len(rows), self._settings.batch_size):
                     conn.execute(insert(audit_log), rows[start : start + self._settings.batch_size])
@@ -159,7 +159,7 @@ class AuditWriter:
         """Insert row by row, setting aside each row the database refuses."""
         for row in rows:
             try:
-                with self._engine.begin() as conn:
+                with self._db.begin() as conn:
                     conn.execute(insert(audit_log), row)
             except OperationalError:
                 return False
@@ -168,20 +168,20 @@ class AuditWriter:
                           _reason(exc), self._journal.directory / REJECTED)  # fmt: skip
                 self._journal.set_aside(row)
                 self.set_aside += 1
-        with self._engine.begin() as conn:
+        with self._db.begin() as conn:
             conn.execute(insert(audit_segments), {"name": segment.name})
         self._forget(segment)
         return True
 
     def _committed(self, name: str) -> bool:
-        with self._engine.connect() as conn:
+        with self._db.connect() as conn:
             found = conn.execute(select(audit_segments).where(audit_segments.c.name == name))
             return found.first() is not None
 
     def _forget(self, segment: Segment) -> None:
         """Delete a committed segment's file, then its name (a name left behind is harmless)."""
         segment.remove()
-        with contextlib.suppress(SQLAlchemyError), self._engine.begin() as conn:
+        with contextlib.suppress(SQLAlchemyError), self._db.begin() as conn:
             conn.execute(delete(audit_segments).where(audit_segments.c.name == segment.name))
 
 
@@ -225,18 +225,16 @@ def _cleaner(column: Column[Any]) -> Callable[[Any], Any]:
 _CLEANERS = {name: _cleaner(audit_log.c[name]) for name in _COLUMNS}
 
 
-def recent_rows(
-    engine: Engine, limit: int = 20, key_name: str | None = None
-) -> list[dict[str, Any]]:
+def recent_rows(db: Engine, limit: int = 20, key_name: str | None = None) -> list[dict[str, Any]]:
     """The newest audit rows, newest first."""
     query = select(audit_log).order_by(audit_log.c.id.desc()).limit(limit)
     if key_name is not None:
         query = query.where(audit_log.c.key_name == key_name)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(query)]
 
 
-def totals_by_key(engine: Engine, since: float | None = None) -> list[dict[str, Any]]:
+def totals_by_key(db: Engine, since: float | None = None) -> list[dict[str, Any]]:
     """Requests, errors and tokens per key name."""
     c = audit_log.c
     query = (
@@ -253,5 +251,5 @@ def totals_by_key(engine: Engine, since: float | None = None) -> list[dict[str, 
     )
     if since is not None:
         query = query.where(c.ts >= since)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(query)]

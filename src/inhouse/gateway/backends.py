@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from inhouse.gateway.config import HealthSettings, Upstream
+from inhouse.wire.auth import auth_headers
+from inhouse.wire.prometheus import sample_totals
 
 
 class BackendState(StrEnum):
@@ -79,20 +80,15 @@ class Backend:
         """What `GET /health` shows: never the backend key."""
         return {
             "name": self.upstream.name,
-            "url": self.upstream.url,
             "state": self.state.value,
             "in_flight": self.in_flight,
             "waiting": self.waiting,
+            "url": self.upstream.url,
             "kv_cache_usage_perc": self.kv_usage,
             "consecutive_failures": self.failures,
             "last_error": self.last_error,
             "last_check": self.last_check,
         }
-
-
-def auth_headers(upstream: Upstream) -> dict[str, str]:
-    """The backend's own key (key exchange: never the client's gateway key)."""
-    return {"Authorization": f"Bearer {upstream.api_key}"} if upstream.api_key else {}
 
 
 def probe_request(upstream: Upstream) -> tuple[str, dict[str, object]]:
@@ -152,7 +148,7 @@ class HealthChecker:
             reply = await self._client.post(
                 f"{upstream.url}/v1/{path}",
                 json=body,
-                headers=auth_headers(upstream),
+                headers=auth_headers(upstream.api_key),  # its own key, never the client's
                 timeout=timeout,
             )
         except httpx.HTTPError as exc:
@@ -169,7 +165,7 @@ class HealthChecker:
         try:
             reply = await self._client.get(
                 f"{backend.upstream.url}/metrics",
-                headers=auth_headers(backend.upstream),  # llama.cpp guards /metrics by key
+                headers=auth_headers(backend.upstream.api_key),  # llama.cpp guards /metrics by key
                 timeout=self._settings.timeout_s,
             )
         except httpx.HTTPError:
@@ -199,11 +195,5 @@ LOAD_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
 def read_load(metrics_text: str, kind: str) -> tuple[float, float]:
     """Requests waiting and KV-cache usage from a `/metrics` page in `kind`'s names."""
     waiting_name, kv_names = LOAD_METRICS[kind]
-    waiting = kv = 0.0
-    for family in text_string_to_metric_families(metrics_text):
-        total = sum(s.value for s in family.samples if s.name == family.name)
-        if family.name == waiting_name:
-            waiting = total
-        elif family.name in kv_names:
-            kv = max(kv, total)
-    return waiting, kv
+    totals = sample_totals(metrics_text)
+    return totals.get(waiting_name, 0.0), max((totals.get(n, 0.0) for n in kv_names), default=0.0)

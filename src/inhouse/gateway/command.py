@@ -60,13 +60,13 @@ def audit_command(
     from inhouse.gateway.audit import recent_rows, totals_by_key
     from inhouse.gateway.db import open_database
 
-    engine = open_database(_settings(config, database).database)
+    db = open_database(_settings(config, database).database)
     console = Console()
     recent = Table(title=f"Last {limit} requests")
     columns = ("time", "key", "model", "backend", "status", "prompt", "completion", "ms", "finish")
     for column in columns:
         recent.add_column(column)
-    for row in recent_rows(engine, limit, key):
+    for row in recent_rows(db, limit, key):
         recent.add_row(
             _time(row["ts"]),
             str(row["key_name"]),
@@ -82,7 +82,7 @@ def audit_command(
     totals = Table(title="Totals per key")
     for column in ("key", "requests", "errors", "prompt tokens", "completion tokens", "fallbacks"):
         totals.add_column(column)
-    for row in totals_by_key(engine):
+    for row in totals_by_key(db):
         totals.add_row(*(str(row[c]) for c in row))
     console.print(totals)
 

@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from inhouse.api.errors import DEFAULT_MAX_BODY_BYTES
+from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
 
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
 BACKEND_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp", "openai"})
 # Backends that accept vLLM's `cache_salt` (SGLang since 0.5; llama.cpp has no such field).
 SALTABLE_KINDS = frozenset({"inhouse", "vllm", "sglang"})
+# Backends whose `/tokenize` answers a prompt's token count (see tokens.count_prompt).
+TOKENIZING_KINDS = frozenset({"inhouse", "vllm", "sglang"})
 # Backends whose `/metrics` the router reads for load (see backends.LOAD_METRICS).
 SCRAPED_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp"})
 
@@ -61,6 +63,10 @@ class Upstream:
     @property
     def saltable(self) -> bool:
         return self.kind in SALTABLE_KINDS
+
+    @property
+    def tokenizes(self) -> bool:
+        return self.kind in TOKENIZING_KINDS
 
     @property
     def scraped(self) -> bool:

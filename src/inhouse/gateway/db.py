@@ -1,4 +1,5 @@
-"""The gateway's database: schema and engine (SQLite with WAL by default, any SQLAlchemy URL)."""
+"""The gateway's database: schema and connection pool (SQLite with WAL by default, any
+SQLAlchemy URL)."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ limiter_state = Table(
 
 
 def open_database(url: str) -> Engine:
-    """Create the engine and tables; SQLite files get WAL and a busy timeout, and a new
+    """Create the connection pool and tables; SQLite files get WAL and a busy timeout, and a new
     file is created readable by its owner only (SQLite gives its -wal/-shm the same mode)."""
     parsed = make_url(url)
     is_sqlite = parsed.get_backend_name() == "sqlite"
@@ -93,11 +94,11 @@ def open_database(url: str) -> Engine:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         _create_private(path)
-    engine = create_engine(url, connect_args={"timeout": 30} if is_sqlite else {})
+    db = create_engine(url, connect_args={"timeout": 30} if is_sqlite else {})
     if is_sqlite:
-        event.listen(engine, "connect", _sqlite_pragmas)
-    _create_tables(engine)
-    return engine
+        event.listen(db, "connect", _sqlite_pragmas)
+    _create_tables(db)
+    return db
 
 
 def _create_private(path: Path) -> None:
@@ -109,12 +110,12 @@ def _create_private(path: Path) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
-def _create_tables(engine: Engine, attempts: int = 3) -> None:
+def _create_tables(db: Engine, attempts: int = 3) -> None:
     """Create the missing tables. `create_all` checks, then creates: replicas starting together
     on an empty PostgreSQL race, and each loser finds the tables when it tries again."""
     for attempt in range(attempts):
         try:
-            metadata.create_all(engine)
+            metadata.create_all(db)
             return
         except (IntegrityError, ProgrammingError):
             if attempt == attempts - 1:

@@ -14,8 +14,8 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inhouse.gateway.access_log import AccessLog
-from inhouse.gateway.handler import Gateway, error_response
-from inhouse.http_errors import method_not_allowed
+from inhouse.gateway.handler import Gateway
+from inhouse.http_errors import error_response, method_not_allowed
 
 PROXIED = {
     "/v1/chat/completions": "chat/completions",

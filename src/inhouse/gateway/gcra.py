@@ -63,18 +63,18 @@ class MemoryTatStore:
 class SqlTatStore:
     """TATs in the shared database, one row per bucket: limits hold across replicas."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, db: Engine) -> None:
+        self._db = db
 
     def get(self, bucket: str) -> float | None:
-        with self._engine.connect() as conn:
+        with self._db.connect() as conn:
             return conn.execute(
                 select(limiter_state.c.tat).where(limiter_state.c.bucket == bucket)
             ).scalar()
 
     def compare_and_set(self, bucket: str, expected: float | None, new: float) -> bool:
         try:
-            with self._engine.begin() as conn:
+            with self._db.begin() as conn:
                 if expected is None:
                     conn.execute(insert(limiter_state).values(bucket=bucket, tat=new))
                     return True

@@ -94,13 +94,13 @@ EDITABLE = frozenset(
 class KeyStore:
     """Create, look up, revoke and update keys in the gateway database."""
 
-    def __init__(self, engine: Engine, pepper: bytes, clock: Callable[[], float] = time.time):
-        self._engine = engine
+    def __init__(self, db: Engine, pepper: bytes, clock: Callable[[], float] = time.time):
+        self._db = db
         self._pepper = pepper
         self._clock = clock
         # A SQLite lookup by indexed hash takes microseconds: cheaper inline than a
         # thread hop. Network databases are called from a worker thread.
-        self.lookup_is_local = engine.dialect.name == "sqlite"
+        self.lookup_is_local = db.dialect.name == "sqlite"
         self._salts: dict[int, str] = {}
         self._local = threading.local()
         self._by_hash = select(api_keys).where(api_keys.c.key_hash == bindparam("digest"))
@@ -125,7 +125,7 @@ class KeyStore:
         values = {**_encode(limits), "name": name, "key_hash": self.hash(secret)}
         values.setdefault("allow_fallback", True)
         values.setdefault("log_content", False)
-        with self._engine.begin() as conn:
+        with self._db.begin() as conn:
             conn.execute(
                 insert(api_keys).values(
                     **values, created_at=self._clock(), quota_window=0, quota_used=0
@@ -151,7 +151,7 @@ class KeyStore:
 
     def _row_by_hash(self, digest: str) -> dict[str, Any] | None:
         if not self.lookup_is_local:
-            with self._engine.connect() as conn:
+            with self._db.connect() as conn:
                 row = conn.execute(self._by_hash, {"digest": digest}).first()
             return None if row is None else dict(row._mapping)
         # SQLite: a DB-API connection this thread keeps (SQLAlchemy's statement machinery
@@ -160,7 +160,7 @@ class KeyStore:
         # snapshot outlives it: a revoke is seen at once.
         raw = getattr(self._local, "connection", None)
         if raw is None:
-            raw = self._local.connection = self._engine.raw_connection()
+            raw = self._local.connection = self._db.raw_connection()
         cursor = raw.cursor()
         try:
             cursor.execute(_BY_HASH_SQL, (digest,))
@@ -176,7 +176,7 @@ class KeyStore:
         return key
 
     def list(self) -> list[ApiKey]:
-        with self._engine.connect() as conn:
+        with self._db.connect() as conn:
             rows = conn.execute(select(api_keys).order_by(api_keys.c.id)).all()
         return [_decode(r._mapping) for r in rows]
 
@@ -196,7 +196,7 @@ class KeyStore:
         """
         window = key.window_at(at)
         used = case((api_keys.c.quota_window == window, api_keys.c.quota_used), else_=0)
-        with self._engine.begin() as conn:
+        with self._db.begin() as conn:
             done = conn.execute(
                 update(api_keys)
                 .where(api_keys.c.id == key.id, used + tokens <= api_keys.c.quota_tokens)
@@ -212,7 +212,7 @@ class KeyStore:
         A period that rolled over meanwhile has been reset, so nothing is owed to it.
         """
         settled = api_keys.c.quota_used + (charged - reserved)
-        with self._engine.begin() as conn:
+        with self._db.begin() as conn:
             conn.execute(
                 update(api_keys)
                 .where(api_keys.c.id == key.id, api_keys.c.quota_window == key.window_at(at))
@@ -220,12 +220,12 @@ class KeyStore:
             )
 
     def _find(self, name: str) -> ApiKey | None:
-        with self._engine.connect() as conn:
+        with self._db.connect() as conn:
             row = conn.execute(select(api_keys).where(api_keys.c.name == name)).first()
         return None if row is None else _decode(row._mapping)
 
     def _update(self, name: str, values: dict[str, Any]) -> ApiKey:
-        with self._engine.begin() as conn:
+        with self._db.begin() as conn:
             done = conn.execute(update(api_keys).where(api_keys.c.name == name).values(**values))
         if done.rowcount == 0:
             raise UnknownKey(f"no key named {name!r}")

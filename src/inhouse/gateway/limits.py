@@ -4,14 +4,17 @@ Tokens are reserved at admission (prompt estimate + max_tokens, as OpenAI counts
 and reconciled with the backend's usage when the response ends. Requests/minute
 and tokens/minute use GCRA; concurrency is counted in this process; the token
 quota is reserved in the key database (`KeyStore.reserve_quota`), and
-`quota_refusal` words its refusal.
+`quota_exceeded` words its refusal.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from inhouse.api.errors import APIError
 from inhouse.gateway.durations import format_reset
@@ -19,6 +22,7 @@ from inhouse.gateway.gcra import Gcra, RateState
 from inhouse.gateway.keys import ApiKey
 
 CONCURRENCY_RETRY_S = 1.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +34,19 @@ class Admission:
     retry_after_s: float | None = None
     message: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+
+
+class LimitCalls:
+    """Runs a limiter call inline, or in a thread when the limits live in the database
+    (`shared_limits`) so that its queries never block the event loop."""
+
+    def __init__(self, blocking: bool) -> None:
+        self.blocking = blocking
+
+    async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
+        if self.blocking:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
 
 
 class KeyLimiter:
@@ -112,7 +129,7 @@ class KeyLimiter:
         return self._gcra.acquire(f"{dimension}:{key.id}", limit, cost)
 
 
-def quota_refusal(
+def quota_exceeded(
     key: ApiKey, used: int, reserve: int, now: float, headers: dict[str, str]
 ) -> Admission:
     """Why a request does not fit the key's token quota, and when the period resets."""

@@ -130,7 +130,8 @@ class GatewayMetrics:
                 )
             self.backend_in_flight.labels(b.model, b.upstream.name).set(b.in_flight)
 
-    def render(self) -> bytes:
+    def exposition(self) -> bytes:
+        """The Prometheus text exposition for ``GET /metrics``."""
         return generate_latest(self.registry)
 
 
@@ -150,9 +151,6 @@ class _Window:
         self._gauge.set(self._sum / len(self._values))
 
 
-UNSCRAPED_KINDS = frozenset({"openai"})  # hosted APIs: no /metrics of ours to read
-
-
 def scrape_targets(backends: Iterable[Backend]) -> list[dict[str, Any]]:
     """Prometheus HTTP-SD target groups: one per backend URL that exports /metrics.
 
@@ -161,7 +159,7 @@ def scrape_targets(backends: Iterable[Backend]) -> list[dict[str, Any]]:
     """
     groups: dict[str, dict[str, Any]] = {}
     for b in backends:
-        if b.upstream.kind in UNSCRAPED_KINDS:
+        if not b.upstream.scraped:  # hosted APIs: no /metrics of ours to read
             continue
         url = urlsplit(b.upstream.url)
         key = f"{url.scheme}://{url.netloc}{url.path}"

@@ -136,7 +136,7 @@ def tools_bound(body: dict[str, Any]) -> int:
     return len(json.dumps(tools).encode()) + TEMPLATE_TOKENS if tools else 0
 
 
-def refusal(upstream: Upstream, needs: Needs) -> str | None:
+def missing_capability(upstream: Upstream, needs: Needs) -> str | None:
     """Why this upstream cannot serve the request, or None if it can."""
     caps = upstream.capabilities
     missing = sorted(needs.features - caps.features)

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +23,13 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from inhouse.gateway.backends import auth_headers
+from inhouse.gateway.call import Outcome
 from inhouse.gateway.config import Upstream
 from inhouse.gateway.needs import output_param
 from inhouse.http1 import Http1Client
 from inhouse.http1 import Response as UpstreamResponse
+from inhouse.wire.auth import auth_headers, error_body
+from inhouse.wire.openai import EventSplitter, event_data, read_chunk
 
 GENERATING_ENDPOINTS = frozenset({"chat/completions", "completions"})
 # Endpoints outside /v1 (vLLM's and `inhouse serve`'s).
@@ -35,38 +37,13 @@ UPSTREAM_PATHS = {"tokenize": "/tokenize", "detokenize": "/detokenize"}
 LEAVE_WATCH_AFTER_S = 0.25
 
 
-@dataclass(slots=True)
-class Outcome:
-    """What came back from upstream, filled in as it passes."""
-
-    status: int = 0
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    finish_reason: str | None = None
-    first_token_at: float | None = None
-    content_chunks: int = 0
-    text: list[str] | None = None
-    completed: bool = False
-    error_type: str | None = None
-
-    def read_usage(self, usage: Any) -> None:
-        """Take the counts of a `usage` object that are whole numbers (0 to 2^53)."""
-        if not isinstance(usage, dict):
-            return
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if _is_count(prompt):
-            self.prompt_tokens = prompt
-        if _is_count(completion):
-            self.completion_tokens = completion
-
-
 @dataclass(frozen=True, slots=True)
 class Forward:
     """One request as it will be sent upstream."""
 
+    body: dict[str, Any]
     upstream: Upstream
     endpoint: str
-    body: dict[str, Any]
     client_wants_usage: bool
 
 
@@ -96,7 +73,7 @@ def prepare(
         out["cache_salt"] = cache_salt
     else:
         out.pop("cache_salt", None)
-    return Forward(upstream, endpoint, out, wants_usage)
+    return Forward(out, upstream, endpoint, wants_usage)
 
 
 class UpstreamClients:
@@ -110,7 +87,7 @@ class UpstreamClients:
         key = (upstream.url, upstream.api_key or "")
         client = self._clients.get(key)
         if client is None:
-            headers = auth_headers(upstream)
+            headers = auth_headers(upstream.api_key)
             client = self._clients[key] = Http1Client(upstream.url, headers, self._connect_timeout)
         return client
 
@@ -129,19 +106,16 @@ class UpstreamClients:
 def read_answer(body: bytes, outcome: Outcome, keep_text: bool) -> None:
     """Usage, finish reason and (optionally) text of a non-streamed answer."""
     try:
-        data = json.loads(body)
+        answer = read_chunk(body)
     except ValueError:
         return
-    if not isinstance(data, dict):
-        return
-    outcome.read_usage(data.get("usage"))
-    if "error" in data and isinstance(data["error"], dict):
-        outcome.error_type = str(data["error"].get("type"))
-    choices = data.get("choices") or []
-    if choices and isinstance(choices[0], dict):
-        outcome.finish_reason = choices[0].get("finish_reason")
+    outcome.read_usage(answer.usage)
+    if answer.error_type is not None:
+        outcome.error_type = answer.error_type
+    if answer.choices:
+        outcome.finish_reason = answer.choices[0].finish_reason
     if keep_text:
-        outcome.text = [_choice_text(c) for c in choices if isinstance(c, dict)]
+        outcome.text = [c.content for c in answer.choices]
 
 
 async def relay_events(
@@ -151,22 +125,20 @@ async def relay_events(
     clock: Callable[[], float] = time.perf_counter,
 ) -> AsyncGenerator[bytes, None]:
     """Yield SSE events as soon as each is complete, noting usage and first content."""
-    buffer = b""
+    splitter = EventSplitter()
     try:
         async for raw in pieces:
-            buffer += raw.replace(b"\r\n", b"\n") if b"\r" in raw else raw
-            *events, buffer = buffer.split(b"\n\n")
-            out = [e for e in events if _note_event(e, outcome, strip_usage, clock)]
+            out = [e for e in splitter.feed(raw) if _note_event(e, outcome, strip_usage, clock)]
             if out:
                 yield b"\n\n".join(out) + b"\n\n"
     except OSError as exc:
         outcome.status, outcome.error_type = 502, "upstream_error"
         message = f"the upstream stream broke: {type(exc).__name__}"
-        error = {"error": {"message": message, "type": "server_error", "code": "upstream_error"}}
+        error = error_body(message, "server_error", "upstream_error")
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
     else:
-        if buffer.strip():
-            yield buffer
+        if splitter.rest.strip():
+            yield splitter.rest
     outcome.completed = True
 
 
@@ -174,48 +146,29 @@ def _note_event(
     event: bytes, outcome: Outcome, strip_usage: bool, clock: Callable[[], float]
 ) -> bool:
     """Record what the event says; False if it must not reach the client."""
-    if not event.startswith(b"data:"):
+    data = event_data(event)
+    if data is None:
         return bool(event.strip())
-    payload = event[5:].strip()
-    if payload == b"[DONE]":
-        return True
     try:
-        chunk = json.loads(payload)
+        chunk = read_chunk(data)
     except ValueError:
         return True
-    if not isinstance(chunk, dict):
-        return True
-    choices = chunk.get("choices") or []
-    if chunk.get("usage"):
-        outcome.read_usage(chunk["usage"])
-        if not choices and strip_usage:
+    if chunk.usage is not None:
+        outcome.read_usage(chunk.usage)
+        if not chunk.choices and strip_usage:
             return False
-    if "error" in chunk and isinstance(chunk["error"], dict):
-        outcome.error_type = str(chunk["error"].get("type"))
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        text = _choice_text(choice)
-        if text or (choice.get("delta") or {}).get("tool_calls"):
+    if chunk.error_type is not None:
+        outcome.error_type = chunk.error_type
+    for choice in chunk.choices:
+        if choice.produced:
             if outcome.first_token_at is None:
                 outcome.first_token_at = clock()
             outcome.content_chunks += 1
             if outcome.text is not None:
-                outcome.text.append(text)
-        if choice.get("finish_reason"):
-            outcome.finish_reason = choice["finish_reason"]
+                outcome.text.append(choice.content)
+        if choice.finish_reason:
+            outcome.finish_reason = choice.finish_reason
     return True
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**53
-
-
-def _choice_text(choice: dict[str, Any]) -> str:
-    if "text" in choice:
-        return str(choice.get("text") or "")
-    part = choice.get("delta") or choice.get("message") or {}
-    return str(part.get("content") or "") if isinstance(part, dict) else ""
 
 
 class RelayResponse(Response):
@@ -226,7 +179,7 @@ class RelayResponse(Response):
         self,
         chunks: AsyncGenerator[bytes, None],
         upstream: contextlib.AsyncExitStack,
-        on_close: Callable[[], Awaitable[None]],
+        on_close: Callable[[], None],
         headers: dict[str, str],
     ) -> None:
         self._chunks = chunks
@@ -246,7 +199,7 @@ class RelayResponse(Response):
             with anyio.CancelScope(shield=True):
                 await self._chunks.aclose()
                 await self._upstream.aclose()
-                await self._on_close()
+                self._on_close()
 
     async def _stream(self, send: Send, scope: anyio.CancelScope) -> None:
         await send(

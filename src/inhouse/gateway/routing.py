@@ -15,7 +15,7 @@ from typing import Any
 from inhouse.api.errors import APIError
 from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.config import ModelRoute, Upstream
-from inhouse.gateway.needs import Needs, refusal
+from inhouse.gateway.needs import Needs, missing_capability
 
 SATURATED_RETRY_S = 1.0
 
@@ -64,11 +64,11 @@ class Router:
     def queue_depth(self, model: str) -> int:
         return sum(1 for w in self._waiters[model] if not w.done())
 
-    def refusal(self, route: ModelRoute, needs: Needs, allow_fallback: bool) -> str | None:
+    def capability_gap(self, route: ModelRoute, needs: Needs, allow_fallback: bool) -> str | None:
         """Why no upstream of this model could ever serve the request (then answer 400)."""
-        reasons = [refusal(b, needs) for b in route.backends]
+        reasons = [missing_capability(b, needs) for b in route.backends]
         if route.fallback is not None and allow_fallback and route.allow_fallback:
-            reasons.append(refusal(route.fallback, needs))
+            reasons.append(missing_capability(route.fallback, needs))
         return None if any(r is None for r in reasons) else reasons[0]
 
     async def acquire(
@@ -84,14 +84,14 @@ class Router:
         capable = [
             b
             for b in self.backends[route.name]
-            if id(b) not in exclude and refusal(b.upstream, needs) is None
+            if id(b) not in exclude and missing_capability(b.upstream, needs) is None
         ]
         fallback = route.fallback
         may_fallback = (
             fallback is not None
             and allow_fallback
             and route.allow_fallback
-            and refusal(fallback, needs) is None
+            and missing_capability(fallback, needs) is None
         )
         waiter: asyncio.Future[None] | None = None
         try:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inhouse.gateway.backends import BackendState
-from inhouse.gateway.config import SALTABLE_KINDS, ModelRoute, Upstream
+from inhouse.gateway.config import ModelRoute, Upstream
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import Needs, tools_bound
 from inhouse.gateway.proxy import UpstreamClients
@@ -61,7 +61,7 @@ async def count_prompt(
         (
             b.upstream
             for b in router.backends[model]
-            if b.state is BackendState.UP and b.upstream.kind in SALTABLE_KINDS
+            if b.state is BackendState.UP and b.upstream.tokenizes
         ),
         None,
     )

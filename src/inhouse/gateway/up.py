@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from inhouse.launch.inhouse import inhouse_command
+from inhouse.launch.ports import free_port
 
 if TYPE_CHECKING:
     import uvicorn
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
     from inhouse.launch.replicas import Replica
     from inhouse.plan.planner import PlanInputs
 
-__all__ = ["ensure_admin_key", "free_port", "inhouse_command", "up_command"]
+__all__ = ["ensure_admin_key", "up_command"]
 
 ADMIN_KEY = "admin"
 EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"  # the name `inhouse serve` gives its bundled embedder
@@ -268,13 +267,6 @@ def served_name(model: str | None) -> str:
         return DEFAULT_CHAT_MODEL_NAME
     path = Path(model)
     return path.stem if path.suffix == ".gguf" else path.name
-
-
-def free_port() -> int:
-    """A loopback port nobody is listening on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def up_config(

@@ -255,10 +255,3 @@ def read_config_json(path: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise PlanError(f"{path} holds JSON but not a model config object")
     return config
-
-
-def spec_from_gguf(path: str | Path) -> ModelSpec:
-    """Read a ModelSpec from a GGUF file's header (no tensor data is read)."""
-    from inhouse.plan.gguf_header import read_gguf
-
-    return read_gguf(Path(path)).spec

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from inhouse.api.errors import DEFAULT_MAX_BODY_BYTES, APIError, not_found, service_unavailable
+from inhouse.api.errors import APIError, not_found, service_unavailable
+from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
 from inhouse.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:

@@ -115,7 +115,7 @@ class ServerMetrics:
                 self.prefill.observe(timing.first_token_time - timing.first_scheduled_time)
             self.decode.observe(timing.finished_time - timing.first_token_time)
 
-    def render(self) -> bytes:
+    def exposition(self) -> bytes:
         """The exposition text for ``GET /metrics``."""
         return generate_latest(self.registry)
 

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from inhouse.api.errors import DEFAULT_MAX_BODY_BYTES
+from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
 
 DEFAULT_EMBEDDING_NAME = "all-MiniLM-L6-v2"
 

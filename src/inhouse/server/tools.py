@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from inhouse.api.chat import NamedToolChoice, ToolCall, ToolDefinition
+from inhouse.api.chat import NamedToolChoice, ToolDefinition
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -104,11 +104,6 @@ class ParsedCall:
 
     name: str
     arguments: str
-
-    def to_tool_call(self) -> ToolCall:
-        return ToolCall.model_validate(
-            {"id": new_tool_call_id(), "function": {"name": self.name, "arguments": self.arguments}}
-        )
 
 
 def calls_from_forced_output(text: str, choice: NamedToolChoice | str) -> list[ParsedCall]:

@@ -36,7 +36,7 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
 @dataclass(slots=True)
-class ChatPlan:
+class PreparedChat:
     """A chat request turned into engine input and a way to read the output back."""
 
     request: EngineRequest
@@ -50,21 +50,21 @@ async def create_chat_completion(
 ) -> JSONResponse | StreamingResponse:
     """OpenAI's chat completions."""
     ctx.check_model(body.model)
-    plan = await _plan(ctx, body)
-    rid = plan.request.request_id
+    prepared = await _prepare(ctx, body)
+    rid = prepared.request.request_id
     if body.stream:
-        outputs = generate(ctx, plan.request)
+        outputs = generate(ctx, prepared.request)
         first = await anext(outputs)  # bad input fails here, as a 400 before any byte is sent
-        return sse_response(_chunks(ctx, body, plan, rid, first, outputs))
-    result = await unless_disconnected(request, collect(ctx, plan.request))
+        return sse_response(_chunks(ctx, body, prepared, rid, first, outputs))
+    result = await unless_disconnected(request, collect(ctx, prepared.request))
     choices = []
     for i, choice in enumerate(result.choices):
-        translator = plan.new_translator()
+        translator = prepared.new_translator()
         deltas = translator.feed(choice.text)
         tail, reason = translator.finish(choice.finish_reason or "abort")
         logprobs = None
-        if plan.top_logprobs is not None:
-            logprobs = chat_logprobs(choice.logprobs, plan.top_logprobs)
+        if prepared.top_logprobs is not None:
+            logprobs = chat_logprobs(choice.logprobs, prepared.top_logprobs)
         message = merge_deltas(deltas + tail)
         choices.append(
             ChatChoice(index=i, message=message, logprobs=logprobs, finish_reason=reason)
@@ -81,7 +81,7 @@ async def create_chat_completion(
     return JSONResponse(response.model_dump(exclude_none=True))
 
 
-async def _plan(ctx: ServerContext, body: ChatCompletionRequest) -> ChatPlan:
+async def _prepare(ctx: ServerContext, body: ChatCompletionRequest) -> PreparedChat:
     engine = ctx.require_engine()
     assert ctx.renderer is not None and ctx.grammars is not None
     use_tools = bool(body.tools) and body.tool_choice != "none"
@@ -101,7 +101,7 @@ async def _plan(ctx: ServerContext, body: ChatCompletionRequest) -> ChatPlan:
     known = {t.function.name for t in tools or []}
     tool_choice = body.tool_choice if use_tools else None
     request = EngineRequest(request_id("chatcmpl"), prompt_ids, params, body.cache_salt)
-    return ChatPlan(request, lambda: translator_for(tool_choice, known), top)
+    return PreparedChat(request, lambda: translator_for(tool_choice, known), top)
 
 
 async def _guide(
@@ -130,7 +130,7 @@ async def _guide(
 async def _chunks(
     ctx: ServerContext,
     body: ChatCompletionRequest,
-    plan: ChatPlan,
+    prepared: PreparedChat,
     rid: str,
     first: RequestOutput,
     rest: AsyncIterator[RequestOutput],
@@ -144,8 +144,8 @@ async def _chunks(
 
     options = body.stream_options
     continuous = options is not None and options.continuous_usage_stats
-    n = plan.request.params.n
-    translators = [plan.new_translator() for _ in range(n)]
+    n = prepared.request.params.n
+    translators = [prepared.new_translator() for _ in range(n)]
     for i in range(n):
         yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
     generated = 0
@@ -155,7 +155,7 @@ async def _chunks(
             generated += sum(len(d.token_ids) for d in output.outputs)
             usage = Usage.of(output.num_prompt_tokens, generated, output.num_cached_tokens)
             for delta in output.outputs:
-                for piece in _choice_chunks(delta, translators[delta.index], plan.top_logprobs):
+                for piece in _choice_chunks(delta, translators[delta.index], prepared.top_logprobs):
                     yield chunk([piece], usage if continuous else None)
             if output.finished:
                 break

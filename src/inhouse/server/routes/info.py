@@ -39,7 +39,7 @@ async def health(ctx: ServerContext = Depends(context)) -> JSONResponse:
 @router.get("/metrics")
 async def metrics(ctx: ServerContext = Depends(context)) -> Response:
     """Prometheus exposition of the engine and request metrics."""
-    return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(ctx.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/version")

@@ -1,0 +1,61 @@
+"""A request the gateway admitted, and what came back for it from upstream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inhouse.gateway.config import ModelRoute
+from inhouse.gateway.keys import ApiKey
+from inhouse.gateway.needs import Needs
+from inhouse.gateway.routing import Lease
+from inhouse.wire.openai import Usage
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What came back from upstream, filled in as it passes."""
+
+    status: int = 0
+    completed: bool = False  # False while a stream is still passing (or was cut off)
+    error_type: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    content_chunks: int = 0  # chunks that carried generated text or a tool call
+    finish_reason: str | None = None
+    first_token_at: float | None = None
+    text: list[str] | None = None  # kept only for keys that log content
+
+    def read_usage(self, usage: Usage | None) -> None:
+        """Take the counts the upstream reported."""
+        if usage is None:
+            return
+        if usage.prompt_tokens is not None:
+            self.prompt_tokens = usage.prompt_tokens
+        if usage.completion_tokens is not None:
+            self.completion_tokens = usage.completion_tokens
+
+
+@dataclass(slots=True)
+class Call:
+    """A request that passed admission, carried to its settlement."""
+
+    key: ApiKey
+    route: ModelRoute
+    endpoint: str
+    needs: Needs
+    prompt: int
+    output_cap: int
+    reserve: int
+    stream: bool
+    ts: float
+    started: float
+    headers: dict[str, str]
+    prompt_text: str | None
+    lease: Lease | None = None
+    settled: bool = False
+    client_left: bool = False
+    metered: bool = True  # False: runs no model, charges no tokens (/tokenize, /detokenize)
+
+    def leave(self) -> None:
+        """Note that the client disconnected before its answer."""
+        self.client_left = True

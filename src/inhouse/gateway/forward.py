@@ -1,0 +1,144 @@
+"""Steps 4 and 5 of a request: route it to a replica (or the fallback) and relay the answer,
+settling the call however it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive
+
+from inhouse.api.errors import APIError, service_unavailable
+from inhouse.gateway.call import Call, Outcome
+from inhouse.gateway.config import HealthSettings
+from inhouse.gateway.keys import KeyStore
+from inhouse.gateway.ledger import CLIENT_CLOSED, Ledger
+from inhouse.gateway.proxy import (
+    Forward,
+    LeaveWatch,
+    RelayResponse,
+    UpstreamClients,
+    prepare,
+    read_answer,
+    relay_events,
+)
+from inhouse.gateway.routing import Overloaded, Router
+from inhouse.gateway.settle import Settler
+from inhouse.http1 import Response as UpstreamResponse
+from inhouse.http_errors import error_response
+
+SHUTTING_DOWN = service_unavailable("the gateway is shutting down; retry on another replica")
+
+
+@dataclass(slots=True)
+class Forwarder:
+    """Sends admitted calls upstream and answers the client with what comes back."""
+
+    keys: KeyStore
+    router: Router
+    upstreams: UpstreamClients
+    settler: Settler
+    ledger: Ledger
+    health: HealthSettings
+    timeout_s: float
+
+    async def forward(self, call: Call, body: dict[str, Any], receive: Receive | None) -> Response:
+        """The client's answer. With `receive`, a non-streamed call whose client disconnects
+        is cancelled upstream."""
+        outcome = Outcome()
+        stack = contextlib.AsyncExitStack()
+        watch: LeaveWatch | None = None
+        try:
+            async with asyncio.timeout(self.timeout_s) as deadline:
+                if receive is not None and not call.stream:
+                    watch = LeaveWatch(receive, deadline, call.leave)
+                opened = await self._open(call, body, outcome, stack)
+                if isinstance(opened, Response):
+                    return opened
+                upstream, forward = opened
+                if outcome.status == 200 and call.stream:
+                    if call.key.log_content:
+                        outcome.text = []
+                    strip = not forward.client_wants_usage
+                    chunks = relay_events(upstream.iter_body(), outcome, strip)
+                    return RelayResponse(
+                        chunks, stack, lambda: self.settler.settle(call, outcome), call.headers
+                    )
+                answer = await upstream.read()
+        except (OSError, TimeoutError) as exc:
+            await stack.aclose()
+            if call.client_left and not call.settled:  # answered to nobody: the client left
+                outcome.status, outcome.error_type = CLIENT_CLOSED, "client_disconnected"
+                outcome.completed = True
+                self.settler.settle(call, outcome)
+                return Response(status_code=CLIENT_CLOSED)
+            return self.fail(call, outcome, _upstream_error(exc))
+        except asyncio.CancelledError:  # shutdown past its drain deadline: the request ends
+            await stack.aclose()
+            if call.settled:
+                raise
+            return self.fail(call, outcome, SHUTTING_DOWN)
+        finally:
+            if watch is not None:
+                watch.stop()
+        await stack.aclose()
+        read_answer(answer, outcome, call.key.log_content)
+        outcome.completed = True
+        self.settler.settle(call, outcome)
+        media = upstream.headers.get("content-type", "application/json")
+        return Response(answer, outcome.status, headers=call.headers, media_type=media)
+
+    def fail(
+        self, call: Call, outcome: Outcome, error: APIError, retry_after: float | None = None
+    ) -> Response:
+        """Answer `error` and settle the call with it (unless it is settled already)."""
+        outcome.status, outcome.completed = error.status_code, True
+        outcome.error_type = error.type
+        self.ledger.failed(call, error)
+        self.settler.settle(call, outcome)
+        return error_response(error, call.headers, retry_after)
+
+    async def _open(
+        self, call: Call, body: dict[str, Any], outcome: Outcome, stack: contextlib.AsyncExitStack
+    ) -> tuple[UpstreamResponse, Forward] | Response:
+        """Send the request to a replica (skipping those that refuse the connection) or the
+        fallback; its response, or the error response when none can take it."""
+        tried: set[int] = set()
+        while True:
+            try:
+                call.lease = await self.router.acquire(
+                    call.route, call.needs, call.key.allow_fallback, frozenset(tried)
+                )
+            except Overloaded as err:
+                return self.fail(call, outcome, err, err.retry_after_s)
+            lease = call.lease
+            if lease.fallback:
+                self.ledger.fell_back(call.route.name)
+            salt = self.keys.cache_salt(call.key)
+            forward = prepare(lease.upstream, call.endpoint, body, salt, call.output_cap)
+            try:
+                upstream = await self.upstreams.open(forward, stack)
+            except (ConnectionRefusedError, socket.gaierror) as exc:
+                self.router.release(lease)
+                call.lease = None
+                if lease.backend is None:
+                    error = service_unavailable(
+                        f"the fallback for {call.route.name!r} is unreachable"
+                    )
+                    return self.fail(call, outcome, error)
+                tried.add(id(lease.backend))
+                if lease.backend.record_failure(self.health, f"proxy: {exc!r}"[:200]):
+                    self.router.wake(call.route.name)
+                continue
+            outcome.status = upstream.status
+            return upstream, forward
+
+
+def _upstream_error(exc: BaseException) -> APIError:
+    if isinstance(exc, TimeoutError):
+        return APIError(504, "the upstream did not answer in time", type="server_error")
+    return APIError(502, f"upstream error: {type(exc).__name__}", type="server_error")

@@ -1,0 +1,95 @@
+"""The last step of every request, admitted or refused: its metrics and its audit row."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from inhouse.api.errors import APIError
+from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
+from inhouse.gateway.call import Call, Outcome
+from inhouse.gateway.keys import ApiKey
+from inhouse.gateway.metrics import GatewayMetrics
+
+CLIENT_CLOSED = 499  # nginx's "client closed request"
+
+
+class Ledger:
+    """Writes what happened to each request: Prometheus metrics and one audit row."""
+
+    def __init__(self, audit: AuditWriter, metrics: GatewayMetrics, redact: Redactor) -> None:
+        self.audit = audit
+        self.metrics = metrics
+        self._redact = redact
+
+    def prompt_text(self, key: ApiKey, body: dict[str, Any]) -> str | None:
+        """The prompt to keep in the audit row (redacted), for keys that log content."""
+        if not key.log_content:
+            return None
+        content = body.get("messages", body.get("prompt", body.get("input")))
+        return self._redact(content if isinstance(content, str) else json.dumps(content))
+
+    def refused(
+        self, error: APIError, key: ApiKey | None, model: str | None, endpoint: str,
+        ts: float, started: float,
+    ) -> None:  # fmt: skip
+        """A request answered with an error before admission."""
+        name = "" if key is None else key.name
+        self.metrics.rejections.labels(name, model or "", error.code or error.type).inc()
+        self.metrics.requests.labels(name, model or "", str(error.status_code)).inc()
+        self.audit.record(
+            AuditRecord(
+                ts=ts,
+                key_name=None if key is None else key.name,
+                model=model,
+                endpoint=endpoint,
+                status=error.status_code,
+                error_type=error.type,
+                latency_ms=(time.perf_counter() - started) * 1000,
+            )
+        )
+
+    def fell_back(self, model: str) -> None:
+        """A request of `model` sent to its fallback."""
+        self.metrics.fallbacks.labels(model).inc()
+
+    def failed(self, call: Call, error: APIError) -> None:
+        """An admitted request that ended in an error the gateway answered."""
+        reason = "no_backend" if error.status_code == 503 else (error.code or error.type)
+        self.metrics.rejections.labels(call.key.name, call.route.name, reason).inc()
+
+    def settled(self, call: Call, outcome: Outcome, prompt: int, completion: int) -> None:
+        """An admitted request at its end, charged `prompt` + `completion` tokens."""
+        end = time.perf_counter()
+        name, model, lease = call.key.name, call.route.name, call.lease
+        reached = lease is not None and outcome.status != 0
+        status = outcome.status if outcome.completed or not reached else CLIENT_CLOSED
+        ttft = None if outcome.first_token_at is None else outcome.first_token_at - call.started
+        self.metrics.observe_request(
+            name, model, status, (prompt, completion), end - call.started, ttft
+        )
+        if outcome.prompt_tokens is not None:  # context creep on real tokens, not the estimate
+            self.metrics.observe_prompt(model, outcome.prompt_tokens)
+        text = None if outcome.text is None else self._redact("".join(outcome.text))
+        self.audit.record(
+            AuditRecord(
+                ts=call.ts,
+                key_name=name,
+                model=model,
+                endpoint=call.endpoint,
+                status=status,
+                backend=None if lease is None else lease.upstream.name,
+                error_type=outcome.error_type,
+                stream=call.stream,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                reserved_tokens=call.reserve,
+                latency_ms=(end - call.started) * 1000,
+                ttft_ms=None if ttft is None else ttft * 1000,
+                finish_reason=outcome.finish_reason,
+                fallback_used=lease is not None and lease.fallback,
+                prompt_text=call.prompt_text,
+                completion_text=text,
+            )
+        )
