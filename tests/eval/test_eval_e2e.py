@@ -21,7 +21,8 @@ import pytest
 
 from inhouse.bundled import default_chat_model
 from inhouse.eval.items import load_eval_set, starter_set
-from inhouse.gateway.up import free_port, inhouse_command
+from inhouse.launch.inhouse import inhouse_command
+from inhouse.launch.ports import free_port
 from inhouse.models.verify import lock
 from serving import Process, audit_rows, gateway_key, gateway_process
 

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from inhouse.cli import app
 from inhouse.eval.client import retry_after
-from inhouse.gateway.up import free_port
+from inhouse.launch.ports import free_port
 
 RETRY_AFTER_S = 0.3
 # question -> (right answer, what the "flaky" model does first, "steady" model's answer)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from inhouse.gateway.up import inhouse_command
+from inhouse.launch.inhouse import inhouse_command
 from inhouse.models.hashing import HashCache, file_sha256
 from inhouse.models.manifest import ManifestError, read_manifest
 from inhouse.models.pickles import PickleRefused

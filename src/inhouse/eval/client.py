@@ -11,9 +11,10 @@ from typing import Any
 
 import httpx
 
-from inhouse.bench.client import auth_headers, error_message, normalize_base_url
+from inhouse.bench.client import normalize_base_url
 from inhouse.eval.graders import Answer, grade
 from inhouse.eval.items import EvalItem
+from inhouse.wire.auth import auth_headers, error_message
 
 RETRY_STATUSES = frozenset({429, 503})
 
