@@ -362,10 +362,10 @@ def test_first_chunk_arrives_before_the_backend_finishes(stack: Stack) -> None:
     secret = stack.key("sse")
     start = time.perf_counter()
     counting = [{"role": "user", "content": "Count from 1 to 60, separated by spaces."}]
-    stream = stack.client(secret).chat.completions.create(  # greedy: 48 tokens of text
+    stream = stack.client(secret).chat.completions.create(  # long enough to outlast a cold start
         model="smol",
         messages=counting,
-        max_tokens=48,
+        max_tokens=160,
         temperature=0,
         stream=True,
         extra_body={"ignore_eos": True},

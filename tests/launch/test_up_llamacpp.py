@@ -158,7 +158,11 @@ def test_a_checkpoint_folder_is_refused(llama_server: Path, tmp_path: Path) -> N
 
 @pytest.fixture(scope="module")
 def up_two(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    tmp_path = tmp_path_factory.mktemp("up")
+    yield from running_up(tmp_path_factory.mktemp("up"))
+
+
+def running_up(tmp_path: Path) -> Iterator[dict]:
+    """`inhouse up` with two llama.cpp replicas, once both are up; stopped afterwards."""
     port = free_port()
     up, log = up_process(
         tmp_path, port, "--replicas", "2", "--max-model-len", "1024", "--max-num-seqs", "4"
@@ -235,9 +239,11 @@ def test_chat_stream_limits_revoke_both_replicas_failover_and_bench(up_two: dict
     assert summary["output_throughput"] > 1 and summary["total_output_tokens"] >= 6
 
 
-def test_ctrl_c_stops_the_gateway_and_every_replica(up_two: dict) -> None:
-    up, log = up_two["up"], up_two["log"]
+def test_ctrl_c_stops_the_gateway_and_every_replica(llama_server: Path, tmp_path: Path) -> None:
+    started = running_up(tmp_path)  # its own: the other tests share one that must stay up
+    up, log = (running := next(started))["up"], running["log"]
     up.send_signal(signal.SIGINT)
     assert up.wait(timeout=60) == 0, log_tail(log)
     assert "Traceback" not in log.read_text()
     assert not any(alive(pid) for pid in replica_pids(log).values())
+    started.close()
