@@ -30,8 +30,11 @@ system-packages:
 		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
 		|| echo "promtool is missing: apt-get install prometheus (as root) for tests/observe"
 
+# One known-good order (pytest-randomly's seed): reproducible runs here and in CI. Any other
+# order: make test SEED=random (or a number).
+SEED ?= 1565132503
 test: $(STAMP) system-packages llama-server
-	$(PY) -m pytest
+	$(PY) -m pytest -p randomly --randomly-seed=$(SEED)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -81,8 +81,9 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def upstream() -> Iterator[Upstream]:
+    """A fresh scripted upstream for each test: its script counts what it was asked."""
     state = Upstream()
     routes = [Route("/v1/chat/completions", state.chat, methods=["POST"])]
     port = free_port()
