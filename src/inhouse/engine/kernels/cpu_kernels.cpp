@@ -6,11 +6,12 @@
 //
 // Weight formats, 32 weights a group along the input dimension K (activations are
 // quantized the same way on the fly, see quantize_activations):
-//   q8: int8 q [N, K], scales d [N, K/32]; w = d * q.
-//   q4: uint8 q [N, K/2] (group g of row n: byte j holds weight j in its low nibble and
-//       weight j+16 in its high nibble, as GGUF's Q4_1), scales d and mins m [N, K/32];
-//       w = d * q + m.
-// Activations and outputs are float32. Rows of the output are split over torch's threads.
+//   q8: codes q in [-127, 127], one scale d a group; w = d * q.
+//   q4: codes q in 0..15 (as GGUF's Q4_1), a scale d and a min m a group; w = d * q + m.
+// quantize_q8/quantize_q4 give them row by row (q4 packed as GGUF: byte j of a group holds
+// weight j in its low nibble and weight j+16 in its high nibble); the linears read them in
+// tiles of 8 rows (see kTile; kernels/quant.py rearranges them once, at load).
+// Activations and outputs are float32. Output tiles are split over the work pool's threads.
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -27,9 +29,6 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define INHOUSE_AVX2 1
-#endif
-#if defined(INHOUSE_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
-#define INHOUSE_AVX512 1
 #endif
 
 namespace {
@@ -66,13 +65,6 @@ QuantizedActivations quantize_activations(const float* x, int64_t rows, int64_t 
 }
 
 #ifdef INHOUSE_AVX2
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // Eight int32 partial sums of 32 products of unsigned u8 `u` and signed s8 `s`.
 inline __m256i dot_u8s8(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
@@ -80,171 +72,140 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) {
 
 #endif
 
-// A q4 weight row's codes as one byte each (0..15), in order, so every activation
-// row reuses the unpacking.
-void unpack_q4_row(const uint8_t* q, int64_t groups, uint8_t* out) {
-  for (int64_t g = 0; g < groups; ++g, q += kGroup / 2, out += kGroup) {
-#ifdef INHOUSE_AVX2
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_and_si128(raw, mask));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16),
-                     _mm_and_si128(_mm_srli_epi16(raw, 4), mask));
-#else
-    for (int j = 0; j < 16; ++j) {
-      out[j] = q[j] & 0x0F;
-      out[j + 16] = q[j] >> 4;
-    }
-#endif
+// Weights live in tiles of kTile output rows so that one register holds four consecutive
+// codes of each of the tile's 8 rows: a broadcast of 4 activation bytes multiplies all 8
+// rows at once, and a group's integer sums become floats 8 rows at a time (one convert and
+// one multiply-add per group for 8 rows instead of per row). Per tile and group:
+//   q8: 8 quads j of 32 bytes; byte 4r + i is row r's code at k = 4j + i.
+//   q4: 4 pairs p of 32 bytes; byte 16h + 4s + i holds row r = 4h + s's codes at
+//       k = 8p + i (low nibble) and k = 8p + 4 + i (high nibble).
+//   scales d (and q4's mins m): [tiles, groups, 8].
+constexpr int64_t kTile = 8;
+constexpr int64_t kQ8TileGroupBytes = kTile * kGroup;
+constexpr int64_t kQ4TileGroupBytes = kTile * kGroup / 2;
+// Activation rows multiplied per pass over a tile (register tile), and per pass over all
+// tiles (so a long prompt's rows stay in cache while every tile streams past them).
+constexpr int kRowsAtOnce = 4;
+constexpr int64_t kRowBlock = 64;
+
+// Row r's code at k (0..31) in one tile group.
+template <bool kQ4>
+inline int tile_code(const uint8_t* tile_group, int r, int k) {
+  if constexpr (kQ4) {
+    const uint8_t byte = tile_group[(k / 8) * 32 + (r / 4) * 16 + (r % 4) * 4 + k % 4];
+    return (k % 8) < 4 ? byte & 0x0F : byte >> 4;
+  } else {
+    return static_cast<int8_t>(tile_group[(k / 4) * 32 + r * 4 + k % 4]);
   }
 }
 
-#if defined(INHOUSE_AVX2) && !defined(INHOUSE_AVX512)
-// AVX2 reads q4 rows as stored and unpacks each group's codes in registers.
-constexpr bool kQ4InRegisters = true;
-#else
-// AVX-512 and the plain loops read each q4 row unpacked first (one byte a code).
-constexpr bool kQ4InRegisters = false;
-#endif
-
 #ifdef INHOUSE_AVX2
-// A q4 group's 32 codes (16 bytes as stored) as 32 bytes in order: low nibbles are codes
-// 0..15, high nibbles 16..31.
-inline __m256i unpack_q4_group(const uint8_t* q) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+inline __m256i broadcast4(const int8_t* x) {
+  int32_t four;
+  std::memcpy(&four, x, sizeof four);
+  return _mm256_set1_epi32(four);
 }
 
-// One group's contribution for R activation rows, added to acc[r]: q8 signed bytes, q4
-// unsigned codes (packed when kQ4InRegisters, else one byte each).
+// One tile's 8 outputs for R activation rows from row0, each row's float sums in the same
+// order whatever R is (a batch gives each row's bits alone).
 template <bool kQ4, int R>
-inline void group_step(const uint8_t* wq, float wd, const QuantizedActivations& a, int64_t row0,
-                       int64_t groups, int64_t g, __m256* acc) {
+void tile_rows(const uint8_t* wq, const float* wd, const float* wm, const QuantizedActivations& a,
+               int64_t row0, int64_t groups, __m256* out) {
   const int64_t k = groups * kGroup;
-  const __m256i w = kQ4 && kQ4InRegisters
-                        ? unpack_q4_group(wq + g * kGroup / 2)
-                        : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + g * kGroup));
-  const __m256i wabs = kQ4 ? w : _mm256_sign_epi8(w, w);
-  for (int r = 0; r < R; ++r) {
-    __m256i x = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(a.q.data() + (row0 + r) * k + g * kGroup));
-    if constexpr (!kQ4) x = _mm256_sign_epi8(x, w);
-    const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(wabs, x));
-    acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(wd * a.d[(row0 + r) * groups + g]), acc[r]);
-  }
-}
-#endif
-
-#ifdef INHOUSE_AVX512
-// AVX-512: two groups per 512-bit register, for R rows against one weight row of an even
-// number of groups. Signs move onto the activations by a masked negation (no vpsignb);
-// with VNNI one vpdpbusd replaces maddubs + madd.
-template <bool kQ4, int R>
-void dot_row_512(const uint8_t* wq, const float* wd, const QuantizedActivations& a,
-                 int64_t row0, int64_t groups, float* out) {
-  const int64_t k = groups * kGroup;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; g += 2) {
-    const __m512i w = _mm512_loadu_si512(wq + g * kGroup);
-    const __m512i wabs = kQ4 ? w : _mm512_abs_epi8(w);
-    const __mmask64 negative = kQ4 ? 0 : _mm512_movepi8_mask(w);
-    const __m512 wscale = _mm512_insertf32x8(_mm512_set1_ps(wd[g]), _mm256_set1_ps(wd[g + 1]), 1);
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const int8_t* x[R];
+    __m256i sum[R];  // q4: 16-bit sums (at most 8 * 2 * 15 * 127); q8: 32-bit
     for (int r = 0; r < R; ++r) {
-      const int64_t row = row0 + r;
-      __m512i x = _mm512_loadu_si512(a.q.data() + row * k + g * kGroup);
-      if constexpr (!kQ4) x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
-#if defined(__AVX512VNNI__)
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wabs, x);
-#else
-      const __m512i dot = _mm512_madd_epi16(_mm512_maddubs_epi16(wabs, x), _mm512_set1_epi16(1));
-#endif
-      const float* xd = a.d.data() + row * groups + g;
-      const __m512 xscale = _mm512_insertf32x8(_mm512_set1_ps(xd[0]), _mm256_set1_ps(xd[1]), 1);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wscale, xscale), acc[r]);
+      x[r] = a.q.data() + (row0 + r) * k + g * kGroup;
+      sum[r] = _mm256_setzero_si256();
+    }
+    if constexpr (kQ4) {
+      const uint8_t* group = wq + g * kQ4TileGroupBytes;
+      for (int p = 0; p < 4; ++p) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + p * 32));
+        const __m256i first = _mm256_and_si256(raw, low4);
+        const __m256i second = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        for (int r = 0; r < R; ++r) {
+          const __m256i both = _mm256_add_epi16(
+              _mm256_maddubs_epi16(first, broadcast4(x[r] + 8 * p)),
+              _mm256_maddubs_epi16(second, broadcast4(x[r] + 8 * p + 4)));
+          sum[r] = _mm256_add_epi16(sum[r], both);
+        }
+      }
+    } else {
+      const uint8_t* group = wq + g * kQ8TileGroupBytes;
+      for (int j = 0; j < 8; ++j) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + j * 32));
+        const __m256i wabs = _mm256_sign_epi8(w, w);
+        for (int r = 0; r < R; ++r) {
+          const __m256i xs = _mm256_sign_epi8(broadcast4(x[r] + 4 * j), w);
+          sum[r] = _mm256_add_epi32(sum[r], dot_u8s8(wabs, xs));
+        }
+      }
+    }
+    const __m256 d = _mm256_loadu_ps(wd + g * kTile);
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (row0 + r) * groups + g;
+      const __m256i ints = kQ4 ? _mm256_madd_epi16(sum[r], ones) : sum[r];
+      const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a.d[at]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc[r]);
+      if constexpr (kQ4) {
+        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(wm + g * kTile), _mm256_set1_ps(a.s[at]), acc[r]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 #endif
 
-// q4's per-group mins against the activations' group sums: sum over g of wm[g] * s[g].
-inline float min_term(const float* wm, const float* s, int64_t groups) {
-  int64_t g = 0;
-  float tail = 0.f;
+// out[r * stride + i] = row0 + r's product with the tile's row i (+ bias[i]), r < rows.
+template <bool kQ4>
+void tile_dot(const uint8_t* wq, const float* wd, const float* wm, const float* bias,
+              const QuantizedActivations& a, int64_t row0, int rows, int64_t groups, float* out,
+              int64_t stride) {
 #ifdef INHOUSE_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  for (; g + 8 <= groups; g += 8) {
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(wm + g), _mm256_loadu_ps(s + g), acc);
+  __m256 sums[kRowsAtOnce];
+  switch (rows) {
+    case 1: tile_rows<kQ4, 1>(wq, wd, wm, a, row0, groups, sums); break;
+    case 2: tile_rows<kQ4, 2>(wq, wd, wm, a, row0, groups, sums); break;
+    case 3: tile_rows<kQ4, 3>(wq, wd, wm, a, row0, groups, sums); break;
+    default: tile_rows<kQ4, 4>(wq, wd, wm, a, row0, groups, sums); break;
   }
-  tail = hsum(acc);
-#endif
-  for (; g < groups; ++g) tail += wm[g] * s[g];
-  return tail;
-}
-
-// out[r] for R (1..4) activation rows against one weight row of `groups` groups: q8 signed
-// bytes; q4 unsigned codes (see kQ4InRegisters) with a per-group min `wm`.
-template <bool kQ4, int R>
-void dot_row(const uint8_t* wq, const float* wd, const float* wm, const QuantizedActivations& a,
-             int64_t row0, int64_t groups, float* out) {
-  const int64_t k = groups * kGroup;
-#ifdef INHOUSE_AVX512
-  if (groups % 2 == 0) {
-    dot_row_512<kQ4, R>(wq, wd, a, row0, groups, out);
-  } else
-#endif
-  {
-#ifdef INHOUSE_AVX2
-  __m256 even[R], odd[R];
-  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
-  int64_t g = 0;
-  for (; g + 1 < groups; g += 2) {
-    group_step<kQ4, R>(wq, wd[g], a, row0, groups, g, even);
-    group_step<kQ4, R>(wq, wd[g + 1], a, row0, groups, g + 1, odd);
-  }
-  if (g < groups) group_step<kQ4, R>(wq, wd[g], a, row0, groups, g, even);
-  for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_add_ps(even[r], odd[r]));
+  const __m256 b = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+  for (int r = 0; r < rows; ++r) _mm256_storeu_ps(out + r * stride, _mm256_add_ps(sums[r], b));
 #else
-  for (int r = 0; r < R; ++r) {
-    float total = 0.f;
+  const int64_t k = groups * kGroup;
+  const int64_t group_bytes = kQ4 ? kQ4TileGroupBytes : kQ8TileGroupBytes;
+  for (int r = 0; r < rows; ++r) {
+    float total[kTile] = {};
     for (int64_t g = 0; g < groups; ++g) {
       const int8_t* x = a.q.data() + (row0 + r) * k + g * kGroup;
-      int dot = 0;
-      for (int j = 0; j < kGroup; ++j) {
-        const int wj = kQ4 ? wq[g * kGroup + j] : static_cast<int8_t>(wq[g * kGroup + j]);
-        dot += wj * x[j];
+      const int64_t at = (row0 + r) * groups + g;
+      for (int i = 0; i < kTile; ++i) {
+        int dot = 0;
+        for (int j = 0; j < kGroup; ++j) dot += tile_code<kQ4>(wq + g * group_bytes, i, j) * x[j];
+        total[i] += wd[g * kTile + i] * a.d[at] * static_cast<float>(dot);
+        if constexpr (kQ4) total[i] += wm[g * kTile + i] * a.s[at];
       }
-      total += wd[g] * a.d[(row0 + r) * groups + g] * static_cast<float>(dot);
     }
-    out[r] = total;
+    for (int i = 0; i < kTile; ++i) out[r * stride + i] = total[i] + (bias ? bias[i] : 0.f);
   }
 #endif
-  }
-  if constexpr (kQ4) {
-    for (int r = 0; r < R; ++r) out[r] += min_term(wm, a.s.data() + (row0 + r) * groups, groups);
-  }
-}
-
-template <bool kQ4>
-void dot_rows(const uint8_t* wq, const float* wd, const float* wm, const QuantizedActivations& a,
-              int64_t row0, int rows, int64_t groups, float* out) {
-  switch (rows) {
-    case 1: return dot_row<kQ4, 1>(wq, wd, wm, a, row0, groups, out);
-    case 2: return dot_row<kQ4, 2>(wq, wd, wm, a, row0, groups, out);
-    case 3: return dot_row<kQ4, 3>(wq, wd, wm, a, row0, groups, out);
-    default: return dot_row<kQ4, 4>(wq, wd, wm, a, row0, groups, out);
-  }
 }
 
 template <bool kQ4>
 torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
                           const torch::Tensor* mins, const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "activations must be float32");
-  TORCH_CHECK(q.is_contiguous() && d.is_contiguous() && d.scalar_type() == torch::kFloat32);
-  const int64_t n_out = q.size(0), k = kQ4 ? q.size(1) * 2 : q.size(1), groups = k / kGroup;
-  TORCH_CHECK(k % kGroup == 0 && x.size(-1) == k, "input features must match, a multiple of 32");
+  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && d.is_contiguous() &&
+                  d.scalar_type() == torch::kFloat32,
+              "weights in tiles of 8 rows");
+  const int64_t tiles = q.size(0), groups = q.size(1), n_out = tiles * kTile, k = groups * kGroup;
+  const int64_t group_bytes = kQ4 ? kQ4TileGroupBytes : kQ8TileGroupBytes;
+  TORCH_CHECK(q.size(2) == group_bytes && x.size(-1) == k, "input features must match");
   auto x2 = x.reshape({-1, k}).contiguous();
   const int64_t m = x2.size(0);
   auto out = torch::empty({m, n_out}, x.options());
@@ -253,26 +214,21 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const 
   const float* dp = d.data_ptr<float>();
   const float* mp = mins ? mins->data_ptr<float>() : nullptr;
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  const int64_t row_bytes = kQ4 ? k / 2 : k;
   float* op = out.data_ptr<float>();
-  inhouse::parallel_for(0, n_out, 16, [&](int64_t begin, int64_t end) {
-    float sums[4];
-    std::vector<uint8_t> codes(kQ4 && !kQ4InRegisters ? k : 0);
-    for (int64_t n = begin; n < end; ++n) {
-      const float b = bp ? bp[n] : 0.f;
-      const uint8_t* row = qp + n * row_bytes;
-      if constexpr (kQ4 && !kQ4InRegisters) {
-        unpack_q4_row(row, groups, codes.data());
-        row = codes.data();
+  for (int64_t block = 0; block < m; block += kRowBlock) {
+    const int64_t block_end = std::min(m, block + kRowBlock);
+    inhouse::parallel_for(0, tiles, 2, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t scale_at = t * groups * kTile;
+        for (int64_t r = block; r < block_end; r += kRowsAtOnce) {
+          const int rows = static_cast<int>(std::min<int64_t>(kRowsAtOnce, block_end - r));
+          tile_dot<kQ4>(qp + t * groups * group_bytes, dp + scale_at,
+                        mp ? mp + scale_at : nullptr, bp ? bp + t * kTile : nullptr, a, r, rows,
+                        groups, op + r * n_out + t * kTile, n_out);
+        }
       }
-      for (int64_t r = 0; r < m; r += 4) {
-        const int rows = static_cast<int>(std::min<int64_t>(4, m - r));
-        dot_rows<kQ4>(row, dp + n * groups, mp ? mp + n * groups : nullptr, a, r,
-                     rows, groups, sums);
-        for (int i = 0; i < rows; ++i) op[(r + i) * n_out + n] = sums[i] + b;
-      }
-    }
-  });
+    });
+  }
   auto shape = x.sizes().vec();
   shape.back() = n_out;
   return out.view(shape);
@@ -290,9 +246,55 @@ torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& q, const to
   return linear_impl<true>(x, q, d, &mins, bias);
 }
 
+// q . k over dim floats, eight lanes at a time when dim is a multiple of 8.
+inline float dot(const float* q, const float* k, int64_t dim) {
+#ifdef INHOUSE_AVX2
+  if (dim % 16 == 0) {
+    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+    for (int64_t i = 0; i < dim; i += 16) {
+      even = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), even);
+      odd = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), odd);
+    }
+    const __m256 both = _mm256_add_ps(even, odd);
+    __m128 sum = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));
+    sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+    return _mm_cvtss_f32(_mm_add_ss(sum, _mm_movehdup_ps(sum)));
+  }
+#endif
+  float s = 0.f;
+  for (int64_t i = 0; i < dim; ++i) s += q[i] * k[i];
+  return s;
+}
+
+// out = sum over n of p[n] * rows[n], dim floats each; the sums stay in registers, 32
+// features at a time, when dim is a multiple of 32.
+inline void weighted_sum(const float* const* rows, const float* p, int64_t n, int64_t dim,
+                         float* out) {
+  int64_t i = 0;
+#ifdef INHOUSE_AVX2
+  for (; i + 32 <= dim; i += 32) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 weight = _mm256_set1_ps(p[t]);
+      for (int c = 0; c < 4; ++c) {
+        acc[c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(rows[t] + i + 8 * c), acc[c]);
+      }
+    }
+    for (int c = 0; c < 4; ++c) _mm256_storeu_ps(out + i + 8 * c, acc[c]);
+  }
+#endif
+  for (; i < dim; ++i) {
+    float total = 0.f;
+    for (int64_t t = 0; t < n; ++t) total += p[t] * rows[t][i];
+    out[i] = total;
+  }
+}
+
 // Decode attention straight from the paged cache: one query token per sequence.
 // q [B, H, D]; caches [slots, KVH, D]; block_tables int64 [B, W]; context_lens int64 [B].
 // Sequence b attends to its positions max(0, len - window) .. len - 1 (window 0 = all).
+// Each (sequence, KV head) finds its cache rows once, then serves its query heads.
 torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                      const torch::Tensor& v_cache,
                                      const torch::Tensor& block_tables,
@@ -313,38 +315,41 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
   const int64_t* lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const int64_t row = kv_heads * dim;  // floats per cache slot
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(lp[b] <= width * block_size, "context longer than the block table");
+  }
+  const float scale_f = static_cast<float>(scale);
   inhouse::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
+    std::vector<const float*> keys, values;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / kv_heads, kvh = item % kv_heads;
       const int64_t len = lp[b];
       const int64_t start = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      TORCH_CHECK(len <= width * block_size, "context longer than the block table");
-      scores.resize(len - start);
+      const int64_t n = len - start;
+      keys.resize(n);
+      values.resize(n);
+      scores.resize(n);
+      for (int64_t t = start; t < len;) {
+        const int64_t base = tp[b * width + t / block_size] * block_size;
+        for (int64_t offset = t % block_size; offset < block_size && t < len; ++offset, ++t) {
+          const int64_t at = (base + offset) * row + kvh * dim;
+          keys[t - start] = kp + at;
+          values[t - start] = vp + at;
+        }
+      }
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         const float* qh = qp + (b * heads + h) * dim;
         float top = -INFINITY;
-        for (int64_t t = start; t < len; ++t) {
-          const int64_t slot = tp[b * width + t / block_size] * block_size + t % block_size;
-          const float* kt = kp + slot * row + kvh * dim;
-          float s = 0.f;
-#pragma omp simd reduction(+ : s)
-          for (int64_t i = 0; i < dim; ++i) s += qh[i] * kt[i];
-          s *= static_cast<float>(scale);
-          scores[t - start] = s;
-          top = std::max(top, s);
+        for (int64_t t = 0; t < n; ++t) {
+          scores[t] = dot(qh, keys[t], dim) * scale_f;
+          top = std::max(top, scores[t]);
         }
         float total = 0.f;
         for (auto& s : scores) total += (s = std::exp(s - top));
-        float* oh = op + b * heads * dim + h * dim;
-        std::fill(oh, oh + dim, 0.f);
-        for (int64_t t = start; t < len; ++t) {
-          const int64_t slot = tp[b * width + t / block_size] * block_size + t % block_size;
-          const float* vt = vp + slot * row + kvh * dim;
-          const float p = scores[t - start] / total;
-#pragma omp simd
-          for (int64_t i = 0; i < dim; ++i) oh[i] += p * vt[i];
-        }
+        const float inv = 1.f / total;
+        for (auto& s : scores) s *= inv;
+        weighted_sum(values.data(), scores.data(), n, dim, op + b * heads * dim + h * dim);
       }
     }
   });

@@ -20,12 +20,15 @@ from dataclasses import dataclass
 import torch
 
 GROUP = 32
+TILE = 8  # output rows a kernel tile holds (``kTile`` in cpu_kernels.cpp)
 FORMATS = ("q8", "q4")
 
 
 @dataclass(slots=True)
 class QuantizedWeight:
-    """One linear's weight ``[out, in]`` in format ``kind``; ``mins`` only for q4."""
+    """One linear's weight ``[out, in]`` in format ``kind``, in the kernels' 8-row tiles:
+    ``q`` ``[out/8, in/32, 256]`` int8 (q8) or ``[out/8, in/32, 128]`` uint8 (q4),
+    ``scales`` and (q4 only) ``mins`` ``[out/8, in/32, 8]``."""
 
     kind: str
     q: torch.Tensor
@@ -38,37 +41,55 @@ class QuantizedWeight:
         extra = 0 if self.mins is None else self.mins.nbytes
         return self.q.nbytes + self.scales.nbytes + extra
 
+    @property
+    def out_features(self) -> int:
+        return self.q.shape[0] * TILE
 
-def quantizable(in_features: int) -> bool:
-    return in_features % GROUP == 0
+    def row_blocks(self) -> tuple[torch.Tensor, ...]:
+        """The blocks row by row, as ``quantize_q8``/``quantize_q4`` give them: codes
+        ``[out, in]`` (q4 packed two a byte, ``[out, in/2]``), scales (, mins) ``[out, in/32]``."""
+        scales = _untile_scales(self.scales)
+        if self.kind == "q8":
+            return _untile_q8(self.q), scales
+        assert self.mins is not None
+        return _untile_q4(self.q), scales, _untile_scales(self.mins)
+
+
+def quantizable(out_features: int, in_features: int) -> bool:
+    """Whether a weight fits the kernels' blocks: whole groups and whole tiles."""
+    return in_features % GROUP == 0 and out_features % TILE == 0
 
 
 def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
-    """Quantize a ``[out, in]`` weight (``in`` a multiple of 32) by the C++ kernels, in one
-    pass (the formulas above; the kernels must be loaded)."""
+    """Quantize a ``[out, in]`` weight (``in`` a multiple of 32, ``out`` of 8) by the C++
+    kernels in one pass (the formulas above; the kernels must be loaded), then tile it."""
     if kind not in FORMATS:
         raise ValueError(f"unknown weight format {kind!r}; use {', '.join(FORMATS)}")
-    in_features = weight.shape[1]
-    if not quantizable(in_features):
-        raise ValueError(f"input features {in_features} are not a multiple of {GROUP}")
+    out_features, in_features = weight.shape
+    if not quantizable(out_features, in_features):
+        raise ValueError(
+            f"a {out_features}x{in_features} weight is not whole {TILE}-row tiles of "
+            f"{GROUP}-weight groups"
+        )
     if kind == "q8":
         q, scales = torch.ops.inhouse_cpu.quantize_q8(weight)
-        return QuantizedWeight(kind, q, scales, None, in_features)
+        return QuantizedWeight(kind, _tile_q8(q), _tile_scales(scales), None, in_features)
     q, scales, mins = torch.ops.inhouse_cpu.quantize_q4(weight)
-    return QuantizedWeight(kind, q, scales, mins, in_features)
+    tiled = _tile_q4(q)
+    return QuantizedWeight(kind, tiled, _tile_scales(scales), _tile_scales(mins), in_features)
 
 
 def dequantize(weight: QuantizedWeight) -> torch.Tensor:
     """The float32 ``[out, in]`` weight the kernels compute with."""
-    out_features = weight.q.shape[0]
-    groups = weight.in_features // GROUP
+    out_features, groups = weight.out_features, weight.in_features // GROUP
     if weight.kind == "q8":
-        codes = weight.q.reshape(out_features, groups, GROUP).float()
-        return (codes * weight.scales[..., None]).reshape(out_features, weight.in_features)
-    packed = weight.q.reshape(out_features, groups, GROUP // 2)
+        codes, scales = weight.row_blocks()
+        codes = codes.reshape(out_features, groups, GROUP).float()
+        return (codes * scales[..., None]).reshape(out_features, weight.in_features)
+    packed, scales, mins = weight.row_blocks()
+    packed = packed.reshape(out_features, groups, GROUP // 2)
     codes = torch.cat((packed & 0x0F, packed >> 4), dim=-1).float()
-    assert weight.mins is not None
-    w = codes * weight.scales[..., None] + weight.mins[..., None]
+    w = codes * scales[..., None] + mins[..., None]
     return w.reshape(out_features, weight.in_features)
 
 
@@ -76,8 +97,10 @@ def dequantize_rows(weight: QuantizedWeight, rows: torch.Tensor) -> torch.Tensor
     """Float32 rows ``[len(rows), in]`` of a q8 weight, as :func:`dequantize` gives them."""
     if weight.kind != "q8":
         raise ValueError(f"rows are looked up in q8 tables only, not {weight.kind}")
-    codes = weight.q.index_select(0, rows).reshape(len(rows), -1, GROUP).float()
-    scaled = codes * weight.scales.index_select(0, rows)[..., None]
+    tiles, groups = weight.q.shape[:2]
+    tile, row = rows // TILE, rows % TILE
+    codes = weight.q.view(tiles, groups, GROUP // 4, TILE, 4)[tile, :, :, row, :]
+    scaled = codes.reshape(len(rows), groups, GROUP).float() * weight.scales[tile, :, row][..., None]
     return scaled.reshape(len(rows), weight.in_features)
 
 
@@ -87,3 +110,49 @@ def linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) 
     if weight.kind == "q8":
         return ops.linear_q8(x, weight.q, weight.scales, bias)
     return ops.linear_q4(x, weight.q, weight.scales, weight.mins, bias)
+
+
+# The tile layouts of cpu_kernels.cpp. q8, per tile and group: quad j (k = 4j + i) of row r
+# at byte 32j + 4r + i. q4, per tile and group: pair p, rows r = 4h + s, byte 32p + 16h +
+# 4s + i with k = 8p + i in its low nibble and k = 8p + 4 + i in its high nibble.
+
+
+def _tile_scales(scales: torch.Tensor) -> torch.Tensor:
+    rows, groups = scales.shape
+    return scales.view(rows // TILE, TILE, groups).transpose(1, 2).contiguous()
+
+
+def _untile_scales(scales: torch.Tensor) -> torch.Tensor:
+    tiles, groups, _ = scales.shape
+    return scales.transpose(1, 2).reshape(tiles * TILE, groups)
+
+
+def _tile_q8(q: torch.Tensor) -> torch.Tensor:
+    rows, k = q.shape
+    tiles, groups = rows // TILE, k // GROUP
+    by_quad = q.view(tiles, TILE, groups, GROUP // 4, 4).permute(0, 2, 3, 1, 4)
+    return by_quad.reshape(tiles, groups, TILE * GROUP)
+
+
+def _untile_q8(q: torch.Tensor) -> torch.Tensor:
+    tiles, groups, _ = q.shape
+    by_row = q.view(tiles, groups, GROUP // 4, TILE, 4).permute(0, 3, 1, 2, 4)
+    return by_row.reshape(tiles * TILE, groups * GROUP)
+
+
+def _tile_q4(packed: torch.Tensor) -> torch.Tensor:
+    rows, half_k = packed.shape
+    tiles, groups = rows // TILE, half_k * 2 // GROUP
+    grouped = packed.view(rows, groups, GROUP // 2)
+    codes = torch.cat((grouped & 0x0F, grouped >> 4), dim=-1)  # [rows, groups, 32] in k order
+    # [tile, h, s, group, p, first/second, i] -> [tile, group, p, first/second, h, s, i]
+    split = codes.view(tiles, 2, 4, groups, 4, 2, 4).permute(0, 3, 4, 5, 1, 2, 6)
+    return (split[:, :, :, 0] | (split[:, :, :, 1] << 4)).reshape(tiles, groups, TILE * GROUP // 2)
+
+
+def _untile_q4(q: torch.Tensor) -> torch.Tensor:
+    tiles, groups, _ = q.shape
+    pairs = q.view(tiles, groups, 4, 2, 4, 4)  # [tile, group, p, h, s, i]
+    split = torch.stack((pairs & 0x0F, pairs >> 4), dim=3)  # [tile, group, p, 2, h, s, i]
+    codes = split.permute(0, 4, 5, 1, 2, 3, 6).reshape(tiles * TILE, groups, GROUP)
+    return (codes[..., :16] | (codes[..., 16:] << 4)).reshape(tiles * TILE, groups * GROUP // 2)

@@ -370,8 +370,8 @@ class LlamaForCausalLM(nn.Module):
         """A loader callback that packs each projection as soon as the last of its
         checkpoint parts is in, so loading never holds every projection twice:
         "fp16" by :meth:`Linear.pack_fp16`, "q8"/"q4" by :meth:`Linear.quantize` (the
-        embedding/LM head always q8; a projection whose width is not a multiple of 32
-        stays as loaded). A tied embedding keeps its float table for lookups only beside
+        embedding/LM head always q8; a projection that is not whole 8-row tiles of 32-weight
+        groups stays as loaded). A tied embedding keeps its float table for lookups only beside
         fp16 (packed weights cannot give rows back); in blocks it looks rows up there."""
         waiting: dict[str, set[str]] = {}
         for key in self.weight_keys():
@@ -389,7 +389,7 @@ class LlamaForCausalLM(nn.Module):
                 return
             if quantization == "fp16":
                 module.pack_fp16(keep_weight=embedding)
-            elif quant.quantizable(module.weight.shape[1]):
+            elif quant.quantizable(*module.weight.shape):
                 head = module is self.lm_head
                 module.quantize("q8" if head else quantization)
 
