@@ -8,16 +8,23 @@ generation by allowing the end-of-sequence token only once the JSON is complete.
 
 Why xgrammar and not llguidance: ``benchmarks/structured_libraries.py`` (numbers in
 ``docs/structured-output.md``).
+
+xgrammar is imported, and the tokenizer's vocabulary read into it (~0.5 s together on a
+2-core CPU), by the first schema compiled, not at server start: most servers never get
+a structured request, and those that do pay it once.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import xgrammar as xgr
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 _KEY = {"maxLength": 64}
 _SCALAR = {"type": ["string", "number", "boolean", "null"]}
@@ -54,20 +61,21 @@ class GrammarError(ValueError):
 class XGrammarGuide:
     """One sequence's grammar state: masks logits, follows accepted tokens, knows when done."""
 
-    __slots__ = ("_bitmask", "_matcher", "_vocab_size")
+    __slots__ = ("_apply_bitmask", "_bitmask", "_matcher", "_vocab_size")
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int) -> None:
+        import xgrammar as xgr  # loaded already: a compiled grammar exists
+
         self._matcher = xgr.GrammarMatcher(compiled)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._apply_bitmask = xgr.apply_token_bitmask_inplace
         self._vocab_size = vocab_size
 
     def mask_logits(self, logits_row: torch.Tensor) -> None:
         """Set the logits of tokens the grammar forbids next to -inf, in place."""
         self._matcher.fill_next_token_bitmask(self._bitmask)
         row = logits_row.view(1, -1)
-        xgr.apply_token_bitmask_inplace(
-            row, self._bitmask.to(row.device), vocab_size=self._vocab_size
-        )
+        self._apply_bitmask(row, self._bitmask.to(row.device), vocab_size=self._vocab_size)
         if row.shape[1] > self._vocab_size:
             row[:, self._vocab_size :] = float("-inf")
 
@@ -96,7 +104,10 @@ class CompiledGuide:
 
 
 class GrammarCompiler:
-    """Compiles JSON schemas against one tokenizer (thread-safe; compiled grammars are cached)."""
+    """Compiles JSON schemas against one tokenizer (thread-safe; compiled grammars are cached).
+
+    Cheap to build: xgrammar and its view of the tokenizer are set up by the first compile.
+    """
 
     def __init__(
         self,
@@ -106,13 +117,26 @@ class GrammarCompiler:
         max_string_length: int = DEFAULT_MAX_STRING_LENGTH,
         max_items: int = DEFAULT_MAX_ITEMS,
     ) -> None:
-        info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)
-        )
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._tokenizer = tokenizer
+        self._stop_token_ids = sorted(stop_token_ids)
         self._vocab_size = vocab_size
         self._max_string_length = max_string_length
         self._max_items = max_items
+        self._compiler: xgr.GrammarCompiler | None = None
+        self._setup_lock = threading.Lock()
+
+    def _xgrammar_compiler(self) -> xgr.GrammarCompiler:
+        with self._setup_lock:
+            if self._compiler is None:
+                import xgrammar as xgr
+
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self._tokenizer,
+                    vocab_size=self._vocab_size,
+                    stop_token_ids=self._stop_token_ids,
+                )
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+            return self._compiler
 
     def json_schema(self, schema: dict[str, Any], strict: bool = True) -> CompiledGuide:
         """Grammar of the JSON documents that validate against ``schema``.
@@ -122,8 +146,9 @@ class GrammarCompiler:
         Open strings and arrays get the compiler's bounds (see :func:`bounded`).
         """
         schema = bounded(schema, self._max_string_length, self._max_items)
+        compiler = self._xgrammar_compiler()
         try:
-            compiled = self._compiler.compile_json_schema(
+            compiled = compiler.compile_json_schema(
                 json.dumps(schema), any_whitespace=False, strict_mode=strict
             )
         except (RuntimeError, ValueError, TypeError) as exc:
