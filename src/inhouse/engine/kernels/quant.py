@@ -100,7 +100,9 @@ def dequantize_rows(weight: QuantizedWeight, rows: torch.Tensor) -> torch.Tensor
     tiles, groups = weight.q.shape[:2]
     tile, row = rows // TILE, rows % TILE
     codes = weight.q.view(tiles, groups, GROUP // 4, TILE, 4)[tile, :, :, row, :]
-    scaled = codes.reshape(len(rows), groups, GROUP).float() * weight.scales[tile, :, row][..., None]
+    scaled = (
+        codes.reshape(len(rows), groups, GROUP).float() * weight.scales[tile, :, row][..., None]
+    )
     return scaled.reshape(len(rows), weight.in_features)
 
 
