@@ -1,10 +1,12 @@
 """The C++ CPU kernels and the path chosen per machine.
 
 The kernels are checked against plain torch on the same (de)quantized numbers; the
-models that use them against HF transformers on the same dequantized weights (see
-``assert_greedy_consistent``: activations are quantized per 32 values as llama.cpp does,
-so near-ties may break either way). The path choice is checked for every machine kind
-by handing it the kernels such a machine would build.
+models that use them against HF transformers on the same numbers: dequantized weights,
+activations rounded to int8 per 32 values (as the kernels and llama.cpp do) and, under
+the kernels, keys and values rounded to float16 as our cache holds them. Sums still run
+in another order, so near-ties may break either way (see ``assert_greedy_consistent``).
+The path choice is checked for every machine kind by handing it the kernels such a
+machine would build.
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ from inhouse.engine.runner import ModelRunner
 from inhouse.engine.sequence import Sequence
 
 CPU = torch.device("cpu")
-# Logit gap to HF's best that a greedy pick may show (activations rounded to int8 blocks;
-# SmolLM2's first answer token is a 0.09-logit near-tie), and the share of steps that must
-# be HF's argmax exactly: 95% for the real model; the tiny random models' logits are
-# nearly flat, so more of their steps are near-ties.
+# Logit gap to HF's best that a greedy pick may show (sums in another order; SmolLM2's
+# first answer token is a 0.09-logit near-tie), and the share of steps that must be HF's
+# argmax exactly: 95% for the real model; the tiny random models' logits are nearly flat,
+# so more of their steps are near-ties.
 TOLERANCE = 0.25
 TINY_EXACT_SHARE = 0.85
 
@@ -108,12 +110,14 @@ def test_linear_kernels_match_torch_on_the_same_numbers(kind: str, rows: int) ->
 
 
 @needs_kernels
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("dim", [16, 64])
 @pytest.mark.parametrize("window", [0, 5])
-def test_paged_decode_attention_matches_sdpa(window: int) -> None:
+def test_paged_decode_attention_matches_sdpa(window: int, dim: int, cache_dtype) -> None:
     gen = torch.Generator().manual_seed(window)
-    heads, kv_heads, dim, block, lens = 4, 2, 16, 4, [3, 9, 14]
-    k_cache = torch.randn(40, kv_heads, dim, generator=gen)
-    v_cache = torch.randn(40, kv_heads, dim, generator=gen)
+    heads, kv_heads, block, lens = 4, 2, 4, [3, 9, 14]
+    k_cache = torch.randn(40, kv_heads, dim, generator=gen).to(cache_dtype)
+    v_cache = torch.randn(40, kv_heads, dim, generator=gen).to(cache_dtype)
     tables = torch.tensor([[7, 0, 0, 0], [2, 5, 9, 0], [1, 3, 8, 4]])
     q = torch.randn(len(lens), heads, dim, generator=gen)
     got = torch.ops.inhouse_cpu.paged_decode_attention(
@@ -123,27 +127,29 @@ def test_paged_decode_attention_matches_sdpa(window: int) -> None:
         slots = torch.tensor([int(tables[b, t // block]) * block + t % block for t in range(n)])
         if window:
             slots = slots[-window:]
-        k = k_cache[slots].repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
-        v = v_cache[slots].repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
+        k = k_cache[slots].float().repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
+        v = v_cache[slots].float().repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
         ref = F.scaled_dot_product_attention(q[b][:, None], k, v, scale=0.25)
         torch.testing.assert_close(got[b], ref.reshape(-1), atol=1e-5, rtol=1e-5)
 
 
 @needs_kernels
-def test_fused_rotary_kv_write_swiglu_and_add_norm_match_the_eager_ops() -> None:
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_fused_rotary_kv_write_swiglu_and_add_norm_match_the_eager_ops(cache_dtype) -> None:
     from inhouse.engine.models.llama import _rotate
 
     gen = torch.Generator().manual_seed(1)
     heads, kv_heads, dim, tokens = 4, 2, 16, 3
     qkv = torch.randn(tokens, heads + 2 * kv_heads, dim, generator=gen)
     cos, sin = torch.randn(tokens, dim, generator=gen), torch.randn(tokens, dim, generator=gen)
-    k_cache, v_cache = torch.zeros(10, kv_heads, dim), torch.zeros(10, kv_heads, dim)
+    k_cache = torch.zeros(10, kv_heads, dim, dtype=cache_dtype)
+    v_cache = torch.zeros(10, kv_heads, dim, dtype=cache_dtype)
     slots = torch.tensor([7, 2, 5])
     q = torch.ops.inhouse_cpu.rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads)
     rotated = _rotate(qkv[:, : heads + kv_heads], cos[:, None], sin[:, None])
     torch.testing.assert_close(q, rotated[:, :heads])
-    torch.testing.assert_close(k_cache[slots], rotated[:, heads:])
-    assert torch.equal(v_cache[slots], qkv[:, heads + kv_heads :])
+    torch.testing.assert_close(k_cache[slots], rotated[:, heads:].to(cache_dtype))
+    assert torch.equal(v_cache[slots], qkv[:, heads + kv_heads :].to(cache_dtype))
     gate_up = torch.randn(tokens, 2 * 24, generator=gen)
     gate, up = gate_up.split(24, dim=-1)
     torch.testing.assert_close(torch.ops.inhouse_cpu.silu_mul(gate_up), F.silu(gate) * up)
@@ -198,16 +204,36 @@ def test_decode_steps_in_one_cpp_call_give_the_per_layer_path_bits(
         assert torch.equal(ours, reference)
 
 
-def hf_with_quantized_weights(folder, kind: str):
-    """HF's model in float32 with every projection as our kernels hold it (LM head q8)."""
-    from transformers import AutoModelForCausalLM
+def _sdpa_over_fp16_kv(module, query, key, value, *args, **kwargs):
+    """HF's SDPA attention over keys and values rounded to float16, as our cache holds them
+    under the C++ kernels (after RoPE, like llama.cpp's default f16 cache)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    key, value = key.half().float(), value.half().float()
+    return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+
+
+def hf_with_quantized_weights(folder, kind: str, kv_dtype: torch.dtype):
+    """HF's model in float32 with every projection as our kernels hold it (LM head q8), its
+    inputs rounded as the kernels round them and, when our cache is float16, its keys and
+    values rounded to float16 before attention."""
+    from transformers import AttentionInterface, AutoModelForCausalLM
+
+    attention = "sdpa"
+    if kv_dtype == torch.float16:
+        attention = "sdpa_over_fp16_kv"
+        AttentionInterface.register(attention, _sdpa_over_fp16_kv)
+    hf = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation=attention
+    ).eval()
     with torch.no_grad():
         for name, param in hf.named_parameters():
             if param.dim() == 2 and param.shape[1] % 32 == 0:
                 head = "embed_tokens" in name or "lm_head" in name
                 param.copy_(dequantize(quantize(param, "q8" if head else kind)))
+    for module in hf.modules():
+        if isinstance(module, torch.nn.Linear) and module.in_features % 32 == 0:
+            module.register_forward_pre_hook(lambda _, args: (_activation_roundtrip(args[0]),))
     return hf
 
 
@@ -223,7 +249,7 @@ def test_tiny_models_with_quantized_weights_agree_with_hf(kind, folder_fixture, 
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 384) for _ in range(n)] for n in (5, 12, 29)]
     ours = runner_greedy(runner, prompts, new_tokens=24)
-    hf = hf_with_quantized_weights(folder, kind)
+    hf = hf_with_quantized_weights(folder, kind, loaded.kv_dtype)
     assert_greedy_consistent(hf, prompts, ours, TOLERANCE, TINY_EXACT_SHARE)
 
 
@@ -234,7 +260,7 @@ def test_bundled_model_with_block_weights_agrees_with_hf(kind: str, request) -> 
     loaded = request.getfixturevalue(f"bundled_model_{kind}")
     prompts = chat_prompt_ids(loaded.tokenizer)
     ours = runner_greedy(ModelRunner(loaded, num_blocks=64, block_size=16), prompts, 48)
-    hf = hf_with_quantized_weights(loaded.hf_folder, kind)
+    hf = hf_with_quantized_weights(loaded.hf_folder, kind, loaded.kv_dtype)
     assert_greedy_consistent(hf, prompts, ours, TOLERANCE)
 
 

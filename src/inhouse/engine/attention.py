@@ -68,9 +68,10 @@ def write_kv(
     v: torch.Tensor,
     slots: torch.Tensor,
 ) -> None:
-    """Store the new tokens' K/V ``[T, kv_heads, head_dim]`` at their cache slots."""
-    k_cache.index_copy_(0, slots, k)
-    v_cache.index_copy_(0, slots, v)
+    """Store the new tokens' K/V ``[T, kv_heads, head_dim]`` at their cache slots, in the
+    cache's dtype."""
+    k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
 
 
 def paged_attention(
@@ -149,8 +150,10 @@ def _attend_group(
     q = q.reshape(b, num_kv_heads, group * qlen, head_dim)
     blocks_k = k_cache.view(-1, g.block_size, num_kv_heads, head_dim)
     blocks_v = v_cache.view(-1, g.block_size, num_kv_heads, head_dim)
-    k = blocks_k.index_select(0, g.kv_blocks).view(b, klen, num_kv_heads, head_dim).transpose(1, 2)
-    v = blocks_v.index_select(0, g.kv_blocks).view(b, klen, num_kv_heads, head_dim).transpose(1, 2)
+    k = blocks_k.index_select(0, g.kv_blocks).to(q.dtype)  # a float16 cache, float32 queries
+    v = blocks_v.index_select(0, g.kv_blocks).to(q.dtype)
+    k = k.view(b, klen, num_kv_heads, head_dim).transpose(1, 2)
+    v = v.view(b, klen, num_kv_heads, head_dim).transpose(1, 2)
     mask = g.window_mask if sliding and g.window_mask is not None else g.mask
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     o = o.view(b, num_kv_heads, group, qlen, head_dim).permute(0, 3, 1, 2, 4)

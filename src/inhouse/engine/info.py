@@ -26,6 +26,7 @@ class EngineInfo:
     hf_folder: Path
     dtype: str
     quantization: str
+    kv_cache_dtype: str
     path_reason: str  # why this dtype and weight format on this machine
     device: str
     vocab_size: int
@@ -47,6 +48,7 @@ class EngineInfo:
             hf_folder=loaded.hf_folder,
             dtype=str(loaded.dtype).removeprefix("torch."),
             quantization=loaded.quantization,
+            kv_cache_dtype=str(loaded.kv_dtype).removeprefix("torch."),
             path_reason=loaded.path_reason,
             device=str(loaded.device),
             vocab_size=int(loaded.hf_config.vocab_size),

@@ -57,7 +57,7 @@ def plan_kv_budget(config: EngineConfig, loaded: LoadedModel) -> KVBudget:
             f"max_position_embeddings {model_max}"
         )
     max_model_len = config.max_model_len or min(model_max, MAX_DEFAULT_MODEL_LEN)
-    per_token = kv_bytes_per_token(loaded.config_dict, loaded.dtype)
+    per_token = kv_bytes_per_token(loaded.config_dict, loaded.kv_dtype)
     block_size = config.block_size
     one_sequence = -(-max_model_len // block_size) * block_size * per_token
     if config.kv_cache_memory is not None:

@@ -34,13 +34,9 @@ class ModelRunner:
         self.query_group = args.num_heads // args.num_kv_heads
         self.sliding_window = args.sliding_window
         self.max_positions = loaded.model.rope_cos.shape[0]
-        self.decode_kernel = (
-            loaded.device.type == "cpu"
-            and loaded.dtype == torch.float32
-            and loaded.quantization in ("q8", "q4")
-        )
+        self.decode_kernel = loaded.decode_kernel
         shape = (args.num_layers, 2, num_blocks * block_size, args.num_kv_heads, args.head_dim)
-        self.kv_cache = _zeroed(shape, loaded.dtype, loaded.device)
+        self.kv_cache = _zeroed(shape, loaded.kv_dtype, loaded.device)
         self.kv_bytes_per_token = (
             2 * args.num_layers * args.num_kv_heads * args.head_dim * self.kv_cache.element_size()
         )

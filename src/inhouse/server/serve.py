@@ -189,7 +189,10 @@ def _announce(ctx, host: str, port: int) -> None:
         ("why", info.path_reason),
         ("manifest", ctx.config.manifest.describe()),
         ("max model len", f"{budget.max_model_len} tokens"),
-        ("KV cache", f"{budget.kv_cache_memory / 2**20:.1f} MiB ({budget.reason})"),
+        (
+            "KV cache",
+            f"{budget.kv_cache_memory / 2**20:.1f} MiB {info.kv_cache_dtype} ({budget.reason})",
+        ),
         ("KV blocks", f"{budget.num_blocks} x {budget.block_size} tokens"),
         ("KV tokens", f"{budget.num_tokens}"),
         ("max concurrency", f"{budget.max_concurrency:.2f}x at {budget.max_model_len} tokens"),

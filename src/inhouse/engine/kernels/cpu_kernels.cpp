@@ -14,6 +14,7 @@
 // Activations and outputs are float32. Output tiles are split over the work pool's threads.
 
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 #include <torch/types.h>
 
@@ -26,7 +27,7 @@
 
 #include "work_pool.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define INHOUSE_AVX2 1
 #endif
@@ -246,14 +247,24 @@ torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& q, const to
   return linear_impl<true>(x, q, d, &mins, bias);
 }
 
-// q . k over dim floats, eight lanes at a time when dim is a multiple of 8.
-inline float dot(const float* q, const float* k, int64_t dim) {
+// KV cache rows are float32 or float16 (LoadedModel.kv_dtype);
+// the arithmetic is float32 either way.
+#ifdef INHOUSE_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
+// q . k over dim values, eight lanes at a time when dim is a multiple of 16.
+template <typename T>
+inline float dot(const float* q, const T* k, int64_t dim) {
 #ifdef INHOUSE_AVX2
   if (dim % 16 == 0) {
     __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
     for (int64_t i = 0; i < dim; i += 16) {
-      even = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), even);
-      odd = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), odd);
+      even = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), even);
+      odd = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8(k + i + 8), odd);
     }
     const __m256 both = _mm256_add_ps(even, odd);
     __m128 sum = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));
@@ -262,14 +273,14 @@ inline float dot(const float* q, const float* k, int64_t dim) {
   }
 #endif
   float s = 0.f;
-  for (int64_t i = 0; i < dim; ++i) s += q[i] * k[i];
+  for (int64_t i = 0; i < dim; ++i) s += q[i] * static_cast<float>(k[i]);
   return s;
 }
 
-// out = sum over n of p[n] * rows[n], dim floats each; the sums stay in registers, 32
+// out = sum over n of p[n] * rows[n], dim values each; the sums stay in registers, 32
 // features at a time, when dim is a multiple of 32.
-inline void weighted_sum(const float* const* rows, const float* p, int64_t n, int64_t dim,
-                         float* out) {
+template <typename T>
+inline void weighted_sum(const T* const* rows, const float* p, int64_t n, int64_t dim, float* out) {
   int64_t i = 0;
 #ifdef INHOUSE_AVX2
   for (; i + 32 <= dim; i += 32) {
@@ -277,51 +288,36 @@ inline void weighted_sum(const float* const* rows, const float* p, int64_t n, in
                      _mm256_setzero_ps()};
     for (int64_t t = 0; t < n; ++t) {
       const __m256 weight = _mm256_set1_ps(p[t]);
-      for (int c = 0; c < 4; ++c) {
-        acc[c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(rows[t] + i + 8 * c), acc[c]);
-      }
+      for (int c = 0; c < 4; ++c) acc[c] = _mm256_fmadd_ps(weight, load8(rows[t] + i + 8 * c), acc[c]);
     }
     for (int c = 0; c < 4; ++c) _mm256_storeu_ps(out + i + 8 * c, acc[c]);
   }
 #endif
   for (; i < dim; ++i) {
     float total = 0.f;
-    for (int64_t t = 0; t < n; ++t) total += p[t] * rows[t][i];
+    for (int64_t t = 0; t < n; ++t) total += p[t] * static_cast<float>(rows[t][i]);
     out[i] = total;
   }
 }
 
-// Decode attention straight from the paged cache: one query token per sequence.
-// q [B, H, D]; caches [slots, KVH, D]; block_tables int64 [B, W]; context_lens int64 [B].
-// Sequence b attends to its positions max(0, len - window) .. len - 1 (window 0 = all).
-// Each (sequence, KV head) finds its cache rows once, then serves its query heads.
-torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                                     const torch::Tensor& v_cache,
-                                     const torch::Tensor& block_tables,
-                                     const torch::Tensor& context_lens, int64_t block_size,
-                                     double scale, int64_t window) {
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32);
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && q.is_contiguous());
+template <typename T>
+void decode_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
+                           const torch::Tensor& v_cache, const torch::Tensor& tables,
+                           const torch::Tensor& lens, int64_t block_size, float scale,
+                           int64_t window, torch::Tensor& out) {
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = k_cache.size(1), group = heads / kv_heads;
-  const int64_t width = block_tables.size(1);
-  auto tables = block_tables.contiguous();
-  auto lens = context_lens.contiguous();
-  auto out = torch::empty({batch, heads * dim}, q.options());
+  const int64_t width = tables.size(1);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
   const int64_t* tp = tables.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
-  const int64_t row = kv_heads * dim;  // floats per cache slot
-  for (int64_t b = 0; b < batch; ++b) {
-    TORCH_CHECK(lp[b] <= width * block_size, "context longer than the block table");
-  }
-  const float scale_f = static_cast<float>(scale);
+  const int64_t row = kv_heads * dim;  // values per cache slot
   inhouse::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    std::vector<const float*> keys, values;
+    std::vector<const T*> keys, values;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / kv_heads, kvh = item % kv_heads;
       const int64_t len = lp[b];
@@ -342,7 +338,7 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
         const float* qh = qp + (b * heads + h) * dim;
         float top = -INFINITY;
         for (int64_t t = 0; t < n; ++t) {
-          scores[t] = dot(qh, keys[t], dim) * scale_f;
+          scores[t] = dot(qh, keys[t], dim) * scale;
           top = std::max(top, scores[t]);
         }
         float total = 0.f;
@@ -353,45 +349,100 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
       }
     }
   });
+}
+
+// Decode attention straight from the paged cache: one query token per sequence.
+// q [B, H, D] float32; caches [slots, KVH, D] float32 or float16; block_tables int64 [B, W];
+// context_lens int64 [B]. Sequence b attends to its positions max(0, len - window) ..
+// len - 1 (window 0 = all). Each (sequence, KV head) finds its cache rows once, then serves
+// its query heads.
+torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                     const torch::Tensor& v_cache,
+                                     const torch::Tensor& block_tables,
+                                     const torch::Tensor& context_lens, int64_t block_size,
+                                     double scale, int64_t window) {
+  const auto cache_type = k_cache.scalar_type();
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && v_cache.scalar_type() == cache_type &&
+                  (cache_type == torch::kFloat32 || cache_type == torch::kHalf),
+              "float32 queries; a float32 or float16 cache");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && q.is_contiguous());
+  auto tables = block_tables.contiguous();
+  auto lens = context_lens.contiguous();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < q.size(0); ++b) {
+    TORCH_CHECK(lp[b] <= tables.size(1) * block_size, "context longer than the block table");
+  }
+  auto out = torch::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
+  const float scale_f = static_cast<float>(scale);
+  if (cache_type == torch::kHalf) {
+    decode_attention_impl<c10::Half>(q, k_cache, v_cache, tables, lens, block_size, scale_f,
+                                     window, out);
+  } else {
+    decode_attention_impl<float>(q, k_cache, v_cache, tables, lens, block_size, scale_f, window,
+                                 out);
+  }
   return out;
+}
+
+// x rotated (HF's rotate-half) by cos c and sin s into out, dim values.
+template <typename T>
+inline void rotate_half(const float* x, const float* c, const float* s, int64_t dim, T* out) {
+  const int64_t half = dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    out[i] = static_cast<T>(x[i] * c[i] - x[i + half] * s[i]);
+    out[i + half] = static_cast<T>(x[i + half] * c[i + half] + x[i] * s[i + half]);
+  }
+}
+
+template <typename T>
+void rope_write_kv_impl(const float* src, const float* cp, const float* sp, const int64_t* slot,
+                        int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim, float* qp,
+                        T* kp, T* vp) {
+  const int64_t width = heads + 2 * kv_heads;
+  inhouse::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = cp + t * dim;
+      const float* s = sp + t * dim;
+      const float* row = src + t * width * dim;
+      for (int64_t h = 0; h < heads; ++h) {
+        rotate_half(row + h * dim, c, s, dim, qp + (t * heads + h) * dim);
+      }
+      T* k = kp + slot[t] * kv_heads * dim;
+      for (int64_t h = 0; h < kv_heads; ++h) rotate_half(row + (heads + h) * dim, c, s, dim, k + h * dim);
+      const float* v = row + (heads + kv_heads) * dim;
+      T* v_out = vp + slot[t] * kv_heads * dim;
+      for (int64_t i = 0; i < kv_heads * dim; ++i) v_out[i] = static_cast<T>(v[i]);
+    }
+  });
 }
 
 // Rotary embedding (HF's rotate-half) of q and k, and K/V stored at their cache slots, in
 // one pass. qkv [T, H + 2 KVH, D] as the fused projection gives it; cos/sin [T, D];
-// caches [slots, KVH, D]. Returns the rotated queries [T, H, D].
+// caches [slots, KVH, D], float32 or float16 (rounded to nearest, as torch's cast).
+// Returns the rotated queries [T, H, D].
 torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& cos,
                             const torch::Tensor& sin, torch::Tensor k_cache, torch::Tensor v_cache,
                             const torch::Tensor& slots, int64_t heads) {
   TORCH_CHECK(qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() &&
               k_cache.is_contiguous() && v_cache.is_contiguous());
+  const auto cache_type = k_cache.scalar_type();
+  TORCH_CHECK(v_cache.scalar_type() == cache_type &&
+                  (cache_type == torch::kFloat32 || cache_type == torch::kHalf),
+              "a float32 or float16 cache");
   const int64_t tokens = qkv.size(0), dim = qkv.size(2), kv_heads = k_cache.size(1);
-  const int64_t half = dim / 2, width = heads + 2 * kv_heads;
   auto q = torch::empty({tokens, heads, dim}, qkv.options());
   auto slot_list = slots.contiguous();
   const float* src = qkv.data_ptr<float>();
-  const float* cp = cos.data_ptr<float>();
-  const float* sp = sin.data_ptr<float>();
   const int64_t* slot = slot_list.data_ptr<int64_t>();
-  float* qp = q.data_ptr<float>();
-  float* kp = k_cache.data_ptr<float>();
-  float* vp = v_cache.data_ptr<float>();
-  inhouse::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float* c = cp + t * dim;
-      const float* s = sp + t * dim;
-      for (int64_t h = 0; h < heads + kv_heads; ++h) {
-        const float* x = src + (t * width + h) * dim;
-        float* out = h < heads ? qp + (t * heads + h) * dim
-                               : kp + (slot[t] * kv_heads + h - heads) * dim;
-        for (int64_t i = 0; i < half; ++i) {
-          out[i] = x[i] * c[i] - x[i + half] * s[i];
-          out[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
-        }
-      }
-      const float* v = src + (t * width + heads + kv_heads) * dim;
-      std::copy(v, v + kv_heads * dim, vp + slot[t] * kv_heads * dim);
-    }
-  });
+  if (cache_type == torch::kHalf) {
+    rope_write_kv_impl(src, cos.data_ptr<float>(), sin.data_ptr<float>(), slot, tokens, heads,
+                       kv_heads, dim, q.data_ptr<float>(), k_cache.data_ptr<c10::Half>(),
+                       v_cache.data_ptr<c10::Half>());
+  } else {
+    rope_write_kv_impl(src, cos.data_ptr<float>(), sin.data_ptr<float>(), slot, tokens, heads,
+                       kv_heads, dim, q.data_ptr<float>(), k_cache.data_ptr<float>(),
+                       v_cache.data_ptr<float>());
+  }
   return q;
 }
 

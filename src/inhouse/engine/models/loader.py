@@ -41,11 +41,27 @@ class LoadedModel:
     model_id: str
     source_path: Path
     source_sha256: str  # a GGUF's file sha256; a folder's config + safetensors-header digest
-    dtype: torch.dtype  # activations and KV cache
+    dtype: torch.dtype  # activations (and the KV cache, but see kv_dtype)
     device: torch.device
     hf_folder: Path
     quantization: str = "none"  # weight format: none, fp16, q8 or q4 (see precision.py)
     path_reason: str = ""  # why this dtype and weight format were chosen on this machine
+
+    @property
+    def decode_kernel(self) -> bool:
+        """Whether decode steps run on the C++ CPU kernels (float32 activations, q8/q4)."""
+        return (
+            self.device.type == "cpu"
+            and self.dtype == torch.float32
+            and self.quantization in ("q8", "q4")
+        )
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV cache's dtype: float16 under the C++ kernels (as llama.cpp's default cache:
+        half the bytes a decode step's attention reads and a token keeps resident), else the
+        activations' dtype, so the exact float32 path stays exact."""
+        return torch.float16 if self.decode_kernel else self.dtype
 
 
 def _folder_fingerprint(folder: Path) -> str:

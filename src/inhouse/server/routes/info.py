@@ -68,6 +68,7 @@ async def version(ctx: ServerContext = Depends(context)) -> dict:
             ),
             "dtype": described.dtype,
             "quantization": described.quantization,
+            "kv_cache_dtype": described.kv_cache_dtype,
             "path_reason": described.path_reason,
             "device": described.device,
             "max_model_len": described.max_model_len,
