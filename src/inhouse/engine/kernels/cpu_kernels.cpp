@@ -8,9 +8,7 @@
 // quantized the same way on the fly, see quantize_activations):
 //   q8: codes q in [-127, 127], one scale d a group; w = d * q.
 //   q4: codes q in 0..15 (as GGUF's Q4_1), a scale d and a min m a group; w = d * q + m.
-// quantize_q8/quantize_q4 give them row by row (q4 packed as GGUF: byte j of a group holds
-// weight j in its low nibble and weight j+16 in its high nibble); the linears read them in
-// tiles of 8 rows (see kTile; kernels/quant.py rearranges them once, at load).
+// quantize_q8/quantize_q4 write them in the tiles of 8 rows the linears read (see kTile).
 // Activations and outputs are float32. Output tiles are split over the work pool's threads.
 
 #include <ATen/Parallel.h>
@@ -89,14 +87,21 @@ constexpr int64_t kQ4TileGroupBytes = kTile * kGroup / 2;
 constexpr int kRowsAtOnce = 4;
 constexpr int64_t kRowBlock = 64;
 
+// The byte of a tile group that holds row r's code at k (0..31); in q4 its low nibble
+// when k % 8 < 4, else its high one.
+template <bool kQ4>
+constexpr int64_t tile_byte(int64_t r, int64_t k) {
+  return (kQ4 ? (k / 8) * 32 : (k / 4) * 32) + r * 4 + k % 4;
+}
+
 // Row r's code at k (0..31) in one tile group.
 template <bool kQ4>
 inline int tile_code(const uint8_t* tile_group, int r, int k) {
   if constexpr (kQ4) {
-    const uint8_t byte = tile_group[(k / 8) * 32 + (r / 4) * 16 + (r % 4) * 4 + k % 4];
+    const uint8_t byte = tile_group[tile_byte<true>(r, k)];
     return (k % 8) < 4 ? byte & 0x0F : byte >> 4;
   } else {
-    return static_cast<int8_t>(tile_group[(k / 4) * 32 + r * 4 + k % 4]);
+    return static_cast<int8_t>(tile_group[tile_byte<false>(r, k)]);
   }
 }
 
@@ -463,42 +468,56 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   return out;
 }
 
-// Weights [N, K] (float32, K a multiple of 32) to q8 blocks: d = max|w| / 127,
+// Where quantize_q8/quantize_q4 put row r's values of group g: both write the linears'
+// tiles directly (codes [N/8, K/32, bytes], scales and mins [N/8, K/32, 8]).
+struct TileSlot {
+  int64_t block;  // (tile, group) index
+  int64_t row;    // row within the tile
+};
+inline TileSlot tile_slot(int64_t row, int64_t group, int64_t groups) {
+  return {(row / kTile) * groups + group, row % kTile};
+}
+
+// Weights [N, K] (float32, N a multiple of 8, K of 32) to q8 blocks: d = max|w| / 127,
 // q = round(w / d) (as w * (1 / d), ties to even), one pass, rows split over threads.
 std::tuple<torch::Tensor, torch::Tensor> quantize_q8(const torch::Tensor& weight) {
   auto w = weight.to(torch::kFloat32).contiguous();
   const int64_t n = w.size(0), k = w.size(1), groups = k / kGroup;
-  TORCH_CHECK(w.dim() == 2 && k % kGroup == 0, "a [out, in] weight, in a multiple of 32");
-  auto q = torch::empty({n, k}, torch::kInt8);
-  auto d = torch::empty({n, groups}, torch::kFloat32);
+  TORCH_CHECK(w.dim() == 2 && k % kGroup == 0 && n % kTile == 0,
+              "a [out, in] weight, out a multiple of 8 and in of 32");
+  auto q = torch::empty({n / kTile, groups, kQ8TileGroupBytes}, torch::kInt8);
+  auto d = torch::empty({n / kTile, groups, kTile}, torch::kFloat32);
   const float* wp = w.data_ptr<float>();
   int8_t* qp = q.data_ptr<int8_t>();
   float* dp = d.data_ptr<float>();
   at::parallel_for(0, n * groups, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float* wg = wp + i * kGroup;
+      const TileSlot slot = tile_slot(i / groups, i % groups, groups);
       float amax = 0.f;
       for (int j = 0; j < kGroup; ++j) amax = std::max(amax, std::fabs(wg[j]));
       const float scale = amax / 127.f, inv = scale > 0.f ? 1.f / scale : 0.f;
+      int8_t* block = qp + slot.block * kQ8TileGroupBytes;
       for (int j = 0; j < kGroup; ++j) {
         const float code = std::nearbyint(wg[j] * inv);
-        qp[i * kGroup + j] = static_cast<int8_t>(std::clamp(code, -127.f, 127.f));
+        block[tile_byte<false>(slot.row, j)] = static_cast<int8_t>(std::clamp(code, -127.f, 127.f));
       }
-      dp[i] = scale;
+      dp[slot.block * kTile + slot.row] = scale;
     }
   });
   return {q, d};
 }
 
 // Weights [N, K] to q4 blocks: d = (max - min) / 15, m = min, code = round((w - m) / d)
-// (as (w - m) * (1 / d), ties to even); byte j of a group holds codes j and j + 16.
+// (as (w - m) * (1 / d), ties to even).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_q4(const torch::Tensor& weight) {
   auto w = weight.to(torch::kFloat32).contiguous();
   const int64_t n = w.size(0), k = w.size(1), groups = k / kGroup;
-  TORCH_CHECK(w.dim() == 2 && k % kGroup == 0, "a [out, in] weight, in a multiple of 32");
-  auto q = torch::empty({n, k / 2}, torch::kUInt8);
-  auto d = torch::empty({n, groups}, torch::kFloat32);
-  auto m = torch::empty({n, groups}, torch::kFloat32);
+  TORCH_CHECK(w.dim() == 2 && k % kGroup == 0 && n % kTile == 0,
+              "a [out, in] weight, out a multiple of 8 and in of 32");
+  auto q = torch::zeros({n / kTile, groups, kQ4TileGroupBytes}, torch::kUInt8);
+  auto d = torch::empty({n / kTile, groups, kTile}, torch::kFloat32);
+  auto m = torch::empty({n / kTile, groups, kTile}, torch::kFloat32);
   const float* wp = w.data_ptr<float>();
   uint8_t* qp = q.data_ptr<uint8_t>();
   float* dp = d.data_ptr<float>();
@@ -506,20 +525,21 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_q4(const torch:
   at::parallel_for(0, n * groups, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float* wg = wp + i * kGroup;
+      const TileSlot slot = tile_slot(i / groups, i % groups, groups);
       float low = wg[0], high = wg[0];
       for (int j = 1; j < kGroup; ++j) {
         low = std::min(low, wg[j]);
         high = std::max(high, wg[j]);
       }
       const float scale = (high - low) / 15.f, inv = scale > 0.f ? 1.f / scale : 0.f;
-      uint8_t codes[kGroup];
+      uint8_t* block = qp + slot.block * kQ4TileGroupBytes;
       for (int j = 0; j < kGroup; ++j) {
         const float diff = wg[j] - low;
-        codes[j] = static_cast<uint8_t>(std::clamp(std::nearbyint(diff * inv), 0.f, 15.f));
+        const auto code = static_cast<uint8_t>(std::clamp(std::nearbyint(diff * inv), 0.f, 15.f));
+        block[tile_byte<true>(slot.row, j)] |= code << (4 * ((j % 8) / 4));
       }
-      for (int j = 0; j < kGroup / 2; ++j) qp[i * kGroup / 2 + j] = codes[j] | (codes[j + 16] << 4);
-      dp[i] = scale;
-      mp[i] = low;
+      dp[slot.block * kTile + slot.row] = scale;
+      mp[slot.block * kTile + slot.row] = low;
     }
   });
   return {q, d, m};

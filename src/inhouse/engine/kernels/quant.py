@@ -46,8 +46,9 @@ class QuantizedWeight:
         return self.q.shape[0] * TILE
 
     def row_blocks(self) -> tuple[torch.Tensor, ...]:
-        """The blocks row by row, as ``quantize_q8``/``quantize_q4`` give them: codes
-        ``[out, in]`` (q4 packed two a byte, ``[out, in/2]``), scales (, mins) ``[out, in/32]``."""
+        """The blocks row by row: codes ``[out, in]`` (q4 packed two a byte as GGUF's Q4_1,
+        byte j of a group holding codes j and j + 16: ``[out, in/2]``), scales (, mins)
+        ``[out, in/32]``."""
         scales = _untile_scales(self.scales)
         if self.kind == "q8":
             return _untile_q8(self.q), scales
@@ -61,8 +62,8 @@ def quantizable(out_features: int, in_features: int) -> bool:
 
 
 def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
-    """Quantize a ``[out, in]`` weight (``in`` a multiple of 32, ``out`` of 8) by the C++
-    kernels in one pass (the formulas above; the kernels must be loaded), then tile it."""
+    """Quantize a ``[out, in]`` weight (``in`` a multiple of 32, ``out`` of 8) into tiles
+    by the C++ kernels in one pass (the formulas above; the kernels must be loaded)."""
     if kind not in FORMATS:
         raise ValueError(f"unknown weight format {kind!r}; use {', '.join(FORMATS)}")
     out_features, in_features = weight.shape
@@ -73,10 +74,9 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
         )
     if kind == "q8":
         q, scales = torch.ops.inhouse_cpu.quantize_q8(weight)
-        return QuantizedWeight(kind, _tile_q8(q), _tile_scales(scales), None, in_features)
+        return QuantizedWeight(kind, q, scales, None, in_features)
     q, scales, mins = torch.ops.inhouse_cpu.quantize_q4(weight)
-    tiled = _tile_q4(q)
-    return QuantizedWeight(kind, tiled, _tile_scales(scales), _tile_scales(mins), in_features)
+    return QuantizedWeight(kind, q, scales, mins, in_features)
 
 
 def dequantize(weight: QuantizedWeight) -> torch.Tensor:
@@ -114,14 +114,10 @@ def linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) 
     return ops.linear_q4(x, weight.q, weight.scales, weight.mins, bias)
 
 
-# The tile layouts of cpu_kernels.cpp. q8, per tile and group: quad j (k = 4j + i) of row r
+# The tile layouts of cpu_kernels.cpp (quantize_q8/quantize_q4 write them), read back row
+# by row for reference runs. q8, per tile and group: quad j (k = 4j + i) of row r
 # at byte 32j + 4r + i. q4, per tile and group: pair p, rows r = 4h + s, byte 32p + 16h +
 # 4s + i with k = 8p + i in its low nibble and k = 8p + 4 + i in its high nibble.
-
-
-def _tile_scales(scales: torch.Tensor) -> torch.Tensor:
-    rows, groups = scales.shape
-    return scales.view(rows // TILE, TILE, groups).transpose(1, 2).contiguous()
 
 
 def _untile_scales(scales: torch.Tensor) -> torch.Tensor:
@@ -129,27 +125,10 @@ def _untile_scales(scales: torch.Tensor) -> torch.Tensor:
     return scales.transpose(1, 2).reshape(tiles * TILE, groups)
 
 
-def _tile_q8(q: torch.Tensor) -> torch.Tensor:
-    rows, k = q.shape
-    tiles, groups = rows // TILE, k // GROUP
-    by_quad = q.view(tiles, TILE, groups, GROUP // 4, 4).permute(0, 2, 3, 1, 4)
-    return by_quad.reshape(tiles, groups, TILE * GROUP)
-
-
 def _untile_q8(q: torch.Tensor) -> torch.Tensor:
     tiles, groups, _ = q.shape
     by_row = q.view(tiles, groups, GROUP // 4, TILE, 4).permute(0, 3, 1, 2, 4)
     return by_row.reshape(tiles * TILE, groups * GROUP)
-
-
-def _tile_q4(packed: torch.Tensor) -> torch.Tensor:
-    rows, half_k = packed.shape
-    tiles, groups = rows // TILE, half_k * 2 // GROUP
-    grouped = packed.view(rows, groups, GROUP // 2)
-    codes = torch.cat((grouped & 0x0F, grouped >> 4), dim=-1)  # [rows, groups, 32] in k order
-    # [tile, h, s, group, p, first/second, i] -> [tile, group, p, first/second, h, s, i]
-    split = codes.view(tiles, 2, 4, groups, 4, 2, 4).permute(0, 3, 4, 5, 1, 2, 6)
-    return (split[:, :, :, 0] | (split[:, :, :, 1] << 4)).reshape(tiles, groups, TILE * GROUP // 2)
 
 
 def _untile_q4(q: torch.Tensor) -> torch.Tensor:
