@@ -8,8 +8,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
+
+from inhouse.engine.config import EngineConfig
+from inhouse.server.app import build_app
+from inhouse.server.context import ServerConfig, ServerContext
+from inhouse.server.loading import ContextLoader
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+
     from conftest import RunningServer
 
 pytestmark = pytest.mark.slow
@@ -45,3 +54,27 @@ def test_base64_and_single_input(server: RunningServer) -> None:
     )
     decoded = np.frombuffer(base64.b64decode(raw.json()["data"][0]["embedding"]), dtype="<f4")
     assert np.allclose(decoded, floats, atol=1e-6)
+
+
+def test_an_embedding_model_that_fails_to_load_answers_503_and_chat_still_serves(
+    tmp_path: Path,
+) -> None:
+    """The embedding model loads after the chat model (the server is ready first): a
+    broken one fails its own route in OpenAI's shape, not the server."""
+    broken = tmp_path / "no-such-model"
+    broken.mkdir()
+    ctx = ServerContext.create(ServerConfig(embedding_model=broken), "m")
+    ContextLoader(EngineConfig(max_model_len=256, kv_cache_memory=16 * 2**20))(ctx)
+    with TestClient(build_app(ctx)) as client:
+        assert client.get("/health").status_code == 200
+        models = [card["id"] for card in client.get("/v1/models").json()["data"]]
+        assert models == ["m", "no-such-model"]
+        refused = client.post("/v1/embeddings", json={"input": "hello"})
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["type"] == "service_unavailable"
+        assert error["message"].startswith("The embedding model failed to load")
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        answer = client.post("/v1/chat/completions", json=chat)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] >= 1

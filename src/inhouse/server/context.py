@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,10 +55,25 @@ class ServerConfig:
     embedding_model_name: str | None = None
     manifest: ManifestStatus = field(default_factory=ManifestStatus)
 
+    @property
+    def embedding_name(self) -> str | None:
+        """The name the embedding model is served under, or None without one."""
+        if self.embedding_model is None:
+            return None
+        return self.embedding_model_name or self.embedding_model.name
+
+
+def _loading() -> Future:
+    """A future the loader completes; running already, so no waiter can cancel it."""
+    future: Future = Future()
+    future.set_running_or_notify_cancel()
+    return future
+
 
 @dataclass(slots=True)
 class ServerContext:
-    """Shared state of one app. ``engine`` is None until loading finishes."""
+    """Shared state of one app. ``engine`` is None until the chat model is loaded; the
+    embedding model loads after it (``embedder`` completes then)."""
 
     config: ServerConfig
     metrics: ServerMetrics
@@ -64,7 +81,7 @@ class ServerContext:
     engine: AsyncEngine | None = None
     renderer: ChatRenderer | None = None
     grammars: GrammarCompiler | None = None
-    embedder: Embedder | None = None
+    embedder: Future[Embedder] = field(default_factory=_loading)
     load_error: str | None = None
     engine_error: str | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))
@@ -97,17 +114,20 @@ class ServerContext:
                 code="model_not_found",
             )
 
-    def check_embedding_model(self, requested: str | None) -> Embedder:
-        """The embedder for ``requested`` (or the default), or a 404/400."""
-        if self.embedder is None:
+    async def embedding_model(self, requested: str | None) -> Embedder:
+        """The embedder for ``requested`` (or the default) once loaded, or a 404/400/503."""
+        name = self.config.embedding_name
+        if name is None:
             raise APIError(
                 400, "This server has no embedding model (started with --embedding-model none)."
             )
-        if requested is not None and requested != self.embedder.name:
+        if requested is not None and requested != name:
             raise not_found(
-                f"The model {requested!r} does not exist; embeddings are served by "
-                f"{self.embedder.name!r}.",
+                f"The model {requested!r} does not exist; embeddings are served by {name!r}.",
                 param="model",
                 code="model_not_found",
             )
-        return self.embedder
+        try:
+            return await asyncio.shield(asyncio.wrap_future(self.embedder))
+        except Exception as exc:
+            raise service_unavailable(f"The embedding model failed to load: {exc}") from None

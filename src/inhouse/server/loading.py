@@ -30,12 +30,25 @@ class ContextLoader:
         self.engine_config = engine_config
 
     def __call__(self, ctx: ServerContext) -> None:
-        engine = AsyncEngine(self.engine_config)
-        info = engine.info
-        template = read_chat_template(ctx.config.chat_template) or info.chat_template
-        ctx.renderer = ChatRenderer(info.tokenizer, template, ctx.model_name)
-        ctx.grammars = GrammarCompiler(info.tokenizer, info.vocab_size, info.eos_token_ids)
-        if ctx.config.embedding_model is not None:
-            ctx.embedder = Embedder(ctx.config.embedding_model, ctx.config.embedding_model_name)
-        engine.start()
+        """The chat model (the server is ready then), then the embedding model: its
+        transformers model code costs ~2 s of imports the chat path never needs, so
+        ``/v1/embeddings`` waits for it instead of the whole server."""
+        try:
+            engine = AsyncEngine(self.engine_config)
+            info = engine.info
+            template = read_chat_template(ctx.config.chat_template) or info.chat_template
+            ctx.renderer = ChatRenderer(info.tokenizer, template, ctx.model_name)
+            ctx.grammars = GrammarCompiler(info.tokenizer, info.vocab_size, info.eos_token_ids)
+            engine.start()
+        except Exception as exc:
+            ctx.embedder.set_exception(RuntimeError(f"the chat model failed first ({exc})"))
+            raise
         ctx.engine = engine
+        if ctx.config.embedding_model is not None:
+            try:
+                embedder = Embedder(ctx.config.embedding_model, ctx.config.embedding_name)
+            except Exception as exc:
+                log.exception("loading the embedding model failed")
+                ctx.embedder.set_exception(exc)
+            else:
+                ctx.embedder.set_result(embedder)

@@ -26,7 +26,7 @@ async def create_embeddings(
     body: EmbeddingRequest, ctx: ServerContext = Depends(context)
 ) -> EmbeddingResponse:
     """Unit-norm sentence embeddings, in input order."""
-    embedder = ctx.check_embedding_model(body.model)
+    embedder = await ctx.embedding_model(body.model)
     inputs = body.input
     if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
         inputs = [inputs]  # type: ignore[list-item]

@@ -73,8 +73,8 @@ async def version(ctx: ServerContext = Depends(context)) -> dict:
             "device": described.device,
             "max_model_len": described.max_model_len,
         }
-    if ctx.embedder is not None:
-        info["embedding_model"] = ctx.embedder.name
+    if ctx.config.embedding_name is not None:
+        info["embedding_model"] = ctx.config.embedding_name
     return info
 
 
@@ -94,8 +94,8 @@ async def list_models(ctx: ServerContext = Depends(context)) -> ModelList:
             max_model_len=engine.info.max_model_len,
         )
     ]
-    if ctx.embedder is not None:
-        cards.append(ModelCard(id=ctx.embedder.name, created=ctx.started_at))
+    if ctx.config.embedding_name is not None:
+        cards.append(ModelCard(id=ctx.config.embedding_name, created=ctx.started_at))
     return ModelList(data=cards)
 
 
