@@ -18,7 +18,6 @@ from inhouse.server.loading import ContextLoader
 if TYPE_CHECKING:
     from pathlib import Path
 
-
     from conftest import RunningServer
 
 pytestmark = pytest.mark.slow
