@@ -25,7 +25,7 @@ from inhouse.engine.config import EngineConfig
 from inhouse.engine.errors import EngineConfigError
 from inhouse.engine.kernels import build as kernel_build
 from inhouse.engine.kernels.build import Kernels, isa_of
-from inhouse.engine.kernels.quant import dequantize, linear, quantize
+from inhouse.engine.kernels.quant import dequantize, linear, quantizable, quantize
 from inhouse.engine.models.loader import load_model
 from inhouse.engine.models.precision import choose_precision, resolve_dtype
 from inhouse.engine.runner import ModelRunner
@@ -228,11 +228,11 @@ def hf_with_quantized_weights(folder, kind: str, kv_dtype: torch.dtype):
     ).eval()
     with torch.no_grad():
         for name, param in hf.named_parameters():
-            if param.dim() == 2 and param.shape[1] % 32 == 0:
+            if param.dim() == 2 and quantizable(*param.shape):
                 head = "embed_tokens" in name or "lm_head" in name
                 param.copy_(dequantize(quantize(param, "q8" if head else kind)))
     for module in hf.modules():
-        if isinstance(module, torch.nn.Linear) and module.in_features % 32 == 0:
+        if isinstance(module, torch.nn.Linear) and quantizable(*module.weight.shape):
             module.register_forward_pre_hook(lambda _, args: (_activation_roundtrip(args[0]),))
     return hf
 

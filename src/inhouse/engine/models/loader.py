@@ -41,7 +41,7 @@ class LoadedModel:
     model_id: str
     source_path: Path
     source_sha256: str  # a GGUF's file sha256; a folder's config + safetensors-header digest
-    dtype: torch.dtype  # activations (and the KV cache, but see kv_dtype)
+    dtype: torch.dtype  # activations; the KV cache's is kv_dtype
     device: torch.device
     hf_folder: Path
     quantization: str = "none"  # weight format: none, fp16, q8 or q4 (see precision.py)
