@@ -159,8 +159,10 @@ def test_sweep_names_the_knee_beside_the_plan_and_draws_both_plots(
         str(plan_file),
         "--input-len",
         "32",
+        # long enough that the first of c=4's two waves outlasts the 0.5 s between scrapes
+        # of /metrics, so one of them sees the queue (24 tokens took ~0.4 s on 2 cores)
         "--output-len",
-        "24",
+        "96",
         "--ignore-eos",
         "--prompts-per-slot",
         "1",
