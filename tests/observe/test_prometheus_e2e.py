@@ -161,11 +161,13 @@ def test_metrics_alerts_and_dashboard_against_a_live_prometheus(observed: Observ
     assert sorted(tight) == [200, 429, 429]
 
     # KV pressure: long prompts and answers, more than the cache holds at once; the alert
-    # must fire while they run (it resolves once the cache empties)
+    # must fire while they run (it resolves once the cache empties). 128 tokens each keep the
+    # usage over the line for seconds, well past the rule's 2 s pending time (64 did not
+    # always, the three sharing their prompt's blocks and finishing in ~2.5 s)
     with ThreadPoolExecutor(1) as pool:
         pressure = pool.submit(
             burst, urls, observed.team_secret, 3, model="smol", messages=LONG_PROMPT,
-            max_tokens=64, extra_body={"ignore_eos": True},
+            max_tokens=128, extra_body={"ignore_eos": True},
         )  # fmt: skip
         fired = False
         while not (fired := bool(observed.firing("InhouseKVCacheNearFull"))):
