@@ -10,7 +10,16 @@ PY=${PY:-python3}
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/inhouse/llama.cpp"
 TREE="$CACHE/llama_cpp_python-$VERSION/vendor/llama.cpp"
 BIN="$TREE/build/bin/llama-server"
-if [ -x "$BIN" ]; then
+# This llama.cpp's AMX kernels die at their first tile instruction (SIGILL in
+# tinygemm_kernel_amx on a Xeon with AMX; an unfixed upstream bug, see llama.cpp PR #26954),
+# so on a CPU with AMX it is built without them: AVX-512 VNNI does that work. The flags are
+# stamped next to the build, so a binary built with other flags is rebuilt.
+FLAGS=""
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+    FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
+STAMP="$TREE/build/inhouse-flags"
+if [ -x "$BIN" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "flags:$FLAGS" ]; then
     echo "llama-server: $BIN"
     exit 0
 fi
@@ -25,6 +34,8 @@ if [ -z "$CMAKE" ]; then  # no system cmake: the PyPI one, into the caller's env
     "$PY" -m pip install -q cmake
     CMAKE="$(dirname "$PY")/cmake"
 fi
-"$CMAKE" -S "$TREE" -B "$TREE/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF
+"$CMAKE" -S "$TREE" -B "$TREE/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+    -DCMAKE_C_FLAGS="$FLAGS" -DCMAKE_CXX_FLAGS="$FLAGS"
 "$CMAKE" --build "$TREE/build" -j"$(nproc)" --target llama-server
+echo "flags:$FLAGS" > "$STAMP"
 echo "llama-server: $BIN"

@@ -165,7 +165,7 @@ def bundled_model_q8():
 @pytest.fixture(scope="session")
 def bundled_model_q4():
     """The bundled SmolLM2 with 4-bit block weights (the GGUF's own Q4_1 blocks) for the
-    C++ kernels, float32 activations: its default wherever they build, except on AMX."""
+    C++ kernels, float32 activations: its default wherever they build."""
     from inhouse.engine.models.loader import load_model
 
     return load_model(None, quantization="q4")
@@ -173,7 +173,8 @@ def bundled_model_q4():
 
 @pytest.fixture(scope="session")
 def bundled_model_bf16():
-    """The bundled SmolLM2 in bfloat16: the default on CPUs with avx512_bf16 or AMX.
+    """The bundled SmolLM2 in bfloat16: asked for, or the default on CPUs with avx512_bf16
+    or AMX where the C++ kernels cannot be built.
 
     It runs everywhere (torch emulates bf16 products where the CPU lacks them, slowly).
     """

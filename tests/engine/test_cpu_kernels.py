@@ -44,7 +44,8 @@ def _activation_roundtrip(x: torch.Tensor) -> torch.Tensor:
     """x as the kernels see it: int8 in blocks of 32 with scale max|x| / 127."""
     groups = x.reshape(*x.shape[:-1], -1, 32)
     scale = groups.abs().amax(-1, keepdim=True) / 127
-    codes = torch.where(scale > 0, groups / scale, torch.zeros_like(groups)).round()
+    inv = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    codes = (groups * inv).round()
     return (codes * scale).reshape(x.shape)
 
 
@@ -268,7 +269,7 @@ def _kernels(isa: str):
     return lambda: Kernels(kernel_build.SOURCE, isa)
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx512", "avx2"])
 def test_q8_and_q4_run_when_asked(isa: str) -> None:
     for kind in ("q8", "q4"):
         chosen = choose_precision("auto", kind, CPU, _kernels(isa))
@@ -276,33 +277,21 @@ def test_q8_and_q4_run_when_asked(isa: str) -> None:
         assert isa in chosen.reason
 
 
-@pytest.mark.parametrize("amx", [False, True], ids=["no-amx", "amx"])
-def test_auto_is_bf16_on_amx_else_q4_for_q4_1_ggufs_else_q8(amx: bool, monkeypatch) -> None:
-    from inhouse.engine.models import precision
-
-    monkeypatch.setattr(precision, "_cpu_has_amx", lambda: amx)
-    for isa in ("avx512", "avx2"):
-        chosen = choose_precision("auto", "auto", CPU, _kernels(isa))
-        if amx:
-            assert (chosen.dtype, chosen.quantization) == (torch.bfloat16, "none")
-            assert "AMX" in chosen.reason
-        else:
-            assert (chosen.dtype, chosen.quantization) == (torch.float32, "q8")
-            assert isa in chosen.reason
-        gguf = choose_precision("auto", "auto", CPU, _kernels(isa), source_blocks="Q4_1")
-        if amx:
-            assert gguf.quantization == "none"
-        else:
-            assert (gguf.quantization, gguf.dtype) == ("q4", torch.float32)
-            assert "Q4_1" in gguf.reason
-        other = choose_precision("auto", "auto", CPU, _kernels(isa), source_blocks="Q4_K")
-        assert other.quantization == chosen.quantization
-    if not amx:
-        without = choose_precision("auto", "auto", CPU, lambda: None)
-        if resolve_dtype("auto", CPU) == torch.bfloat16:
-            assert (without.dtype, without.quantization) == (torch.bfloat16, "none")
-        else:
-            assert (without.dtype, without.quantization) == (torch.float32, "fp16")
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx512", "avx2"])
+def test_auto_is_q4_for_q4_1_ggufs_else_q8_wherever_the_kernels_build(isa: str) -> None:
+    chosen = choose_precision("auto", "auto", CPU, _kernels(isa))
+    assert (chosen.dtype, chosen.quantization) == (torch.float32, "q8")
+    assert isa in chosen.reason
+    gguf = choose_precision("auto", "auto", CPU, _kernels(isa), source_blocks="Q4_1")
+    assert (gguf.quantization, gguf.dtype) == ("q4", torch.float32)
+    assert "Q4_1" in gguf.reason
+    other = choose_precision("auto", "auto", CPU, _kernels(isa), source_blocks="Q4_K")
+    assert other.quantization == "q8"
+    without = choose_precision("auto", "auto", CPU, lambda: None)
+    if resolve_dtype("auto", CPU) == torch.bfloat16:
+        assert (without.dtype, without.quantization) == (torch.bfloat16, "none")
+    else:
+        assert (without.dtype, without.quantization) == (torch.float32, "fp16")
 
 
 def test_without_kernels_explicit_formats_fail_clearly() -> None:
@@ -333,6 +322,7 @@ def test_explicit_dtypes_keep_exact_weights_or_refuse_weight_formats() -> None:
 def test_isa_follows_the_cpu_flags() -> None:
     zen4 = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
     assert isa_of(zen4) == "avx512"
+    assert isa_of(zen4 | {"avx512_vnni"}) == "avx512-vnni"
     assert isa_of(frozenset({"avx2", "fma"})) == "avx2"
     assert isa_of(frozenset()) == "scalar"
 

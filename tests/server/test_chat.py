@@ -179,8 +179,8 @@ def test_version_reports_model_and_hashes(server: RunningServer) -> None:
     assert len(info["model_sha256"]) == 64
     assert len(info["chat_template_sha256"]) == 64
     # the default on a CPU: the bundled GGUF's own Q4_1 blocks (q4) on our C++ kernels
-    # where they build (make builds them), bf16 on AMX, else native bf16 or fbgemm's fp16
-    # weights; /version says why. The cache is float16 under the kernels, else the dtype.
+    # where they build (make builds them), else native bf16 or fbgemm's fp16 weights;
+    # /version says why. The cache is float16 under the kernels, else the dtype.
     assert (info["dtype"], info["quantization"], info["kv_cache_dtype"]) in {
         ("float32", "q4", "float16"),
         ("float32", "fp16", "float32"),

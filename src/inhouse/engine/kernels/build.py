@@ -27,7 +27,16 @@ import torch
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 HEADERS = (Path(__file__).with_name("work_pool.h"),)
-_SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16")
+_SIMD_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_bf16",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +44,7 @@ class Kernels:
     """The loaded library: where it lives and the SIMD level it was compiled for."""
 
     path: Path
-    isa: str  # "avx512", "avx2" or "scalar"
+    isa: str  # "avx512-vnni", "avx512", "avx2" or "scalar"
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
@@ -50,7 +59,7 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
 def isa_of(flags: frozenset[str]) -> str:
     """The instruction set the kernels compile to with ``-march=native`` on these flags."""
     if {"avx512f", "avx512bw", "avx512vl", "fma"} <= flags:
-        return "avx512"
+        return "avx512-vnni" if "avx512_vnni" in flags else "avx512"
     if {"avx2", "fma"} <= flags:
         return "avx2"
     return "scalar"

@@ -1,8 +1,9 @@
 // CPU kernels for the decode path: weight-only quantized linears and paged decode attention.
 //
 // Built on the machine that runs them (-march=native, see build.py), so the same source
-// becomes AVX2 or AVX-512 code; the explicit intrinsics below are AVX2/FMA (a subset of
-// AVX-512), with a plain loop for CPUs without them.
+// becomes AVX2 or AVX-512 code; the explicit intrinsics below are AVX2/FMA/F16C, with
+// AVX-512 VNNI's 64-byte int8 dot products for the quantized linears' integer sums where
+// the CPU has them, and a plain loop for CPUs without any.
 //
 // Weight formats, 32 weights a group along the input dimension K (activations are
 // quantized the same way on the fly, see quantize_activations):
@@ -28,6 +29,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define INHOUSE_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define INHOUSE_VNNI 1  // 64-byte int8 dot products (vpdpbusd) in the quantized linears
+#endif
 #endif
 
 namespace {
@@ -35,17 +39,18 @@ namespace {
 constexpr int64_t kGroup = 32;
 
 // Activations are quantized per group of 32 to int8 (as llama.cpp's Q8 activations):
-// xd = max|x| / 127, xq = round(x / xd), xs = xd * sum(xq) (for q4's min term). The
-// products then run as int8 dot products, one float multiply-add per group.
+// xd = max|x| / 127, xq = round(x / xd), sum = sum(xq), xs = xd * sum (for q4's min term).
+// The products then run as int8 dot products, one float multiply-add per group.
 struct QuantizedActivations {
   std::vector<int8_t> q;
   std::vector<float> d, s;
+  std::vector<int32_t> sum;
 };
 
 QuantizedActivations quantize_activations(const float* x, int64_t rows, int64_t k) {
   const int64_t groups = k / kGroup;
   QuantizedActivations a{std::vector<int8_t>(rows * k), std::vector<float>(rows * groups),
-                         std::vector<float>(rows * groups)};
+                         std::vector<float>(rows * groups), std::vector<int32_t>(rows * groups)};
   for (int64_t i = 0; i < rows * groups; ++i) {
     const float* xg = x + i * kGroup;
     int8_t* qg = a.q.data() + i * kGroup;
@@ -58,18 +63,11 @@ QuantizedActivations quantize_activations(const float* x, int64_t rows, int64_t 
       sum += qg[j];
     }
     a.d[i] = d;
+    a.sum[i] = sum;
     a.s[i] = d * static_cast<float>(sum);
   }
   return a;
 }
-
-#ifdef INHOUSE_AVX2
-// Eight int32 partial sums of 32 products of unsigned u8 `u` and signed s8 `s`.
-inline __m256i dot_u8s8(__m256i u, __m256i s) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-
-#endif
 
 // Weights live in tiles of kTile output rows so that one register holds four consecutive
 // codes of each of the tile's 8 rows: a broadcast of 4 activation bytes multiplies all 8
@@ -106,58 +104,124 @@ inline int tile_code(const uint8_t* tile_group, int r, int k) {
 }
 
 #ifdef INHOUSE_AVX2
+#ifdef INHOUSE_VNNI
+// Lanes 0-7 all dword i of a, lanes 8-15 all dword j.
+inline __m512i dword_pair(__m512i a, int i, int j) {
+  return _mm512_permutexvar_epi32(
+      _mm512_inserti64x4(_mm512_set1_epi32(i), _mm256_set1_epi32(j), 1), a);
+}
+
+// The two 8-lane halves of a added: one int32 per tile row.
+inline __m256i fold(__m512i a) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+}
+
+// Each of R rows' exact int32 sums of one tile group (8 lanes, one per tile row) with 64-byte
+// vpdpbusd: a register holds two of the group's 32-byte pieces (q4 pairs, q8 quads) and the
+// activation dwords they meet. q8's signed codes go in as u8 (w + 128) and the excess
+// 128 * sum(x) comes off at the end.
+template <bool kQ4, int R>
+inline void group_sums(const uint8_t* group, const int8_t* const* x, const int32_t* x_sums,
+                       __m256i* ints) {
+  __m512i sum[R], xs[R];
+  for (int r = 0; r < R; ++r) {
+    sum[r] = _mm512_setzero_si512();
+    xs[r] = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r])));
+  }
+  if constexpr (kQ4) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int p = 0; p < 4; p += 2) {  // pairs p, p + 1: k = 8p.. and 8(p + 1)..
+      const __m512i raw = _mm512_loadu_si512(group + p * 32);
+      const __m512i first = _mm512_and_si512(raw, low4);
+      const __m512i second = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      for (int r = 0; r < R; ++r) {
+        sum[r] = _mm512_dpbusd_epi32(sum[r], first, dword_pair(xs[r], 2 * p, 2 * p + 2));
+        sum[r] = _mm512_dpbusd_epi32(sum[r], second, dword_pair(xs[r], 2 * p + 1, 2 * p + 3));
+      }
+    }
+    for (int r = 0; r < R; ++r) ints[r] = fold(sum[r]);
+  } else {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int j = 0; j < 8; j += 2) {  // quads j, j + 1: k = 4j.. and 4(j + 1)..
+      const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(group + j * 32), flip);
+      for (int r = 0; r < R; ++r) sum[r] = _mm512_dpbusd_epi32(sum[r], w, dword_pair(xs[r], j, j + 1));
+    }
+    for (int r = 0; r < R; ++r) {
+      ints[r] = _mm256_sub_epi32(fold(sum[r]), _mm256_set1_epi32(128 * x_sums[r]));
+    }
+  }
+}
+#else
 inline __m256i broadcast4(const int8_t* x) {
   int32_t four;
   std::memcpy(&four, x, sizeof four);
   return _mm256_set1_epi32(four);
 }
 
+// Eight int32 partial sums of 32 products of unsigned u8 `u` and signed s8 `s`.
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// Each of R rows' exact int32 sums of one tile group (8 lanes, one per tile row): a
+// broadcast of 4 activation bytes meets 4 codes of all 8 rows (maddubs).
+template <bool kQ4, int R>
+inline void group_sums(const uint8_t* group, const int8_t* const* x, const int32_t*,
+                       __m256i* ints) {
+  __m256i sum[R];  // q4: 16-bit sums (at most 8 * 2 * 15 * 127); q8: 32-bit
+  for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
+  if constexpr (kQ4) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int p = 0; p < 4; ++p) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + p * 32));
+      const __m256i first = _mm256_and_si256(raw, low4);
+      const __m256i second = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      for (int r = 0; r < R; ++r) {
+        const __m256i both = _mm256_add_epi16(
+            _mm256_maddubs_epi16(first, broadcast4(x[r] + 8 * p)),
+            _mm256_maddubs_epi16(second, broadcast4(x[r] + 8 * p + 4)));
+        sum[r] = _mm256_add_epi16(sum[r], both);
+      }
+    }
+    for (int r = 0; r < R; ++r) ints[r] = _mm256_madd_epi16(sum[r], _mm256_set1_epi16(1));
+  } else {
+    for (int j = 0; j < 8; ++j) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + j * 32));
+      const __m256i wabs = _mm256_sign_epi8(w, w);
+      for (int r = 0; r < R; ++r) {
+        const __m256i xs = _mm256_sign_epi8(broadcast4(x[r] + 4 * j), w);
+        sum[r] = _mm256_add_epi32(sum[r], dot_u8s8(wabs, xs));
+      }
+    }
+    for (int r = 0; r < R; ++r) ints[r] = sum[r];
+  }
+}
+#endif
+
 // One tile's 8 outputs for R activation rows from row0, each row's float sums in the same
-// order whatever R is (a batch gives each row's bits alone).
+// order whatever R is (a batch gives each row's bits alone), and whichever integer kernel
+// found the exact group sums.
 template <bool kQ4, int R>
 void tile_rows(const uint8_t* wq, const float* wd, const float* wm, const QuantizedActivations& a,
                int64_t row0, int64_t groups, __m256* out) {
   const int64_t k = groups * kGroup;
-  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+  const int64_t group_bytes = kQ4 ? kQ4TileGroupBytes : kQ8TileGroupBytes;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const int8_t* x[R];
-    __m256i sum[R];  // q4: 16-bit sums (at most 8 * 2 * 15 * 127); q8: 32-bit
+    int32_t x_sums[R];
+    __m256i ints[R];
     for (int r = 0; r < R; ++r) {
       x[r] = a.q.data() + (row0 + r) * k + g * kGroup;
-      sum[r] = _mm256_setzero_si256();
+      x_sums[r] = a.sum[(row0 + r) * groups + g];
     }
-    if constexpr (kQ4) {
-      const uint8_t* group = wq + g * kQ4TileGroupBytes;
-      for (int p = 0; p < 4; ++p) {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + p * 32));
-        const __m256i first = _mm256_and_si256(raw, low4);
-        const __m256i second = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-        for (int r = 0; r < R; ++r) {
-          const __m256i both = _mm256_add_epi16(
-              _mm256_maddubs_epi16(first, broadcast4(x[r] + 8 * p)),
-              _mm256_maddubs_epi16(second, broadcast4(x[r] + 8 * p + 4)));
-          sum[r] = _mm256_add_epi16(sum[r], both);
-        }
-      }
-    } else {
-      const uint8_t* group = wq + g * kQ8TileGroupBytes;
-      for (int j = 0; j < 8; ++j) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + j * 32));
-        const __m256i wabs = _mm256_sign_epi8(w, w);
-        for (int r = 0; r < R; ++r) {
-          const __m256i xs = _mm256_sign_epi8(broadcast4(x[r] + 4 * j), w);
-          sum[r] = _mm256_add_epi32(sum[r], dot_u8s8(wabs, xs));
-        }
-      }
-    }
+    group_sums<kQ4, R>(wq + g * group_bytes, x, x_sums, ints);
     const __m256 d = _mm256_loadu_ps(wd + g * kTile);
     for (int r = 0; r < R; ++r) {
       const int64_t at = (row0 + r) * groups + g;
-      const __m256i ints = kQ4 ? _mm256_madd_epi16(sum[r], ones) : sum[r];
       const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a.d[at]));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, acc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints[r]), scale, acc[r]);
       if constexpr (kQ4) {
         acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(wm + g * kTile), _mm256_set1_ps(a.s[at]), acc[r]);
       }
