@@ -78,10 +78,9 @@ def choose_precision(
 
     "auto" weights on a CPU with dtype auto: where the C++ kernels are built, q4 for a GGUF
     whose projections are Q4_1 (``source_blocks``: q4 holds those very blocks) and q8 for
-    anything else; without the kernels bf16 where the CPU has it
-    natively, else fp16 (fbgemm), else float32. An explicit weight format on a CPU with
-    dtype auto runs float32 activations. An explicit dtype with "auto" weights keeps the
-    dtype's exact weights.
+    anything else; without the kernels bf16 where the CPU has it natively, else fp16
+    (fbgemm), else float32. An explicit weight format on a CPU with dtype auto runs float32
+    activations. An explicit dtype with "auto" weights keeps the dtype's exact weights.
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; use {', '.join(QUANTIZATIONS)}")
