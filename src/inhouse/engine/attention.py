@@ -3,8 +3,9 @@
 Every layer's cache is a flat tensor of ``num_blocks * block_size`` slots, each slot
 holding one token's K (or V) for all KV heads. New K/V are written by slot; a
 sequence's keys are gathered block by block into a padded batch and attended with
-``scaled_dot_product_attention``, so the same code runs on CPU and CUDA. A fused
-kernel can replace :func:`paged_attention` later without touching the model.
+``scaled_dot_product_attention``, so the same code runs on CPU and CUDA. On a CPU with
+the C++ kernels built, single-token (decode) entries are attended by a kernel that reads
+the paged cache in place instead.
 
 The metadata (slots, gather indices, masks) is built once per step by the runner
 and shared by every layer.
@@ -12,10 +13,18 @@ and shared by every layer.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+# torch's CPU flash attention sums a query's keys in spans of this many (its kv split),
+# each span one online-softmax update, and a span whose keys are all masked changes
+# nothing. A CPU group's keys are padded to whole spans, so a query sums its keys in spans
+# at the same places whatever shares the call: other sequences, or the rest of its own
+# prompt when a prefill is chunked. That keeps a request's bits the same batched or alone.
+CPU_KEY_SPAN = 512
 
 
 @dataclass(slots=True)
@@ -119,8 +128,8 @@ def _decode_kernel(
     scale: float,
     window: int,
 ) -> torch.Tensor:
-    return torch.ops.inhouse_cpu.paged_decode_attention(
-        q.contiguous(),
+    out = torch.ops.inhouse_cpu.paged_decode_attention(
+        q.float().contiguous(),
         k_cache,
         v_cache,
         d.block_tables,
@@ -129,6 +138,7 @@ def _decode_kernel(
         scale,
         window,
     )
+    return out.to(q.dtype)
 
 
 def _attend_group(
@@ -179,7 +189,8 @@ def build_attention_metadata(
     ``sliding_window`` w, sliding layers let position p see keys p-w+1 .. p (HF's rule).
     With ``decode_kernel``, the single-token entries are described for the C++ kernel
     instead (:class:`DecodeTables`), in a step with prefills too: a sequence's decode
-    then takes the same arithmetic whatever runs beside it.
+    then takes the same arithmetic whatever runs beside it. On a CPU the padded groups
+    gather whole :data:`CPU_KEY_SPAN` spans of keys.
     """
     starts = [0]
     for n in counts[:-1]:
@@ -199,6 +210,7 @@ def build_attention_metadata(
         rows = torch.tensor([starts[i] for i in decode]).to(device) if prefill else None
         kernel_tables = DecodeTables(tables[decode].to(device), lens.to(device), block_size, rows)
         decode = []
+    span = math.lcm(CPU_KEY_SPAN, block_size) // block_size if device.type == "cpu" else 1
     groups = [
         _group(
             members,
@@ -211,6 +223,7 @@ def build_attention_metadata(
             num_tokens,
             device,
             sliding_window,
+            span,
         )
         for members in (decode, prefill)
         if members
@@ -239,15 +252,16 @@ def _group(
     num_tokens: int,
     device: torch.device,
     sliding_window: int | None,
+    span: int,
 ) -> AttentionGroup:
     start = torch.tensor([starts[i] for i in members])
     ctx = torch.tensor([computed[i] + counts[i] for i in members])
     qlen = torch.tensor([counts[i] for i in members])
-    num_blocks = -(-int(ctx.max()) // block_size)
+    num_blocks = -(-int(ctx.max()) // (span * block_size)) * span  # whole spans of blocks
     b, q_max, k_max = len(members), int(qlen.max()), num_blocks * block_size
     j = torch.arange(q_max)
     key_pos = torch.arange(k_max)
-    kv_blocks = tables[members][:, :num_blocks]
+    kv_blocks = F.pad(tables[members], (0, max(0, num_blocks - tables.shape[1])))[:, :num_blocks]
     identity = b * q_max == num_tokens and bool((qlen == q_max).all())
     query_index = (start[:, None] + torch.minimum(j[None, :], qlen[:, None] - 1)).reshape(-1)
     real = j[None, :] < qlen[:, None]

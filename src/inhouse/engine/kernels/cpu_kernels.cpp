@@ -316,12 +316,16 @@ torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& q, const to
   return linear_impl<true>(x, q, d, &mins, bias);
 }
 
-// KV cache rows are float32 or float16 (LoadedModel.kv_dtype);
+// KV cache rows are float32, float16 or bfloat16 (LoadedModel.kv_dtype);
 // the arithmetic is float32 either way.
 #ifdef INHOUSE_AVX2
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 load8(const c10::BFloat16* p) {  // bf16 is a float's upper half
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 #endif
 
@@ -373,7 +377,7 @@ template <typename T>
 void decode_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
                            const torch::Tensor& v_cache, const torch::Tensor& tables,
                            const torch::Tensor& lens, int64_t block_size, float scale,
-                           int64_t window, torch::Tensor& out) {
+                           int64_t window, bool torch_threads, torch::Tensor& out) {
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = k_cache.size(1), group = heads / kv_heads;
   const int64_t width = tables.size(1);
@@ -384,7 +388,7 @@ void decode_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   const int64_t* lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const int64_t row = kv_heads * dim;  // values per cache slot
-  inhouse::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  const auto body = [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<const T*> keys, values;
     for (int64_t item = begin; item < end; ++item) {
@@ -417,23 +421,32 @@ void decode_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
         weighted_sum(values.data(), scores.data(), n, dim, op + b * heads * dim + h * dim);
       }
     }
-  });
+  };
+  if (torch_threads) {
+    at::parallel_for(0, batch * kv_heads, 1, body);
+  } else {
+    inhouse::parallel_for(0, batch * kv_heads, 1, body);
+  }
 }
 
 // Decode attention straight from the paged cache: one query token per sequence.
-// q [B, H, D] float32; caches [slots, KVH, D] float32 or float16; block_tables int64 [B, W];
-// context_lens int64 [B]. Sequence b attends to its positions max(0, len - window) ..
-// len - 1 (window 0 = all). Each (sequence, KV head) finds its cache rows once, then serves
-// its query heads.
+// q [B, H, D] float32; caches [slots, KVH, D] float32, float16 or bfloat16;
+// block_tables int64 [B, W]; context_lens int64 [B]. Sequence b attends to its positions
+// max(0, len - window) .. len - 1 (window 0 = all). Each (sequence, KV head) finds its
+// cache rows once, then serves its query heads. Between torch ops (`torch_threads`) it
+// runs on torch's threads: two pools polling for work on a 2-core host take each other's
+// cores (a float16-weight decode step took 20-30% longer); inside decode_layers, where
+// every op is ours, on the pool.
 torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                      const torch::Tensor& v_cache,
                                      const torch::Tensor& block_tables,
                                      const torch::Tensor& context_lens, int64_t block_size,
-                                     double scale, int64_t window) {
+                                     double scale, int64_t window, bool torch_threads) {
   const auto cache_type = k_cache.scalar_type();
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && v_cache.scalar_type() == cache_type &&
-                  (cache_type == torch::kFloat32 || cache_type == torch::kHalf),
-              "float32 queries; a float32 or float16 cache");
+                  (cache_type == torch::kFloat32 || cache_type == torch::kHalf ||
+                   cache_type == torch::kBFloat16),
+              "float32 queries; a float32, float16 or bfloat16 cache");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && q.is_contiguous());
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
@@ -445,10 +458,13 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
   const float scale_f = static_cast<float>(scale);
   if (cache_type == torch::kHalf) {
     decode_attention_impl<c10::Half>(q, k_cache, v_cache, tables, lens, block_size, scale_f,
-                                     window, out);
+                                     window, torch_threads, out);
+  } else if (cache_type == torch::kBFloat16) {
+    decode_attention_impl<c10::BFloat16>(q, k_cache, v_cache, tables, lens, block_size, scale_f,
+                                         window, torch_threads, out);
   } else {
     decode_attention_impl<float>(q, k_cache, v_cache, tables, lens, block_size, scale_f, window,
-                                 out);
+                                 torch_threads, out);
   }
   return out;
 }
@@ -686,7 +702,7 @@ torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::T
     const torch::Tensor qkv = linear_any(x, weights, at + 1).view({tokens, heads + 2 * kv_heads, dim});
     const torch::Tensor q = rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads);
     const torch::Tensor attended = paged_decode_attention(
-        q, k_cache, v_cache, block_tables, context_lens, block_size, scale, windows[l]);
+        q, k_cache, v_cache, block_tables, context_lens, block_size, scale, windows[l], false);
     const torch::Tensor o = linear_any(attended, weights, at + 5);
     const torch::Tensor h = add_rms_norm(residual, o, *weights.get(at + 9), eps);
     added = linear_any(silu_mul(linear_any(h, weights, at + 10)), weights, at + 14);
@@ -701,7 +717,8 @@ TORCH_LIBRARY(inhouse_cpu, m) {
   m.def("linear_q4(Tensor x, Tensor q, Tensor d, Tensor mins, Tensor? bias) -> Tensor");
   m.def(
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-      "Tensor context_lens, int block_size, float scale, int window) -> Tensor");
+      "Tensor context_lens, int block_size, float scale, int window, bool torch_threads=True) "
+      "-> Tensor");
   m.def(
       "rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor slots, int heads) -> Tensor");

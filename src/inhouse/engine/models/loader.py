@@ -17,9 +17,11 @@ from typing import Any, BinaryIO
 
 import torch
 
+from inhouse.engine.kernels.build import load_kernels
 from inhouse.engine.models.gguf_convert import convert_gguf, main_block_type
 from inhouse.engine.models.llama import LlamaArgs, LlamaForCausalLM
 from inhouse.engine.models.precision import choose_precision
+from inhouse.engine.models.row_blocks import invariant_row_block
 from inhouse.models.hashing import CACHE_FILE, HashCache, default_cache_dir
 from inhouse.models.pickles import PickleRefused, refuse_pickle
 
@@ -46,22 +48,14 @@ class LoadedModel:
     hf_folder: Path
     quantization: str = "none"  # weight format: none, fp16, q8 or q4 (see precision.py)
     path_reason: str = ""  # why this dtype and weight format were chosen on this machine
-
-    @property
-    def decode_kernel(self) -> bool:
-        """Whether decode steps run on the C++ CPU kernels (float32 activations, q8/q4)."""
-        return (
-            self.device.type == "cpu"
-            and self.dtype == torch.float32
-            and self.quantization in ("q8", "q4")
-        )
+    decode_kernel: bool = False  # decode attention by the C++ kernel, reading the cache in place
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        """The KV cache's dtype: float16 under the C++ kernels (as llama.cpp's default cache:
-        half the bytes a decode step's attention reads and a token keeps resident), else the
-        activations' dtype, so the exact float32 path stays exact."""
-        return torch.float16 if self.decode_kernel else self.dtype
+        """The KV cache's dtype: float16 under the quantized kernels (as llama.cpp's default
+        cache: half the bytes a decode step's attention reads and a token keeps resident),
+        else the activations' dtype, so the exact float32 path stays exact."""
+        return torch.float16 if self.quantization in ("q8", "q4") else self.dtype
 
 
 def _folder_fingerprint(folder: Path) -> str:
@@ -282,6 +276,8 @@ def load_model(
             load_weights(model, folder, _packing(model, quant), embedding)
     if quant in ("q8", "q4"):
         model.fuse_cpu_ops()
+    elif dev.type == "cpu" and torch_dtype == torch.bfloat16:
+        model.block_rows(invariant_row_block)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return LoadedModel(
         model=model,
@@ -298,4 +294,15 @@ def load_model(
         hf_folder=folder,
         quantization=quant,
         path_reason=precision.reason,
+        decode_kernel=_decode_kernel(dev, torch_dtype, quant),
     )
+
+
+def _decode_kernel(device: torch.device, dtype: torch.dtype, quantization: str) -> bool:
+    """Whether decode attention runs on the C++ kernel: on a CPU where the kernels are built,
+    for float32 and bfloat16 activations (the kernel sums in float32 either way). It gives a
+    sequence the same bits whatever decodes beside it, and gathers nothing."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    return quantization in ("q8", "q4") or load_kernels() is not None
+

@@ -1,0 +1,90 @@
+"""The pieces that make a bf16 request's bits independent of its batch, checked bit for bit.
+
+Projections run their rows in the blocks :func:`invariant_row_block` finds (oneDNN's
+bf16 kernels change summation order with the row count), and attention on a CPU gathers
+whole :data:`CPU_KEY_SPAN` spans of keys, so a prefill chunked beside other sequences sums
+each query exactly as the whole prompt alone does. The engine-level check (sixteen
+requests together equal each alone) is in ``test_engine_smollm2.py``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.nn.functional as F
+
+from inhouse.engine.attention import CPU_KEY_SPAN, build_attention_metadata, paged_attention
+from inhouse.engine.models.llama import Linear
+from inhouse.engine.models.row_blocks import MOST_ROWS, invariant_row_block
+
+CPU = torch.device("cpu")
+BF16 = torch.bfloat16
+
+
+def test_bf16_projection_rows_equal_each_row_alone_in_the_probed_blocks():
+    generator = torch.Generator().manual_seed(1)
+    linear = Linear(576, 1536, bias=True, like={"dtype": BF16, "device": CPU})
+    linear.weight.data = torch.randn(1536, 576, generator=generator).to(BF16)
+    linear.bias.data = torch.randn(1536, generator=generator).to(BF16)
+    linear.row_block = invariant_row_block(linear.weight, linear.bias)
+    assert 1 <= linear.row_block <= MOST_ROWS
+    x = torch.randn(100, 576, generator=generator).to(BF16)
+    alone = torch.cat([linear(row) for row in x.split(1)])
+    for rows in (2, 31, 33, 64, 100):
+        assert torch.equal(linear(x[:rows]), alone[:rows]), rows
+
+
+def test_bundled_bf16_model_blocks_every_projection(bundled_model_bf16):
+    projections = [m for m in bundled_model_bf16.model.modules() if isinstance(m, Linear)]
+    assert projections and all(p.row_block >= 1 for p in projections)
+
+
+def test_row_block_stops_where_rows_start_to_part():
+    """A product whose rows part from two rows on (as float32's MKL gemv vs gemm do) gets
+    block 1, never a block that would change a row's bits."""
+    generator = torch.Generator().manual_seed(2)
+    weight = torch.randn(576, 576, generator=generator)
+    block = invariant_row_block(weight)
+    x = torch.randn(MOST_ROWS, 576, generator=generator)
+    alone = torch.cat([F.linear(row, weight) for row in x.split(1)])
+    for rows in range(1, block + 1):
+        assert torch.equal(F.linear(x[:rows], weight), alone[:rows])
+    if block < MOST_ROWS:
+        assert not torch.equal(F.linear(x[: block + 1], weight), alone[: block + 1])
+
+
+def _paged_cache(slots: int, kv_heads: int, head_dim: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(slots, kv_heads, head_dim, generator=generator).to(BF16)
+
+
+def test_bf16_prefill_attention_is_the_same_whole_or_in_chunks_beside_others():
+    """A 600-token prompt (past one key span) attended whole and alone, then in chunks of
+    100 each beside another prefill and a decode: every query row has the same bits."""
+    heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
+    length, other_len = 600, 230
+    blocks = list(range(1, 64))
+    random.Random(3).shuffle(blocks)
+    table, other_table, third_table = blocks[:38], blocks[38:53], blocks[53:63]
+    k_cache = _paged_cache(64 * block_size, kv_heads, head_dim, 4)
+    v_cache = _paged_cache(64 * block_size, kv_heads, head_dim, 5)
+    generator = torch.Generator().manual_seed(6)
+    q = torch.randn(length, heads, head_dim, generator=generator).to(BF16)
+    q_others = torch.randn(38, heads, head_dim, generator=generator).to(BF16)
+    scale = head_dim**-0.5
+
+    def attend(computed, counts, tables, queries):
+        meta, _ = build_attention_metadata(
+            computed, counts, tables, block_size, heads // kv_heads, CPU
+        )
+        return paged_attention(queries, k_cache, v_cache, meta, scale)
+
+    alone = attend([0], [length], [table], q)
+    assert length > CPU_KEY_SPAN
+    for start in range(0, length, 100):
+        n = min(100, length - start)
+        computed, counts = [start, other_len - 1, 120], [n, 1, 37]
+        tables = [table, other_table, third_table]
+        rows = attend(computed, counts, tables, torch.cat((q[start : start + n], q_others)))
+        assert torch.equal(rows[:n], alone[start : start + n]), start
