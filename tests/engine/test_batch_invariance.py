@@ -1,20 +1,24 @@
-"""The pieces that make a bf16 request's bits independent of its batch, checked bit for bit.
+"""The pieces that make a request's bits independent of its batch, checked bit for bit.
 
-Projections run their rows in the blocks :func:`invariant_row_block` finds (oneDNN's
-bf16 kernels change summation order with the row count), and attention on a CPU gathers
-whole :data:`CPU_KEY_SPAN` spans of keys, so a prefill chunked beside other sequences sums
-each query exactly as the whole prompt alone does. The engine-level check (sixteen
-requests together equal each alone) is in ``test_engine_smollm2.py``.
+bf16 projections run their rows in the blocks :func:`invariant_row_block` finds (oneDNN's
+bf16 kernels change summation order with the row count), and on a CPU with the kernels
+built every query row is attended by the C++ kernel on its own, so a prefill chunked
+beside other sequences sums each query exactly as the whole prompt alone does (torch's
+SDPA does not: where its flash split falls moves with the padding and, under AVX2, with
+the number of queries). The engine-level check (sixteen requests together equal each
+alone) is in ``test_engine_smollm2.py``.
 """
 
 from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 import torch.nn.functional as F
+from engine_helpers import needs_kernels
 
-from inhouse.engine.attention import CPU_KEY_SPAN, build_attention_metadata, paged_attention
+from inhouse.engine.attention import build_attention_metadata, paged_attention
 from inhouse.engine.models.llama import Linear
 from inhouse.engine.models.row_blocks import MOST_ROWS, invariant_row_block
 
@@ -54,34 +58,39 @@ def test_row_block_stops_where_rows_start_to_part():
         assert not torch.equal(F.linear(x[: block + 1], weight), alone[: block + 1])
 
 
-def _paged_cache(slots: int, kv_heads: int, head_dim: int, seed: int) -> torch.Tensor:
+def _paged_cache(slots: int, kv_heads: int, head_dim: int, seed: int, dtype) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(slots, kv_heads, head_dim, generator=generator).to(BF16)
+    return torch.randn(slots, kv_heads, head_dim, generator=generator).to(dtype)
 
 
-def test_bf16_prefill_attention_is_the_same_whole_or_in_chunks_beside_others():
-    """A 600-token prompt (past one key span) attended whole and alone, then in chunks of
-    100 each beside another prefill and a decode: every query row has the same bits."""
+@needs_kernels
+@pytest.mark.parametrize(
+    ("dtype", "cache_dtype"),
+    [(torch.float32, torch.float16), (torch.float32, torch.float32), (BF16, BF16)],
+    ids=["fp32-fp16-cache", "fp32", "bf16"],
+)
+def test_prefill_attention_is_the_same_whole_or_in_chunks_beside_others(dtype, cache_dtype):
+    """A 600-token prompt attended whole and alone, then in chunks of 100, each beside
+    another prefill and a decode: every query row has the same bits."""
     heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
     length, other_len = 600, 230
     blocks = list(range(1, 64))
     random.Random(3).shuffle(blocks)
     table, other_table, third_table = blocks[:38], blocks[38:53], blocks[53:63]
-    k_cache = _paged_cache(64 * block_size, kv_heads, head_dim, 4)
-    v_cache = _paged_cache(64 * block_size, kv_heads, head_dim, 5)
+    k_cache = _paged_cache(64 * block_size, kv_heads, head_dim, 4, cache_dtype)
+    v_cache = _paged_cache(64 * block_size, kv_heads, head_dim, 5, cache_dtype)
     generator = torch.Generator().manual_seed(6)
-    q = torch.randn(length, heads, head_dim, generator=generator).to(BF16)
-    q_others = torch.randn(38, heads, head_dim, generator=generator).to(BF16)
+    q = torch.randn(length, heads, head_dim, generator=generator).to(dtype)
+    q_others = torch.randn(38, heads, head_dim, generator=generator).to(dtype)
     scale = head_dim**-0.5
 
     def attend(computed, counts, tables, queries):
         meta, _ = build_attention_metadata(
-            computed, counts, tables, block_size, heads // kv_heads, CPU
+            computed, counts, tables, block_size, heads // kv_heads, CPU, row_kernel=True
         )
         return paged_attention(queries, k_cache, v_cache, meta, scale)
 
     alone = attend([0], [length], [table], q)
-    assert length > CPU_KEY_SPAN
     for start in range(0, length, 100):
         n = min(100, length - start)
         computed, counts = [start, other_len - 1, 120], [n, 1, 37]

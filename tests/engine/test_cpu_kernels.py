@@ -116,25 +116,42 @@ def test_linear_kernels_match_torch_on_the_same_numbers(kind: str, rows: int) ->
 )
 @pytest.mark.parametrize("dim", [16, 64])
 @pytest.mark.parametrize("window", [0, 5])
-def test_paged_decode_attention_matches_sdpa(window: int, dim: int, cache_dtype) -> None:
+def test_paged_attention_rows_matches_sdpa(window: int, dim: int, cache_dtype) -> None:
+    """Decode rows (one per sequence) and prefill rows (a run of one sequence's positions,
+    more than one tile of them) against SDPA on the gathered keys; and a row's bits are the
+    same in a run of rows, alone, on torch's threads or on the pool."""
     gen = torch.Generator().manual_seed(window)
-    heads, kv_heads, block, lens = 4, 2, 4, [3, 9, 14]
-    k_cache = torch.randn(40, kv_heads, dim, generator=gen).to(cache_dtype)
-    v_cache = torch.randn(40, kv_heads, dim, generator=gen).to(cache_dtype)
-    tables = torch.tensor([[7, 0, 0, 0], [2, 5, 9, 0], [1, 3, 8, 4]])
+    heads, kv_heads, block = 4, 2, 4
+    k_cache = torch.randn(80, kv_heads, dim, generator=gen).to(cache_dtype)
+    v_cache = torch.randn(80, kv_heads, dim, generator=gen).to(cache_dtype)
+    tables = torch.tensor([[7, 0, 0, 0, 0, 0], [2, 5, 9, 0, 0, 0], [1, 3, 8, 4, 11, 19]])
+    # three decodes, then sequence 2's positions 2..21 as one prefill (20 rows)
+    row_seq = torch.tensor([0, 1, 2] + [2] * 20)
+    lens = torch.tensor([3, 9, 14, *range(3, 23)])
     q = torch.randn(len(lens), heads, dim, generator=gen)
-    args = (q, k_cache, v_cache, tables, torch.tensor(lens), block, 0.25, window)
-    got = torch.ops.inhouse_cpu.paged_decode_attention(*args)
-    # on torch's threads or on the pool, each output is summed by one thread in one order
-    assert torch.equal(torch.ops.inhouse_cpu.paged_decode_attention(*args, False), got)
-    for b, n in enumerate(lens):
-        slots = torch.tensor([int(tables[b, t // block]) * block + t % block for t in range(n)])
+    args = (k_cache, v_cache, tables, row_seq, lens, block, 0.25, window)
+    got = torch.ops.inhouse_cpu.paged_attention_rows(q, *args)
+    assert torch.equal(torch.ops.inhouse_cpu.paged_attention_rows(q, *args, False), got)
+    for i, (s, n) in enumerate(zip(row_seq.tolist(), lens.tolist(), strict=True)):
+        slots = torch.tensor([int(tables[s, t // block]) * block + t % block for t in range(n)])
         if window:
             slots = slots[-window:]
         k = k_cache[slots].float().repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
         v = v_cache[slots].float().repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
-        ref = F.scaled_dot_product_attention(q[b][:, None], k, v, scale=0.25)
-        torch.testing.assert_close(got[b], ref.reshape(-1), atol=1e-5, rtol=1e-5)
+        ref = F.scaled_dot_product_attention(q[i][:, None], k, v, scale=0.25)
+        torch.testing.assert_close(got[i], ref.reshape(-1), atol=1e-5, rtol=1e-5)
+        alone = torch.ops.inhouse_cpu.paged_attention_rows(
+            q[i : i + 1],
+            k_cache,
+            v_cache,
+            tables[s : s + 1],
+            None,
+            lens[i : i + 1],
+            block,
+            0.25,
+            window,
+        )
+        assert torch.equal(alone[0], got[i]), i
 
 
 @needs_kernels
@@ -249,7 +266,7 @@ def test_tiny_models_with_quantized_weights_agree_with_hf(kind, folder_fixture, 
     loaded = load_model(folder, quantization=kind)
     assert (loaded.quantization, loaded.dtype) == (kind, torch.float32)
     runner = ModelRunner(loaded, num_blocks=64, block_size=4)
-    assert runner.decode_kernel
+    assert runner.attention_kernel
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 384) for _ in range(n)] for n in (5, 12, 29)]
     ours = runner_greedy(runner, prompts, new_tokens=24)

@@ -4,8 +4,8 @@ Every layer's cache is a flat tensor of ``num_blocks * block_size`` slots, each 
 holding one token's K (or V) for all KV heads. New K/V are written by slot; a
 sequence's keys are gathered block by block into a padded batch and attended with
 ``scaled_dot_product_attention``, so the same code runs on CPU and CUDA. On a CPU with
-the C++ kernels built, single-token (decode) entries are attended by a kernel that reads
-the paged cache in place instead.
+the C++ kernels built, every query row is attended by a kernel that reads the paged cache
+in place instead, each row on its own, so a request's bits do not depend on its batch.
 
 The metadata (slots, gather indices, masks) is built once per step by the runner
 and shared by every layer.
@@ -13,18 +13,10 @@ and shared by every layer.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-# torch's CPU flash attention sums a query's keys in spans of this many (its kv split),
-# each span one online-softmax update, and a span whose keys are all masked changes
-# nothing. A CPU group's keys are padded to whole spans, so a query sums its keys in spans
-# at the same places whatever shares the call: other sequences, or the rest of its own
-# prompt when a prefill is chunked. That keeps a request's bits the same batched or alone.
-CPU_KEY_SPAN = 512
 
 
 @dataclass(slots=True)
@@ -49,14 +41,14 @@ class AttentionGroup:
 
 
 @dataclass(slots=True)
-class DecodeTables:
-    """The sequences of a step that run one new token each, for the C++ kernel that reads
-    the paged cache in place (no gather, no padding, no mask)."""
+class RowTables:
+    """Every query row of a step, for the C++ kernel that reads the paged cache in place
+    (no gather, no padding, no mask)."""
 
-    block_tables: torch.Tensor  # [B, W] int64 block ids (rows padded with block 0)
-    context_lens: torch.Tensor  # [B] int64 tokens each sequence attends to, the new one included
+    block_tables: torch.Tensor  # [S, W] int64 block ids of the step's sequences (padded: 0)
+    context_lens: torch.Tensor  # [T] int64 keys each row attends to, itself included
     block_size: int
-    token_rows: torch.Tensor | None = None  # [B] their flat token rows; None: every row
+    row_seq: torch.Tensor | None = None  # [T] each row's sequence; None: row i is sequence i
 
 
 @dataclass(slots=True)
@@ -64,9 +56,8 @@ class AttentionMetadata:
     """Everything a layer needs to write and read the paged cache for one step."""
 
     slot_mapping: torch.Tensor  # [T] cache slot for each scheduled token
-    groups: list[AttentionGroup]
-    decode: DecodeTables | None = None  # set when the C++ decode kernel runs this step's
-    # single-token entries (``groups`` then holds only the multi-token ones)
+    groups: list[AttentionGroup]  # padded SDPA calls; empty when ``rows`` is set
+    rows: RowTables | None = None  # set when the C++ kernel attends every row
     sliding_window: int = 0  # what a sliding layer passes that kernel (0: no window)
 
 
@@ -97,20 +88,13 @@ def paged_attention(
     query heads that share a KV head into the query-length axis, so K/V are never repeated.
     A ``sliding`` layer sees only the last ``sliding_window`` positions (the metadata's).
     """
+    if meta.rows is not None:
+        return _attend_rows(q, k_cache, v_cache, meta.rows, scale, meta.sliding_window * sliding)
     num_tokens, num_heads, head_dim = q.shape
-    d = meta.decode
-    if d is not None and d.token_rows is None:
-        return _decode_kernel(q, k_cache, v_cache, d, scale, meta.sliding_window if sliding else 0)
-    num_kv_heads = k_cache.shape[1]
-    group = num_heads // num_kv_heads
-    if d is None and len(meta.groups) == 1 and meta.groups[0].token_rows is None:
+    group = num_heads // k_cache.shape[1]
+    if len(meta.groups) == 1 and meta.groups[0].token_rows is None:
         return _attend_group(q, k_cache, v_cache, meta.groups[0], group, scale, sliding)
     out = q.new_empty(num_tokens, num_heads * head_dim)
-    if d is not None:
-        window = meta.sliding_window if sliding else 0
-        out[d.token_rows] = _decode_kernel(
-            q.index_select(0, d.token_rows), k_cache, v_cache, d, scale, window
-        )
     for g in meta.groups:
         rows = _attend_group(q, k_cache, v_cache, g, group, scale, sliding)
         if g.output_rows is None:
@@ -120,21 +104,22 @@ def paged_attention(
     return out
 
 
-def _decode_kernel(
+def _attend_rows(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    d: DecodeTables,
+    rows: RowTables,
     scale: float,
     window: int,
 ) -> torch.Tensor:
-    out = torch.ops.inhouse_cpu.paged_decode_attention(
+    out = torch.ops.inhouse_cpu.paged_attention_rows(
         q.float().contiguous(),
         k_cache,
         v_cache,
-        d.block_tables,
-        d.context_lens,
-        d.block_size,
+        rows.block_tables,
+        rows.row_seq,
+        rows.context_lens,
+        rows.block_size,
         scale,
         window,
     )
@@ -178,7 +163,7 @@ def build_attention_metadata(
     query_group: int,
     device: torch.device,
     sliding_window: int | None = None,
-    decode_kernel: bool = False,
+    row_kernel: bool = False,
 ) -> tuple[AttentionMetadata, torch.Tensor]:
     """Metadata and token positions for one step.
 
@@ -187,10 +172,8 @@ def build_attention_metadata(
     one group and multi-token (prefill) entries another, so a long prefill does not
     pad every decode query. ``query_group`` is query heads per KV head. With a
     ``sliding_window`` w, sliding layers let position p see keys p-w+1 .. p (HF's rule).
-    With ``decode_kernel``, the single-token entries are described for the C++ kernel
-    instead (:class:`DecodeTables`), in a step with prefills too: a sequence's decode
-    then takes the same arithmetic whatever runs beside it. On a CPU the padded groups
-    gather whole :data:`CPU_KEY_SPAN` spans of keys.
+    With ``row_kernel``, every token is described for the C++ kernel instead
+    (:class:`RowTables`): each row takes the same arithmetic whatever runs beside it.
     """
     starts = [0]
     for n in counts[:-1]:
@@ -202,15 +185,13 @@ def build_attention_metadata(
     slot_mapping = (
         tables[seq_of_token, positions // block_size] * block_size + positions % block_size
     )
+    window = sliding_window or 0
+    if row_kernel:
+        row_seq = None if num_tokens == len(counts) else seq_of_token.to(device)
+        rows = RowTables(tables.to(device), (positions + 1).to(device), block_size, row_seq)
+        return AttentionMetadata(slot_mapping.to(device), [], rows, window), positions.to(device)
     decode = [i for i, n in enumerate(counts) if n == 1]
     prefill = [i for i, n in enumerate(counts) if n > 1]
-    kernel_tables = None
-    if decode_kernel and decode:
-        lens = torch.tensor([computed[i] + 1 for i in decode])
-        rows = torch.tensor([starts[i] for i in decode]).to(device) if prefill else None
-        kernel_tables = DecodeTables(tables[decode].to(device), lens.to(device), block_size, rows)
-        decode = []
-    span = math.lcm(CPU_KEY_SPAN, block_size) // block_size if device.type == "cpu" else 1
     groups = [
         _group(
             members,
@@ -223,12 +204,11 @@ def build_attention_metadata(
             num_tokens,
             device,
             sliding_window,
-            span,
         )
         for members in (decode, prefill)
         if members
     ]
-    meta = AttentionMetadata(slot_mapping.to(device), groups, kernel_tables, sliding_window or 0)
+    meta = AttentionMetadata(slot_mapping.to(device), groups, None, window)
     return meta, positions.to(device)
 
 
@@ -252,16 +232,15 @@ def _group(
     num_tokens: int,
     device: torch.device,
     sliding_window: int | None,
-    span: int,
 ) -> AttentionGroup:
     start = torch.tensor([starts[i] for i in members])
     ctx = torch.tensor([computed[i] + counts[i] for i in members])
     qlen = torch.tensor([counts[i] for i in members])
-    num_blocks = -(-int(ctx.max()) // (span * block_size)) * span  # whole spans of blocks
+    num_blocks = -(-int(ctx.max()) // block_size)
     b, q_max, k_max = len(members), int(qlen.max()), num_blocks * block_size
     j = torch.arange(q_max)
     key_pos = torch.arange(k_max)
-    kv_blocks = F.pad(tables[members], (0, max(0, num_blocks - tables.shape[1])))[:, :num_blocks]
+    kv_blocks = tables[members][:, :num_blocks]
     identity = b * q_max == num_tokens and bool((qlen == q_max).all())
     query_index = (start[:, None] + torch.minimum(j[None, :], qlen[:, None] - 1)).reshape(-1)
     real = j[None, :] < qlen[:, None]

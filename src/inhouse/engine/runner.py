@@ -34,7 +34,7 @@ class ModelRunner:
         self.query_group = args.num_heads // args.num_kv_heads
         self.sliding_window = args.sliding_window
         self.max_positions = loaded.model.rope_cos.shape[0]
-        self.decode_kernel = loaded.decode_kernel
+        self.attention_kernel = loaded.attention_kernel
         shape = (args.num_layers, 2, num_blocks * block_size, args.num_kv_heads, args.head_dim)
         self.kv_cache = _zeroed(shape, loaded.kv_dtype, loaded.device)
         self.kv_bytes_per_token = (
@@ -76,7 +76,7 @@ class ModelRunner:
             self.query_group,
             self.device,
             self.sliding_window,
-            self.decode_kernel,
+            self.attention_kernel,
         )
         input_ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
         last_rows = torch.tensor(counts).cumsum(0).sub_(1).to(self.device)

@@ -350,21 +350,28 @@ inline float dot(const float* q, const T* k, int64_t dim) {
   return s;
 }
 
-// out = sum over n of p[n] * rows[n], dim values each; the sums stay in registers, 32
-// features at a time, when dim is a multiple of 32.
+// out = sum over n of p[n] * rows[n], dim values each; the sums stay in registers, 64
+// features at a time (eight independent chains, so the FMAs do not wait on each other),
+// then 32, each feature summed in key order either way.
+template <typename T, int C>
+inline void weighted_chunk(const T* const* rows, const float* p, int64_t n, int64_t i, float* out) {
+#ifdef INHOUSE_AVX2
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    const __m256 weight = _mm256_set1_ps(p[t]);
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(weight, load8(rows[t] + i + 8 * c), acc[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + i + 8 * c, acc[c]);
+#endif
+}
+
 template <typename T>
 inline void weighted_sum(const T* const* rows, const float* p, int64_t n, int64_t dim, float* out) {
   int64_t i = 0;
 #ifdef INHOUSE_AVX2
-  for (; i + 32 <= dim; i += 32) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    for (int64_t t = 0; t < n; ++t) {
-      const __m256 weight = _mm256_set1_ps(p[t]);
-      for (int c = 0; c < 4; ++c) acc[c] = _mm256_fmadd_ps(weight, load8(rows[t] + i + 8 * c), acc[c]);
-    }
-    for (int c = 0; c < 4; ++c) _mm256_storeu_ps(out + i + 8 * c, acc[c]);
-  }
+  for (; i + 64 <= dim; i += 64) weighted_chunk<T, 8>(rows, p, n, i, out);
+  for (; i + 32 <= dim; i += 32) weighted_chunk<T, 4>(rows, p, n, i, out);
 #endif
   for (; i < dim; ++i) {
     float total = 0.f;
@@ -373,75 +380,168 @@ inline void weighted_sum(const T* const* rows, const float* p, int64_t n, int64_
   }
 }
 
+#ifdef INHOUSE_AVX2
+// e^x for 8 lanes of x <= 0 (softmax, the max subtracted): x = k ln2 + r, e^x = 2^k e^r,
+// e^r by Cephes' expf polynomial (within 2 ulp of std::exp). Below -87.3 (e^x under
+// float's smallest normal) it returns ~1e-38, not 0; a softmax never notices.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 poly = _mm256_set1_ps(1.9875691500e-4f);
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.3981999507e-3f));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(8.3334519073e-3f));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(4.1665795894e-2f));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.6666665459e-1f));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(5.0000001201e-1f));
+  poly = _mm256_fmadd_ps(poly, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i two_k = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(poly, _mm256_castsi256_ps(two_k));
+}
+#endif
+
+// scores[t] = e^(scores[t] - top) for t < n; returns their sum. Eight at a time where the
+// CPU has AVX2, the last n % 8 one by one: a function of n alone, as the row's keys are.
+inline float exp_and_sum(float* scores, int64_t n, float top) {
+  int64_t t = 0;
+  float total = 0.f;
+#ifdef INHOUSE_AVX2
+  __m256 sums = _mm256_setzero_ps();
+  const __m256 top8 = _mm256_set1_ps(top);
+  for (; t + 8 <= n; t += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), top8));
+    _mm256_storeu_ps(scores + t, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  __m128 half = _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1));
+  half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  total = _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
+#endif
+  for (; t < n; ++t) total += (scores[t] = std::exp(scores[t] - top));
+  return total;
+}
+
+// One query head over n keys: softmax(q . k * scale) weighted sum of the values into out.
+// U is the cache's type, or float for rows already converted: the conversion is exact, so
+// both give the same bits.
+template <typename U>
+inline void attend_head(const float* qh, const U* const* keys, const U* const* values, int64_t n,
+                        int64_t dim, float scale, float* scores, float* out) {
+  float top = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) {
+    scores[t] = dot(qh, keys[t], dim) * scale;
+    top = std::max(top, scores[t]);
+  }
+  const float inv = 1.f / exp_and_sum(scores, n, top);
+  for (int64_t t = 0; t < n; ++t) scores[t] *= inv;
+  weighted_sum(values, scores, n, dim, out);
+}
+
+constexpr int64_t kTileRows = 16;  // consecutive rows of one sequence sharing converted K/V
+
 template <typename T>
-void decode_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
-                           const torch::Tensor& v_cache, const torch::Tensor& tables,
-                           const torch::Tensor& lens, int64_t block_size, float scale,
-                           int64_t window, bool torch_threads, torch::Tensor& out) {
-  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
+void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
+                         const torch::Tensor& v_cache, const torch::Tensor& tables,
+                         const int64_t* seq, const int64_t* lp, int64_t block_size, float scale,
+                         int64_t window, bool torch_threads, torch::Tensor& out) {
+  const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = k_cache.size(1), group = heads / kv_heads;
   const int64_t width = tables.size(1);
   const float* qp = q.data_ptr<float>();
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
   const int64_t* tp = tables.data_ptr<int64_t>();
-  const int64_t* lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
-  const int64_t row = kv_heads * dim;  // values per cache slot
+  const int64_t slot_values = kv_heads * dim;
+  const auto seq_of = [&](int64_t i) { return seq == nullptr ? i : seq[i]; };
+  const auto first_key = [&](int64_t i) {
+    return window > 0 ? std::max<int64_t>(0, lp[i] - window) : int64_t{0};
+  };
+  std::vector<int64_t> tile_starts;
+  for (int64_t i = 0; i < rows; ++i) {
+    if (i == 0 || seq_of(i) != seq_of(i - 1) || i - tile_starts.back() == kTileRows) {
+      tile_starts.push_back(i);
+    }
+  }
+  tile_starts.push_back(rows);
+  const int64_t tiles = static_cast<int64_t>(tile_starts.size()) - 1;
   const auto body = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+    std::vector<float> scores, k_rows, v_rows;
     std::vector<const T*> keys, values;
+    std::vector<const float*> k_float, v_float;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / kv_heads, kvh = item % kv_heads;
-      const int64_t len = lp[b];
-      const int64_t start = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const int64_t n = len - start;
+      const int64_t tile = item / kv_heads, kvh = item % kv_heads;
+      const int64_t r0 = tile_starts[tile], r1 = tile_starts[tile + 1];
+      const int64_t* table = tp + seq_of(r0) * width;
+      int64_t lo = first_key(r0), hi = lp[r0];
+      for (int64_t r = r0 + 1; r < r1; ++r) {
+        lo = std::min(lo, first_key(r));
+        hi = std::max(hi, lp[r]);
+      }
+      const int64_t n = hi - lo;
       keys.resize(n);
       values.resize(n);
       scores.resize(n);
-      for (int64_t t = start; t < len;) {
-        const int64_t base = tp[b * width + t / block_size] * block_size;
-        for (int64_t offset = t % block_size; offset < block_size && t < len; ++offset, ++t) {
-          const int64_t at = (base + offset) * row + kvh * dim;
-          keys[t - start] = kp + at;
-          values[t - start] = vp + at;
+      for (int64_t t = lo; t < hi; ++t) {
+        const int64_t at = (table[t / block_size] * block_size + t % block_size) * slot_values;
+        keys[t - lo] = kp + at + kvh * dim;
+        values[t - lo] = vp + at + kvh * dim;
+      }
+      if (r1 - r0 > 1) {  // convert the tile's keys and values once for all its rows
+        k_rows.resize(n * dim);
+        v_rows.resize(n * dim);
+        k_float.resize(n);
+        v_float.resize(n);
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t d = 0; d < dim; ++d) {
+            k_rows[t * dim + d] = static_cast<float>(keys[t][d]);
+            v_rows[t * dim + d] = static_cast<float>(values[t][d]);
+          }
+          k_float[t] = k_rows.data() + t * dim;
+          v_float[t] = v_rows.data() + t * dim;
         }
       }
-      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        const float* qh = qp + (b * heads + h) * dim;
-        float top = -INFINITY;
-        for (int64_t t = 0; t < n; ++t) {
-          scores[t] = dot(qh, keys[t], dim) * scale;
-          top = std::max(top, scores[t]);
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t from = first_key(r) - lo, count = lp[r] - first_key(r);
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          const float* qh = qp + (r * heads + h) * dim;
+          float* o = op + (r * heads + h) * dim;
+          if (r1 - r0 > 1) {
+            attend_head(qh, k_float.data() + from, v_float.data() + from, count, dim, scale,
+                        scores.data(), o);
+          } else {
+            attend_head(qh, keys.data() + from, values.data() + from, count, dim, scale,
+                        scores.data(), o);
+          }
         }
-        float total = 0.f;
-        for (auto& s : scores) total += (s = std::exp(s - top));
-        const float inv = 1.f / total;
-        for (auto& s : scores) s *= inv;
-        weighted_sum(values.data(), scores.data(), n, dim, op + b * heads * dim + h * dim);
       }
     }
   };
   if (torch_threads) {
-    at::parallel_for(0, batch * kv_heads, 1, body);
+    at::parallel_for(0, tiles * kv_heads, 1, body);
   } else {
-    inhouse::parallel_for(0, batch * kv_heads, 1, body);
+    inhouse::parallel_for(0, tiles * kv_heads, 1, body);
   }
 }
 
-// Decode attention straight from the paged cache: one query token per sequence.
-// q [B, H, D] float32; caches [slots, KVH, D] float32, float16 or bfloat16;
-// block_tables int64 [B, W]; context_lens int64 [B]. Sequence b attends to its positions
-// max(0, len - window) .. len - 1 (window 0 = all). Each (sequence, KV head) finds its
-// cache rows once, then serves its query heads. Between torch ops (`torch_threads`) it
-// runs on torch's threads: two pools polling for work on a 2-core host take each other's
-// cores (a float16-weight decode step took 20-30% longer); inside decode_layers, where
-// every op is ours, on the pool.
-torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                                     const torch::Tensor& v_cache,
-                                     const torch::Tensor& block_tables,
-                                     const torch::Tensor& context_lens, int64_t block_size,
-                                     double scale, int64_t window, bool torch_threads) {
+// Attention of query rows straight from the paged cache, for decodes and prefills alike.
+// q [R, H, D] float32; caches [slots, KVH, D] float32, float16 or bfloat16; block_tables
+// int64 [S, W]; row_seq int64 [R], the sequence (row of block_tables) of each query row,
+// or None when row i is sequence i (a step of decodes); context_lens int64 [R], the keys
+// each row attends to, itself included: its positions max(0, len - window) .. len - 1
+// (window 0 = all). Every row and head sums its keys in position order on its own, so a
+// row's bits are the same alone, batched, in a whole prompt or in a chunk of it. Between
+// torch ops (`torch_threads`) it runs on torch's threads: two pools polling for work on a
+// 2-core host take each other's cores (a float16-weight decode step took 20-30% longer);
+// inside decode_layers, where every op is ours, on the pool.
+torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                   const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                                   const c10::optional<torch::Tensor>& row_seq,
+                                   const torch::Tensor& context_lens, int64_t block_size,
+                                   double scale, int64_t window, bool torch_threads) {
   const auto cache_type = k_cache.scalar_type();
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && v_cache.scalar_type() == cache_type &&
                   (cache_type == torch::kFloat32 || cache_type == torch::kHalf ||
@@ -450,21 +550,29 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && q.is_contiguous());
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
+  torch::Tensor seqs = row_seq.has_value() ? row_seq->contiguous() : torch::Tensor();
+  const int64_t rows = q.size(0);
+  TORCH_CHECK(lens.numel() == rows && (!seqs.defined() || seqs.numel() == rows),
+              "one context length (and sequence) per query row");
   const int64_t* lp = lens.data_ptr<int64_t>();
-  for (int64_t b = 0; b < q.size(0); ++b) {
-    TORCH_CHECK(lp[b] <= tables.size(1) * block_size, "context longer than the block table");
+  const int64_t* sp = seqs.defined() ? seqs.data_ptr<int64_t>() : nullptr;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t s = sp == nullptr ? i : sp[i];
+    TORCH_CHECK(s >= 0 && s < tables.size(0), "row's sequence outside the block tables");
+    TORCH_CHECK(lp[i] >= 1 && lp[i] <= tables.size(1) * block_size,
+                "context empty or longer than the block table");
   }
-  auto out = torch::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
+  auto out = torch::empty({rows, q.size(1) * q.size(2)}, q.options());
   const float scale_f = static_cast<float>(scale);
   if (cache_type == torch::kHalf) {
-    decode_attention_impl<c10::Half>(q, k_cache, v_cache, tables, lens, block_size, scale_f,
-                                     window, torch_threads, out);
+    attention_rows_impl<c10::Half>(q, k_cache, v_cache, tables, sp, lp, block_size, scale_f,
+                                   window, torch_threads, out);
   } else if (cache_type == torch::kBFloat16) {
-    decode_attention_impl<c10::BFloat16>(q, k_cache, v_cache, tables, lens, block_size, scale_f,
-                                         window, torch_threads, out);
+    attention_rows_impl<c10::BFloat16>(q, k_cache, v_cache, tables, sp, lp, block_size, scale_f,
+                                       window, torch_threads, out);
   } else {
-    decode_attention_impl<float>(q, k_cache, v_cache, tables, lens, block_size, scale_f, window,
-                                 torch_threads, out);
+    attention_rows_impl<float>(q, k_cache, v_cache, tables, sp, lp, block_size, scale_f, window,
+                               torch_threads, out);
   }
   return out;
 }
@@ -701,8 +809,9 @@ torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::T
     const torch::Tensor x = add_rms_norm(residual, added, *weights.get(at), eps);
     const torch::Tensor qkv = linear_any(x, weights, at + 1).view({tokens, heads + 2 * kv_heads, dim});
     const torch::Tensor q = rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads);
-    const torch::Tensor attended = paged_decode_attention(
-        q, k_cache, v_cache, block_tables, context_lens, block_size, scale, windows[l], false);
+    const torch::Tensor attended = paged_attention_rows(q, k_cache, v_cache, block_tables,
+                                                        c10::nullopt, context_lens, block_size,
+                                                        scale, windows[l], false);
     const torch::Tensor o = linear_any(attended, weights, at + 5);
     const torch::Tensor h = add_rms_norm(residual, o, *weights.get(at + 9), eps);
     added = linear_any(silu_mul(linear_any(h, weights, at + 10)), weights, at + 14);
@@ -716,9 +825,9 @@ TORCH_LIBRARY(inhouse_cpu, m) {
   m.def("linear_q8(Tensor x, Tensor q, Tensor d, Tensor? bias) -> Tensor");
   m.def("linear_q4(Tensor x, Tensor q, Tensor d, Tensor mins, Tensor? bias) -> Tensor");
   m.def(
-      "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-      "Tensor context_lens, int block_size, float scale, int window, bool torch_threads=True) "
-      "-> Tensor");
+      "paged_attention_rows(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+      "Tensor? row_seq, Tensor context_lens, int block_size, float scale, int window, "
+      "bool torch_threads=True) -> Tensor");
   m.def(
       "rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor slots, int heads) -> Tensor");
@@ -736,7 +845,7 @@ TORCH_LIBRARY(inhouse_cpu, m) {
 TORCH_LIBRARY_IMPL(inhouse_cpu, CPU, m) {
   m.impl("linear_q8", &linear_q8);
   m.impl("linear_q4", &linear_q4);
-  m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("paged_attention_rows", &paged_attention_rows);
   m.impl("rope_write_kv", &rope_write_kv);
   m.impl("silu_mul", &silu_mul);
   m.impl("add_rms_norm", &add_rms_norm);

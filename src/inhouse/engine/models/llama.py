@@ -351,7 +351,7 @@ class LlamaForCausalLM(nn.Module):
     def _decode_layers(self, h, cos, sin, kv_caches, meta) -> torch.Tensor:
         """Every layer of a step of single-token decodes in one C++ call (``decode_layers``):
         the same kernels in the same order as :meth:`DecoderLayer.fused`, so the same bits."""
-        d = meta.decode
+        d = meta.rows
         assert d is not None and self.decode_weights is not None
         head_dim = self.args.head_dim
         windows = [meta.sliding_window if layer.self_attn.sliding else 0 for layer in self.layers]
@@ -459,7 +459,7 @@ class LlamaForCausalLM(nn.Module):
 
 def _plain_decode(meta: AttentionMetadata) -> bool:
     """Whether every entry of the step is one new token for the C++ decode kernel."""
-    return meta.decode is not None and meta.decode.token_rows is None and not meta.groups
+    return meta.rows is not None and meta.rows.row_seq is None
 
 
 def _decode_weights(layers: nn.ModuleList) -> list[torch.Tensor | None] | None:

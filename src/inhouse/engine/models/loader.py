@@ -48,7 +48,7 @@ class LoadedModel:
     hf_folder: Path
     quantization: str = "none"  # weight format: none, fp16, q8 or q4 (see precision.py)
     path_reason: str = ""  # why this dtype and weight format were chosen on this machine
-    decode_kernel: bool = False  # decode attention by the C++ kernel, reading the cache in place
+    attention_kernel: bool = False  # every query row attended by the C++ kernel, in place
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -294,15 +294,15 @@ def load_model(
         hf_folder=folder,
         quantization=quant,
         path_reason=precision.reason,
-        decode_kernel=_decode_kernel(dev, torch_dtype, quant),
+        attention_kernel=_attention_kernel(dev, torch_dtype, quant),
     )
 
 
-def _decode_kernel(device: torch.device, dtype: torch.dtype, quantization: str) -> bool:
-    """Whether decode attention runs on the C++ kernel: on a CPU where the kernels are built,
-    for float32 and bfloat16 activations (the kernel sums in float32 either way). It gives a
-    sequence the same bits whatever decodes beside it, and gathers nothing."""
+def _attention_kernel(device: torch.device, dtype: torch.dtype, quantization: str) -> bool:
+    """Whether attention runs on the C++ kernel: on a CPU where the kernels are built, for
+    float32 and bfloat16 activations (it sums in float32 either way). It gives each query
+    row the same bits whatever runs beside it or however its prompt is chunked, and gathers
+    nothing."""
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
     return quantization in ("q8", "q4") or load_kernels() is not None
-
