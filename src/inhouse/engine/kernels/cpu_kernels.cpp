@@ -425,10 +425,8 @@ inline float exp_and_sum(float* scores, int64_t n, float top) {
 }
 
 // One query head over n keys: softmax(q . k * scale) weighted sum of the values into out.
-// U is the cache's type, or float for rows already converted: the conversion is exact, so
-// both give the same bits.
-template <typename U>
-inline void attend_head(const float* qh, const U* const* keys, const U* const* values, int64_t n,
+template <typename T>
+inline void attend_head(const float* qh, const T* const* keys, const T* const* values, int64_t n,
                         int64_t dim, float scale, float* scores, float* out) {
   float top = -INFINITY;
   for (int64_t t = 0; t < n; ++t) {
@@ -440,7 +438,10 @@ inline void attend_head(const float* qh, const U* const* keys, const U* const* v
   weighted_sum(values, scores, n, dim, out);
 }
 
-constexpr int64_t kTileRows = 16;  // consecutive rows of one sequence sharing converted K/V
+// Consecutive rows of one sequence (a prefill) that share one gathering of their cache rows.
+// (Converting the tile's K/V to float once for its rows was twice as slow: scalar float16
+// conversions cost more than the vcvtph2ps inside the dot products.)
+constexpr int64_t kTileRows = 16;
 
 template <typename T>
 void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
@@ -469,9 +470,8 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   tile_starts.push_back(rows);
   const int64_t tiles = static_cast<int64_t>(tile_starts.size()) - 1;
   const auto body = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, k_rows, v_rows;
+    std::vector<float> scores;
     std::vector<const T*> keys, values;
-    std::vector<const float*> k_float, v_float;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t tile = item / kv_heads, kvh = item % kv_heads;
       const int64_t r0 = tile_starts[tile], r1 = tile_starts[tile + 1];
@@ -490,32 +490,11 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
         keys[t - lo] = kp + at + kvh * dim;
         values[t - lo] = vp + at + kvh * dim;
       }
-      if (r1 - r0 > 1) {  // convert the tile's keys and values once for all its rows
-        k_rows.resize(n * dim);
-        v_rows.resize(n * dim);
-        k_float.resize(n);
-        v_float.resize(n);
-        for (int64_t t = 0; t < n; ++t) {
-          for (int64_t d = 0; d < dim; ++d) {
-            k_rows[t * dim + d] = static_cast<float>(keys[t][d]);
-            v_rows[t * dim + d] = static_cast<float>(values[t][d]);
-          }
-          k_float[t] = k_rows.data() + t * dim;
-          v_float[t] = v_rows.data() + t * dim;
-        }
-      }
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t from = first_key(r) - lo, count = lp[r] - first_key(r);
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          const float* qh = qp + (r * heads + h) * dim;
-          float* o = op + (r * heads + h) * dim;
-          if (r1 - r0 > 1) {
-            attend_head(qh, k_float.data() + from, v_float.data() + from, count, dim, scale,
-                        scores.data(), o);
-          } else {
-            attend_head(qh, keys.data() + from, values.data() + from, count, dim, scale,
-                        scores.data(), o);
-          }
+          attend_head(qp + (r * heads + h) * dim, keys.data() + from, values.data() + from, count,
+                      dim, scale, scores.data(), op + (r * heads + h) * dim);
         }
       }
     }
