@@ -89,7 +89,8 @@ def paged_attention(
     A ``sliding`` layer sees only the last ``sliding_window`` positions (the metadata's).
     """
     if meta.rows is not None:
-        return _attend_rows(q, k_cache, v_cache, meta.rows, scale, meta.sliding_window * sliding)
+        window = meta.sliding_window if sliding else 0
+        return _attend_rows(q, k_cache, v_cache, meta.rows, scale, window)
     num_tokens, num_heads, head_dim = q.shape
     group = num_heads // k_cache.shape[1]
     if len(meta.groups) == 1 and meta.groups[0].token_rows is None:
