@@ -22,12 +22,14 @@ from inhouse.gateway.config import GatewayConfig, default_state_dir
 from inhouse.gateway.db import open_database, sqlite_path
 from inhouse.gateway.front import GatewayFront
 from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
+from inhouse.gateway.guardrail import Guardrail
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.limits import KeyLimiter
 from inhouse.gateway.metrics import GatewayMetrics, scrape_targets
 from inhouse.gateway.openapi import install_openapi
 from inhouse.gateway.proxy import UpstreamClients
+from inhouse.gateway.releases import ReleaseStore
 from inhouse.gateway.routing import Router
 from inhouse.http_errors import install_error_handlers
 
@@ -47,6 +49,7 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
         GatewayMetrics(config.audit.creep_window, [m.name for m in config.models]),
         UpstreamClients(),
         limits_block=config.shared_limits,
+        releases=ReleaseStore(db, clock),
     )
 
 
@@ -73,9 +76,14 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         health_client = httpx.AsyncClient()
         checker = HealthChecker(
-            gateway.router.all_backends(), health_client, gateway.config.health, on_health_change
+            gateway.router.all_backends, health_client, gateway.config.health, on_health_change
         )
-        tasks = [asyncio.create_task(checker.run()), asyncio.create_task(gateway.audit.run())]
+        guardrail = Guardrail(
+            gateway.releases.store, gateway.release_metrics, gateway.releases.candidates,
+            gateway.config.releases.guard_interval_s,
+        )  # fmt: skip
+        loops = (checker.run(), gateway.audit.run(), guardrail.run())
+        tasks = [asyncio.create_task(loop) for loop in loops]
         try:
             yield
         finally:

@@ -58,6 +58,7 @@ class AuditRecord:
     fallback_used: bool = False
     prompt_text: str | None = None
     completion_text: str | None = None
+    release: int | None = None
 
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))

@@ -60,7 +60,7 @@ def audit_command(
     from inhouse.gateway.audit import recent_rows, totals_by_key
     from inhouse.gateway.db import open_database
 
-    db = open_database(_settings(config, database).database)
+    db = open_database(settings_for(config, database).database)
     console = Console()
     recent = Table(title=f"Last {limit} requests")
     columns = ("time", "key", "model", "backend", "status", "prompt", "completion", "ms", "finish")
@@ -203,7 +203,8 @@ def keys_update(
     typer.echo(f"updated key {name!r}: {', '.join(sorted(changes))}")
 
 
-def _settings(config: Path | None, database: str | None) -> Any:
+def settings_for(config: Path | None, database: str | None) -> Any:
+    """The gateway config of `--config` (or the defaults), with `--database` over its own."""
     from inhouse.gateway.config import GatewayConfig, load_config
 
     settings = load_config(config) if config else GatewayConfig(models=())
@@ -218,7 +219,7 @@ def _store(config: Path | None, database: str | None) -> KeyStore:
     from inhouse.gateway.db import open_database
     from inhouse.gateway.keys import KeyStore, load_pepper
 
-    settings = _settings(config, database)
+    settings = settings_for(config, database)
     return KeyStore(open_database(settings.database), load_pepper(settings))
 
 

@@ -111,6 +111,22 @@ class AuditSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseSettings:
+    """`[releases]`: the shadow's bounds and how often the guardrail looks (see `shadow`,
+    `guardrail`)."""
+
+    shadow_max_in_flight: int = 16
+    shadow_timeout_s: float = 60.0
+    guard_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.shadow_max_in_flight < 0 or self.shadow_timeout_s <= 0:
+            raise ConfigError("releases: shadow_max_in_flight >= 0 and shadow_timeout_s > 0")
+        if self.guard_interval_s <= 0:
+            raise ConfigError("releases.guard_interval_s must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything `inhouse gateway` needs; see README "## Gateway" for each key."""
 
@@ -126,6 +142,7 @@ class GatewayConfig:
     max_request_body: int = DEFAULT_MAX_BODY_BYTES
     health: HealthSettings = field(default_factory=HealthSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    releases: ReleaseSettings = field(default_factory=ReleaseSettings)
 
     def model(self, name: str) -> ModelRoute | None:
         return next((m for m in self.models if m.name == name), None)
@@ -153,6 +170,10 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
     )
     audit = _table(data, "audit")
     _reject_unknown(audit, "audit", {f.name for f in AuditSettings.__dataclass_fields__.values()})
+    release = _table(data, "releases")
+    _reject_unknown(
+        release, "releases", {f.name for f in ReleaseSettings.__dataclass_fields__.values()}
+    )
     pepper = gw.get("pepper_file")
     return GatewayConfig(
         models=models,
@@ -169,6 +190,7 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
         ),
         health=HealthSettings(**health),
         audit=_audit_settings(audit),
+        releases=ReleaseSettings(**release),
     )
 
 

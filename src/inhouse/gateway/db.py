@@ -17,11 +17,14 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
     create_engine,
     event,
+    inspect,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, ProgrammingError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.schema import CreateColumn
 
 metadata = MetaData()
 
@@ -67,6 +70,7 @@ audit_log = Table(
     Column("fallback_used", Boolean, nullable=False, default=False),
     Column("prompt_text", Text),
     Column("completion_text", Text),
+    Column("release", Integer),  # the release number that answered (see `releases`)
 )
 
 # Journal segments whose rows are committed: a segment found on disk after a crash and
@@ -82,6 +86,78 @@ limiter_state = Table(
     metadata,
     Column("bucket", String(200), primary_key=True),
     Column("tat", Float, nullable=False),
+)
+
+# Releases (see `releases`): numbered, immutable units per public model; one state row per
+# model says which release is stable, which is the candidate and its shares, with a version
+# that every change bumps; every change is an event.
+releases = Table(
+    "releases",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("model", String(200), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("backends", Text, nullable=False),  # JSON: upstream references
+    Column("manifest_digest", String(64)),
+    Column("manifest", Text),  # JSON: what the manifest pins
+    Column("sampling", Text),  # JSON: defaults applied where the client sets none
+    Column("max_output", Integer),
+    Column("guardrails", Text),  # JSON: thresholds for automatic rollback
+    UniqueConstraint("model", "number"),
+)
+
+release_state = Table(
+    "release_state",
+    metadata,
+    Column("model", String(200), primary_key=True),
+    Column("version", Integer, nullable=False),
+    Column("stable", Integer, nullable=False),
+    Column("candidate", Integer),
+    Column("percent", Float, nullable=False, default=0.0),
+    Column("shadow", Float, nullable=False, default=0.0),
+    Column("since", Float, nullable=False),  # when the candidate (or stable) took its place
+)
+
+release_events = Table(
+    "release_events",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("ts", Float, nullable=False),
+    Column("model", String(200), nullable=False, index=True),
+    Column("actor", String(200), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("release", Integer),
+    Column("detail", Text),  # JSON: what changed
+    Column("reason", Text),
+)
+
+shadow_pairs = Table(
+    "shadow_pairs",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("ts", Float, nullable=False),
+    Column("model", String(200), nullable=False, index=True),
+    Column("primary_release", Integer, nullable=False),
+    Column("shadow_release", Integer, nullable=False, index=True),
+    Column("key_name", String(200)),
+    Column("endpoint", String(64)),
+    Column("primary_status", Integer, nullable=False),
+    Column("shadow_status", Integer, nullable=False),
+    Column("shadow_error", String(64)),
+    Column("primary_finish", String(32)),
+    Column("shadow_finish", String(32)),
+    Column("primary_tokens", Integer),
+    Column("shadow_tokens", Integer),
+    Column("primary_latency_ms", Float),
+    Column("shadow_latency_ms", Float),
+    Column("primary_ttft_ms", Float),
+    Column("shadow_ttft_ms", Float),
+    Column("exact_match", Boolean),
+    Column("primary_json_valid", Boolean),
+    Column("shadow_json_valid", Boolean),
+    Column("primary_text", Text),  # only for keys that log content
+    Column("shadow_text", Text),
 )
 
 
@@ -116,10 +192,24 @@ def _create_tables(db: Engine, attempts: int = 3) -> None:
     for attempt in range(attempts):
         try:
             metadata.create_all(db)
+            _add_missing_columns(db)
             return
         except (IntegrityError, ProgrammingError):
             if attempt == attempts - 1:
                 raise
+
+
+def _add_missing_columns(db: Engine) -> None:
+    """Add the nullable columns a table of an older database lacks (the only schema change
+    the gateway makes: new columns are nullable, so old rows and old gateways keep working)."""
+    inspector = inspect(db)
+    for table in metadata.sorted_tables:
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        missing = [c for c in table.columns if c.name not in present and c.nullable]
+        for column in missing:
+            ddl = CreateColumn(column).compile(dialect=db.dialect)
+            with contextlib.suppress(ProgrammingError, OperationalError), db.begin() as conn:
+                conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {ddl}")
 
 
 def sqlite_path(url: str) -> Path | None:

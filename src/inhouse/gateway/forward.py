@@ -14,6 +14,7 @@ from starlette.types import Receive
 
 from inhouse.api.errors import APIError, service_unavailable
 from inhouse.gateway.call import Call, Outcome
+from inhouse.gateway.canary import apply_release, capped
 from inhouse.gateway.config import HealthSettings
 from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.ledger import CLIENT_CLOSED, Ledger
@@ -61,7 +62,7 @@ class Forwarder:
                     return opened
                 upstream, forward = opened
                 if outcome.status == 200 and call.stream:
-                    if call.key.log_content:
+                    if call.keeps_text:
                         outcome.text = []
                     strip = not forward.client_wants_usage
                     chunks = relay_events(upstream.iter_body(), outcome, strip)
@@ -86,7 +87,7 @@ class Forwarder:
             if watch is not None:
                 watch.stop()
         await stack.aclose()
-        read_answer(answer, outcome, call.key.log_content)
+        read_answer(answer, outcome, call.keeps_text)
         outcome.completed = True
         self.settler.settle(call, outcome)
         media = upstream.headers.get("content-type", "application/json")
@@ -109,17 +110,28 @@ class Forwarder:
         fallback; its response, or the error response when none can take it."""
         tried: set[int] = set()
         while True:
+            pick = call.release = None if call.release is None else call.release.routable()
+            pool = None if pick is None else pick.answering.pool
+            on_candidate = pick is not None and pick.stable is not None  # else: the stable's
+            may_fall_back = call.key.allow_fallback and not on_candidate
             try:
                 call.lease = await self.router.acquire(
-                    call.route, call.needs, call.key.allow_fallback, frozenset(tried)
+                    call.route, call.needs, may_fall_back, frozenset(tried), pool
                 )
             except Overloaded as err:
+                if on_candidate:  # the candidate's replicas are busy: the stable release answers
+                    assert pick is not None
+                    call.release, tried = pick.on_stable(), set()
+                    continue
                 return self.fail(call, outcome, err, err.retry_after_s)
             lease = call.lease
             if lease.fallback:
                 self.ledger.fell_back(call.route.name)
             salt = self.keys.cache_salt(call.key)
-            forward = prepare(lease.upstream, call.endpoint, body, salt, call.output_cap)
+            cap, sent = call.output_cap, body
+            if pick is not None:
+                cap, sent = capped(cap, pick.answering), apply_release(body, pick.answering)
+            forward = prepare(lease.upstream, call.endpoint, sent, salt, cap)
             try:
                 upstream = await self.upstreams.open(forward, stack)
             except (ConnectionRefusedError, socket.gaierror) as exc:
@@ -133,6 +145,9 @@ class Forwarder:
                 tried.add(id(lease.backend))
                 if lease.backend.record_failure(self.health, f"proxy: {exc!r}"[:200]):
                     self.router.wake(call.route.name)
+                if on_candidate:
+                    assert pick is not None
+                    call.release, tried = pick.on_stable(), set()
                 continue
             outcome.status = upstream.status
             return upstream, forward

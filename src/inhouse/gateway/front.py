@@ -40,13 +40,16 @@ class GatewayFront:
             return
         started = time.perf_counter()
         status = 500
+        fields: dict[str, str] = {}
         try:
-            status = await self._dispatch(scope, receive, send)
+            status = await self._dispatch(scope, receive, send, fields)
         finally:
             if self._access_log is not None:
-                self._access_log.write(scope, status, time.perf_counter() - started)
+                self._access_log.write(scope, status, time.perf_counter() - started, fields)
 
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> int:
+    async def _dispatch(
+        self, scope: Scope, receive: Receive, send: Send, fields: dict[str, str]
+    ) -> int:
         """Answer the request; the status it got."""
         endpoint = PROXIED.get(scope["path"])
         if endpoint is None:
@@ -58,7 +61,7 @@ class GatewayFront:
                     authorization = value.decode("latin-1")
                     break
             body = await read_body(receive)
-            response = await self._gateway.handle(authorization, body, endpoint, receive)
+            response = await self._gateway.handle(authorization, body, endpoint, receive, fields)
         else:
             refused = method_not_allowed(scope["method"], scope["path"])
             response = error_response(refused, {"allow": "POST"})

@@ -11,6 +11,8 @@ from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.metrics import GatewayMetrics
+from inhouse.gateway.release_metrics import ReleaseMetrics
+from inhouse.gateway.shadow import Primary
 
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 
@@ -18,9 +20,13 @@ CLIENT_CLOSED = 499  # nginx's "client closed request"
 class Ledger:
     """Writes what happened to each request: Prometheus metrics and one audit row."""
 
-    def __init__(self, audit: AuditWriter, metrics: GatewayMetrics, redact: Redactor) -> None:
+    def __init__(
+        self, audit: AuditWriter, metrics: GatewayMetrics, redact: Redactor,
+        releases: ReleaseMetrics,
+    ) -> None:  # fmt: skip
         self.audit = audit
         self.metrics = metrics
+        self.releases = releases
         self._redact = redact
 
     def prompt_text(self, key: ApiKey, body: dict[str, Any]) -> str | None:
@@ -71,7 +77,14 @@ class Ledger:
         )
         if outcome.prompt_tokens is not None:  # context creep on real tokens, not the estimate
             self.metrics.observe_prompt(model, outcome.prompt_tokens)
-        text = None if outcome.text is None else self._redact("".join(outcome.text))
+        pick = call.release
+        if pick is not None:
+            self.releases.observe(model, pick.answering.candidate, status, ttft)
+        if call.shadow is not None:
+            call.shadow.primary_settled(Primary(status, outcome, end - call.started, ttft))
+        text = None  # collected for a shadow comparison too, but kept only for `log_content`
+        if outcome.text is not None and call.key.log_content:
+            text = self._redact("".join(outcome.text))
         self.audit.record(
             AuditRecord(
                 ts=call.ts,
@@ -91,5 +104,6 @@ class Ledger:
                 fallback_used=lease is not None and lease.fallback,
                 prompt_text=call.prompt_text,
                 completion_text=text,
+                release=None if pick is None else pick.answering.number,
             )
         )
