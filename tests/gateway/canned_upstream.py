@@ -1,8 +1,10 @@
 """A canned OpenAI-shaped upstream on a real loopback socket (uvicorn in a thread): it answers
-every chat completion with the same reply, streamed or not, and keeps what it was sent."""
+every chat completion with the same reply (`reply`, after `delay_s`, or HTTP `fail_status`
+when set), streamed or not, and keeps what it was sent."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -28,18 +30,22 @@ class Canned:
 
     url: str
     received: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
+    reply: str = "Hi!"
+    delay_s: float = 0.0
+    fail_status: int | None = None
 
     def last(self) -> tuple[dict[str, str], dict[str, Any]]:
         return self.received[-1]
 
 
-def _events(model: str) -> Iterator[bytes]:
+def _events(model: str, reply: str) -> Iterator[bytes]:
     def chunk(choices: list[Any], **extra: Any) -> bytes:
         body = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": model}
         return b"data: " + json.dumps({**body, "choices": choices, **extra}).encode() + b"\n\n"
 
-    yield chunk([{"index": 0, "delta": {"role": "assistant", "content": "Hi"}}])
-    yield chunk([{"index": 0, "delta": {"content": "!"}, "finish_reason": "length"}])
+    head, tail = reply[:-1], reply[-1:]
+    yield chunk([{"index": 0, "delta": {"role": "assistant", "content": head}}])
+    yield chunk([{"index": 0, "delta": {"content": tail}, "finish_reason": "length"}])
     yield chunk([], usage=USAGE)
     yield b"data: [DONE]\n\n"
 
@@ -48,9 +54,15 @@ def _app(canned: Canned) -> Starlette:
     async def chat(request: Request) -> Response:
         body = await request.json()
         canned.received.append((dict(request.headers), body))
+        if canned.delay_s:
+            await asyncio.sleep(canned.delay_s)
+        if canned.fail_status is not None:
+            error = {"message": "canned failure", "type": "server_error"}
+            return JSONResponse({"error": error}, status_code=canned.fail_status)
         if body.get("stream"):
-            return StreamingResponse(_events(body["model"]), media_type="text/event-stream")
-        message = {"role": "assistant", "content": "Hi!"}
+            events = _events(body["model"], canned.reply)
+            return StreamingResponse(events, media_type="text/event-stream")
+        message = {"role": "assistant", "content": canned.reply}
         choice = {"index": 0, "message": message, "finish_reason": "length"}
         answer = {"id": "c", "object": "chat.completion", "created": 0, "model": body["model"]}
         return JSONResponse({**answer, "choices": [choice], "usage": USAGE})
