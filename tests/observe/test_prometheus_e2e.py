@@ -3,12 +3,14 @@
 
 After traffic, PromQL over the HTTP API returns the request rate, TTFT p99, KV usage and
 per-key tokens; every dashboard query returns data; a long-prompt burst against a tiny KV
-cache fires the KV alert; killing the backend fires the backend-down alert.
+cache fires the KV alert; killing the backend fires the backend-down alert; a canary whose
+candidate is down is rolled back by the guardrail, which fires the release alert.
 """
 
 from __future__ import annotations
 
 import secrets
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +77,9 @@ failures_to_down = 1
 
 [audit]
 flush_interval_s = 0.2
+
+[releases]
+guard_interval_s = 0.5
 
 [[models]]
 name = "smol"
@@ -146,6 +151,21 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     finally:
         for proc in procs:
             proc.stop()
+
+
+def test_a_guardrail_rollback_fires_the_release_alert(observed: Observed) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = observed.plots / "inhouse.toml"
+    canary = [*inhouse_command(), "release", "canary", "smol", "--backend", dead,
+              "--percent", "100", "--config", str(config)]  # fmt: skip
+    done = subprocess.run(canary, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    chat = {"model": "smol", "messages": [{"role": "user", "content": "Say hello."}]}
+    (reply,) = burst([observed.gateway], observed.team_secret, 1, **chat, max_tokens=1)
+    assert reply[0] == 200  # the candidate refused the connection: the stable answered
+    observed.wait_firing("InhouseReleaseRolledBack", 30)
+    (alert,) = observed.firing("InhouseReleaseRolledBack")
+    assert (alert["labels"]["model_name"], alert["labels"]["reason"]) == ("smol", "candidate_down")
 
 
 def test_metrics_alerts_and_dashboard_against_a_live_prometheus(observed: Observed) -> None:

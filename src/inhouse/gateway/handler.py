@@ -58,7 +58,7 @@ class Gateway:
         self.upstreams = upstreams
         limits = LimitCalls(limits_block)
         redact = Redactor(config.audit.redact)
-        self.release_metrics = ReleaseMetrics(metrics.registry)
+        self.release_metrics = ReleaseMetrics(metrics.registry, [m.name for m in config.models])
         self.releases = ReleaseRouter(releases, router, self.release_metrics.show)
         self.shadow = ShadowMirror(
             releases.db, keys, upstreams, self.release_metrics, config.releases, redact,

@@ -19,6 +19,7 @@ from inhouse.gateway.command import ConfigOption, DatabaseOption, settings_for
 if TYPE_CHECKING:
     from inhouse.gateway.config import GatewayConfig
     from inhouse.gateway.releases import NewRelease, ReleaseState, ReleaseStore
+    from inhouse.models.manifest import Manifest
 
 release_app = typer.Typer(
     help="Release a new model safely: canary, shadow, promote, roll back, compare.",
@@ -93,7 +94,7 @@ def canary_command(
         extra = {"kind": kind, "model": upstream_model, "api_key_env": api_key_env}
         refs = tuple(BackendRef.parse(b, **extra) for b in backend)
         _check_names(settings, refs)
-        digest, pinned = _manifest(manifest) if manifest else (None, None)
+        digest, pinned = pinned_manifest(manifest) if manifest else (None, None)
         guard = _or_exit(lambda: Guardrails(max_error_rate, max_p99_ttft, min_agreement,
                                             min_samples, window))  # fmt: skip
         new = NewRelease(refs, digest, pinned, _sampling(sampling), _cap(max_output), guard)
@@ -132,6 +133,28 @@ def rollback_command(
     typer.echo(_summary(state))
 
 
+@release_app.command("compare")
+def compare_command(
+    model: str,
+    release: Annotated[
+        int | None, typer.Option(help="Candidate release (default: the current one).")
+    ] = None,
+    png: Annotated[Path, typer.Option(help="Where to write the PNG.")] = Path(
+        "release-compare.png"
+    ),
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    config: ConfigOption = None,
+    database: DatabaseOption = None,
+) -> None:
+    """Agreement with the stable release (95% interval), the paired 5xx difference with its
+    exact McNemar p-value, TTFT and latency p50/p99, output length; and a PNG."""
+    from inhouse.gateway.release_compare import compare, compare_text
+
+    store = _store(config, database)
+    report = _or_exit(lambda: compare(store, model, release, png))
+    typer.echo(json.dumps(report, indent=2) if as_json else compare_text(report))
+
+
 def _store(config: Path | None, database: str | None) -> ReleaseStore:
     from inhouse.gateway.db import open_database
     from inhouse.gateway.releases import ReleaseStore
@@ -156,11 +179,13 @@ def _check_names(settings: GatewayConfig, refs: Any) -> None:
             raise _fail(f"no backend named {ref.name!r} in the gateway config; give an URL")
 
 
-def _manifest(path: Path) -> tuple[str, dict[str, Any]]:
-    """The manifest's sha256 and what it pins; the model files are verified first."""
+def pinned_manifest(path: Path, pinned: Manifest | None = None) -> tuple[str, dict[str, Any]]:
+    """The manifest file's sha256 and what it pins; unless given the `pinned` manifest
+    already verified, the model's files are verified against it first."""
     from inhouse.models.command import checked_manifest
 
-    pinned = checked_manifest(path)
+    if pinned is None:
+        pinned = checked_manifest(path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     summary = {
         "path": str(path.resolve()),

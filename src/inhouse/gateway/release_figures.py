@@ -44,6 +44,7 @@ class ShadowFigures:
     release: int
     pairs: int
     agreement: Proportion  # identical answers, of the pairs where both answered
+    shadow_errors: Proportion  # pairs whose shadow failed (any status but 200)
     errors: PairedDifference  # primary failed only (a_only) vs shadow failed only (b_only)
     json_valid: Proportion  # of pairs asking for json_schema
     primary_ttft_ms: Percentiles
@@ -109,6 +110,7 @@ def shadow_figures(db: Engine, model: str, release: int, since: float) -> Shadow
         release=release,
         pairs=len(rows),
         agreement=wilson(sum(1 for r in compared if r.exact_match), len(compared)),
+        shadow_errors=wilson(len(shadow_failed), len(rows)),
         errors=paired_difference(
             len(rows), len(primary_failed - shadow_failed), len(shadow_failed - primary_failed)
         ),

@@ -6,6 +6,8 @@ number holds each role is `inhouse:gateway_release_info`, one series per model a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from inhouse.gateway.metrics import LATENCY_BUCKETS
@@ -19,7 +21,7 @@ ROLLBACK_REASONS = ("candidate_down", "error_rate", "p99_ttft", "invalid_json", 
 class ReleaseMetrics:
     """Requests and TTFT per release role, shares, shadow outcomes and rollbacks."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, models: Iterable[str] = ()) -> None:
         r = registry
         self.requests = Counter(
             "inhouse:gateway_release_requests",
@@ -59,6 +61,9 @@ class ReleaseMetrics:
             registry=r,
         )
         self._shown: dict[str, dict[str, str]] = {}
+        for model in models:  # 0 from the start, so `increase()` sees the first rollback
+            for reason in ROLLBACK_REASONS:
+                self.rollbacks.labels(model, reason)
 
     def observe(self, model: str, candidate: bool, status: int, ttft_s: float | None) -> None:
         """Count one answered request of a model that has releases."""
@@ -82,5 +87,3 @@ class ReleaseMetrics:
         self.share.labels(state.model, "shadow").set(state.shadow)
         for outcome in SHADOW_OUTCOMES:  # 0, not "no data", before the first one
             self.shadow.labels(state.model, outcome)
-        for reason in ROLLBACK_REASONS:  # so `increase()` sees the first rollback
-            self.rollbacks.labels(state.model, reason)

@@ -66,6 +66,12 @@ def up_command(
         Path | None,
         typer.Option(help="Model manifest: verified before any replica starts; names the model."),
     ] = None,
+    canary: Annotated[
+        Path | None,
+        typer.Option(help="Manifest of a candidate: one replica of it, a canary release."),
+    ] = None,
+    percent: Annotated[float, typer.Option(help="Share of keys the --canary answers.")] = 5.0,
+    shadow: Annotated[float, typer.Option(help="Share mirrored to the --canary.")] = 0.0,
 ) -> None:
     """Start engine replicas and the gateway in front of them on http://127.0.0.1:8000."""
     from inhouse.gateway.config import default_database_url
@@ -106,6 +112,15 @@ def up_command(
     if embeddings and not with_embeddings:
         typer.echo(f"{chosen.name} replicas serve the chat model only (no embedding model)")
     started = start_replicas(chosen, settings, chat_name, replicas, with_embeddings)
+    candidate = None
+    if canary is not None:
+        from inhouse.gateway.up_canary import start_candidate
+
+        def candidate_settings(source: str) -> LaunchSettings:
+            return launch_settings(source, inputs, max_model_len, max_num_seqs)
+
+        candidate = start_candidate(chosen, canary, candidate_settings, replicas + 1)
+    stop_watch = threading.Event()
     try:
         config = up_config(
             chat_name,
@@ -126,9 +141,14 @@ def up_command(
         server = gateway_server(config)
         outcome = StartWatch(started, server)
         outcome.start()
+        if candidate is not None:
+            from inhouse.gateway.up_canary import CanaryWatch
+
+            CanaryWatch(candidate, config, chat_name, percent, shadow, stop_watch).start()
         run_gateway(config, server)
     finally:
-        stop_replicas(started)
+        stop_watch.set()
+        stop_replicas(started + ([] if candidate is None else [candidate.replica]))
     if outcome.all_failed:
         raise typer.Exit(EXIT_NO_REPLICA)
 

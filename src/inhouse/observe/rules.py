@@ -236,6 +236,18 @@ def alerting_rules(t: AlertThresholds) -> list[dict[str, Any]]:
             "context no longer holds. Re-plan with the new average before KV usage and TTFT "
             "follow; trim histories or retrieved context in the client.",
         ),
+        _alert(
+            "InhouseReleaseRolledBack",
+            f"increase(inhouse:gateway_release_rollbacks_total[{t.rate_window}]) > 0",
+            "0s",
+            "warning",
+            "The guardrail rolled back the candidate release of {{ $labels.model_name }}"
+            " ({{ $labels.reason }}).",
+            "The candidate crossed a threshold and every request is back on the stable "
+            "release. `inhouse release status MODEL` shows the figures and the event; "
+            "`inhouse release compare MODEL` the shadow pairs. Fix the candidate, then start "
+            "a new canary.",
+        ),
     ]
     if t.max_num_seqs is not None:
         alerts.append(
