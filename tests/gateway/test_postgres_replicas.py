@@ -24,6 +24,7 @@ from sqlalchemy import create_engine, text
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
+from inhouse.gateway.releases import BackendRef, NewRelease, ReleaseStore
 from serving import Process, audit_rows, burst, free_port, inhouse_command, serve_process
 
 pgserver = pytest.importorskip("pgserver", reason="pip install -e '.[dev]' (pgserver)")
@@ -250,3 +251,28 @@ def test_audit_rows_of_both_replicas_land_in_the_one_database(replicas: Replicas
             completion_tokens,
         )
         assert row["status"] == 200 and row["model"] == "smol" and row["backend"] == "b1"
+
+
+def test_promote_and_rollback_apply_on_the_next_request_of_every_replica(
+    replicas: Replicas,
+) -> None:
+    releases = ReleaseStore(open_database(replicas.db_url))
+    first = NewRelease((BackendRef("b1"),))
+    capped = NewRelease((BackendRef("b1"),), max_output=1)  # release 2: b1 capped at 1 token
+    releases.canary("smol", first, capped, 0, 0, "test", "a one-token release")
+    secret = replicas.key("release")
+
+    def ask(replica: int) -> int:
+        reply = replicas.client(replica, secret).chat.completions.create(
+            model="smol", messages=HELLO, max_tokens=4
+        )
+        assert reply.usage is not None
+        return reply.usage.completion_tokens
+
+    assert ask(0) > 1 and ask(1) > 1  # release 1: up to 4 tokens
+    releases.promote("smol", "test", None)  # through neither gateway: the database only
+    assert [ask(1), ask(0)] == [1, 1]
+    releases.rollback("smol", "test", None, to=1)
+    assert ask(1) > 1
+    rows = audit_rows(replicas.db_url, "release", 5)
+    assert [r["release"] for r in rows] == [1, 1, 2, 2, 1]

@@ -176,8 +176,10 @@ def test_promote_and_rollback_apply_from_the_next_request(
         assert await env.ask(secret) == STABLE
         store.promote("m", "test", None)
         assert await env.ask(secret) == CANDIDATE
+        assert len(env.gateway.router.extra) == 1  # the candidate's URL, health-checked
         store.rollback("m", "test", "bad", to=1)
         assert await env.ask(secret) == STABLE
+        assert env.gateway.router.extra == []  # no release names it now: no more checks
 
     _run(tmp_path, stable, test)
 
@@ -296,5 +298,19 @@ def test_the_guardrail_rolls_a_failing_candidate_back(
         assert env.metric("inhouse:gateway_release_rollbacks_total", model_name="m",
                           reason="error_rate") == 1  # fmt: skip
         assert await env.ask(secret) == STABLE
+
+    _run(tmp_path, stable, test)
+
+
+def test_a_stable_release_naming_unknown_backends_is_served_by_the_configured_ones(
+    tmp_path: Path, pair: tuple[Canned, Canned]
+) -> None:
+    stable, candidate = pair
+
+    async def test(env: Env) -> None:
+        renamed = NewRelease((BackendRef("renamed-since"),))
+        new = NewRelease((BackendRef.parse(candidate.url, kind="vllm"),))
+        env.gateway.releases.store.canary("m", renamed, new, 0, 0, "test", None)
+        assert await env.ask(env.key("a")) == STABLE
 
     _run(tmp_path, stable, test)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import random
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from inhouse.gateway.releases import BackendRef, Release, ReleaseState, ReleaseS
 from inhouse.gateway.routing import Router
 
 BUCKETS = 10_000
+
+log = logging.getLogger("inhouse.gateway.releases")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,7 @@ class ReleaseRouter:
         if view is None or view.state.version != state.version:
             loaded = await asyncio.to_thread(self.store.releases, route.name)
             view = self._views[route.name] = self._resolve(route, state, loaded)
+            self._forget_unused()
             self._on_change(state)
         candidate = view.candidate
         if candidate is None:
@@ -138,7 +142,20 @@ class ReleaseRouter:
     def _answering(self, route: ModelRoute, release: Release, candidate: bool) -> Answering:
         pool = [self._backend(route, ref) for ref in release.backends]
         found = [b for b in pool if b is not None]
+        if not found and not candidate:  # a stable release never leaves a model unserved
+            log.warning("release %d of %r names no backend this gateway knows; its "
+                        "configured backends answer", release.number, route.name)  # fmt: skip
+            found = self._router.backends[route.name]
         return Answering(release.number, found, release.sampling, release.max_output, candidate)
+
+    def _forget_unused(self) -> None:
+        """Stop routing to and checking URL backends no current release names."""
+        in_use = {id(b) for v in self._views.values() for a in (v.stable, v.candidate)
+                  if a is not None for b in a.pool}  # fmt: skip
+        for where, backend in list(self._extra.items()):
+            if id(backend) not in in_use:
+                del self._extra[where]
+                self._router.extra.remove(backend)
 
     def _backend(self, route: ModelRoute, ref: BackendRef) -> Backend | None:
         """The replica a reference names: a configured one (this model's first, then any
