@@ -226,6 +226,7 @@ def test_shadow_pairs_are_compared_with_intervals_and_a_png(stack: Stack) -> Non
     assert agreement["high"] - agreement["low"] < 0.5
     assert shadow["errors"]["b_only"] == 0  # the candidate failed no request the stable served
     assert shadow["shadow_ttft_ms"]["n"] == shadow["primary_ttft_ms"]["n"] == sent
+    assert shadow["shadow_tpot_ms"]["p50"] > 0 and shadow["primary_tpot_ms"]["p50"] > 0
     assert png.stat().st_size > 10_000
     text = stack.release("compare", "smol", "--png", str(png))
     assert "agreement (identical answers):" in text and "McNemar" in text

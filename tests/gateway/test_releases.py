@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from inhouse.gateway.canary import BUCKETS, bucket, on_candidate
 from inhouse.gateway.db import audit_log, open_database
+from inhouse.gateway.release_figures import percentiles
 from inhouse.gateway.releases import (
     BackendRef,
     Guardrails,
@@ -126,3 +127,11 @@ def test_an_older_database_gets_the_release_column(tmp_path: Path) -> None:
         row = conn.execute(select(audit_log.c.key_name, audit_log.c.release)).one()
     assert tuple(row) == ("old", None)
     open_database(f"sqlite:///{path}")  # a second gateway finds nothing to add
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentiles(values) == percentiles(values[::-1])
+    figures = percentiles(values)
+    assert (figures.n, figures.p50, figures.p99) == (100, 50.0, 99.0)
+    assert percentiles([]).p99 is None and percentiles([7.0]).p50 == 7.0

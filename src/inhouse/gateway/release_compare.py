@@ -55,7 +55,7 @@ def compare_text(report: dict[str, Any]) -> str:
     ]
     if s["json_valid"]["n"]:
         lines.append(f"  valid JSON (json_schema requests): {_pct(s['json_valid'])}")
-    for what in ("ttft_ms", "latency_ms"):
+    for what in ("ttft_ms", "tpot_ms", "latency_ms"):
         mine, theirs = s[f"primary_{what}"], s[f"shadow_{what}"]
         lines.append(
             f"  {what[:-3]} p50/p99 ms: stable {_n(mine['p50'])}/{_n(mine['p99'])}, "

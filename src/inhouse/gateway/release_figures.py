@@ -6,6 +6,7 @@ with the statistics `inhouse eval` uses."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -51,6 +52,8 @@ class ShadowFigures:
     shadow_ttft_ms: Percentiles
     primary_latency_ms: Percentiles
     shadow_latency_ms: Percentiles
+    primary_tpot_ms: Percentiles  # (latency - TTFT) / (tokens - 1), streams of 2+ tokens
+    shadow_tpot_ms: Percentiles
     primary_tokens: float | None
     shadow_tokens: float | None
 
@@ -119,6 +122,12 @@ def shadow_figures(db: Engine, model: str, release: int, since: float) -> Shadow
         shadow_ttft_ms=percentiles([r.shadow_ttft_ms for r in both if r.shadow_ttft_ms]),
         primary_latency_ms=percentiles([r.primary_latency_ms for r in both]),
         shadow_latency_ms=percentiles([r.shadow_latency_ms for r in both if r.shadow_latency_ms]),
+        primary_tpot_ms=percentiles(
+            _tpots((r.primary_latency_ms, r.primary_ttft_ms, r.primary_tokens) for r in both)
+        ),
+        shadow_tpot_ms=percentiles(
+            _tpots((r.shadow_latency_ms, r.shadow_ttft_ms, r.shadow_tokens) for r in both)
+        ),
         primary_tokens=_mean([r.primary_tokens for r in both if r.primary_tokens is not None]),
         shadow_tokens=_mean([r.shadow_tokens for r in both if r.shadow_tokens is not None]),
     )
@@ -131,6 +140,15 @@ def as_json(figures: LiveFigures | ShadowFigures) -> dict[str, Any]:
         if isinstance(value, dict) and "k" in value and "n" in value:
             value["value"] = value["k"] / value["n"] if value["n"] else None
     return out
+
+
+def _tpots(rows: Iterable[tuple[float | None, float | None, int | None]]) -> list[float]:
+    """Time per output token after the first, of each answer that has it."""
+    return [
+        (latency - ttft) / (tokens - 1)
+        for latency, ttft, tokens in rows
+        if latency is not None and ttft is not None and tokens is not None and tokens > 1
+    ]
 
 
 def _mean(values: list[int] | list[float]) -> float | None:
