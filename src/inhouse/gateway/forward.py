@@ -112,16 +112,15 @@ class Forwarder:
         while True:
             pick = call.release = None if call.release is None else call.release.routable()
             pool = None if pick is None else pick.answering.pool
-            on_candidate = pick is not None and pick.stable is not None  # else: the stable's
-            may_fall_back = call.key.allow_fallback and not on_candidate
+            canaried = pick if pick is not None and pick.stable is not None else None
+            may_fall_back = call.key.allow_fallback and canaried is None  # the stable's, not ours
             try:
                 call.lease = await self.router.acquire(
                     call.route, call.needs, may_fall_back, frozenset(tried), pool
                 )
             except Overloaded as err:
-                if on_candidate:  # the candidate's replicas are busy: the stable release answers
-                    assert pick is not None
-                    call.release, tried = pick.on_stable(), set()
+                if canaried is not None:  # the candidate's replicas are busy: the stable answers
+                    call.release, tried = canaried.on_stable(), set()
                     continue
                 return self.fail(call, outcome, err, err.retry_after_s)
             lease = call.lease
@@ -145,9 +144,8 @@ class Forwarder:
                 tried.add(id(lease.backend))
                 if lease.backend.record_failure(self.health, f"proxy: {exc!r}"[:200]):
                     self.router.wake(call.route.name)
-                if on_candidate:
-                    assert pick is not None
-                    call.release, tried = pick.on_stable(), set()
+                if canaried is not None:
+                    call.release, tried = canaried.on_stable(), set()
                 continue
             outcome.status = upstream.status
             return upstream, forward
