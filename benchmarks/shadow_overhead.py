@@ -7,11 +7,12 @@ Method (everything on 127.0.0.1, each server its own process):
   1-token answer (a slow candidate that costs no CPU, so the figure is the gateway's own
   cost, not two models sharing this machine's cores), and a port nobody listens on;
 - conditions, switched with the release store between runs and interleaved over
-  `--rounds` rounds so all see the same machine noise: shadow off, `--shadow` % to the
-  sleeping candidate, `--shadow` % to the down one;
+  `--rounds` rounds (each condition first in one of them) so all see the same machine
+  noise: shadow off, `--shadow` % to the sleeping candidate, `--shadow` % to the down one;
 - each run: `--requests` non-streamed chat completions (`--max-tokens`) from C concurrent
   clients through the gateway; p50 and p99 latency per condition over all rounds, and
-  their ratio to shadow off; the gateway's shadow counters (sent, dropped, failed).
+  their ratio to shadow off; the gateway process's CPU per request (from /proc: on a
+  shared machine the robust number); the gateway's shadow counters (sent, dropped, failed).
 
     .venv/bin/python benchmarks/shadow_overhead.py [--rounds 3] [--requests 160]
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -105,6 +107,12 @@ async def run_load(url: str, secret: str, n: int, clients: int, max_tokens: int)
     return took
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def shadow_counts(gateway: str) -> dict[str, float]:
     counts = {}
     for line in httpx.get(f"{gateway}/metrics").text.splitlines():
@@ -163,18 +171,26 @@ def bench(args: argparse.Namespace, tmp: Path) -> None:
         }
         asyncio.run(run_load(gateway, secret, 40, args.clients, args.max_tokens))  # warm-up
         took: dict[str, list[float]] = {"off": [], "sleeping": [], "down": []}
-        for _ in range(args.rounds):
-            for condition in took:
+        cpu = dict.fromkeys(took, 0.0)
+        order = list(took)
+        for round_index in range(args.rounds):
+            shift = round_index % len(order)  # each condition runs first in some round
+            for condition in order[shift:] + order[:shift]:
                 state = releases.state("smol")
                 if state is not None and state.candidate is not None:
                     releases.rollback("smol", "bench", None)
                 if condition != "off":
                     new = NewRelease((BackendRef.parse(candidates[condition]),))
                     releases.canary("smol", first, new, 0, args.shadow, "bench", None)
-                took[condition] += asyncio.run(
+                before = cpu_seconds(procs[2].pid)
+                run = asyncio.run(
                     run_load(gateway, secret, args.requests, args.clients, args.max_tokens)
                 )
-        report(took, shadow_counts(gateway), args)
+                cpu[condition] += cpu_seconds(procs[2].pid) - before
+                print(f"  round {round_index + 1} {condition:<9} p50 "
+                      f"{percentile(run, 0.5) * 1000:7.1f} ms")  # fmt: skip
+                took[condition] += run
+        report(took, cpu, shadow_counts(gateway), args)
     finally:
         for proc in procs:
             proc.terminate()
@@ -183,16 +199,19 @@ def bench(args: argparse.Namespace, tmp: Path) -> None:
 
 
 def report(
-    took: dict[str, list[float]], counts: dict[str, float], args: argparse.Namespace
-) -> None:
+    took: dict[str, list[float]], cpu: dict[str, float], counts: dict[str, float],
+    args: argparse.Namespace,
+) -> None:  # fmt: skip
     off50, off99 = percentile(took["off"], 0.5), percentile(took["off"], 0.99)
     print(f"c={args.clients}, shadow {args.shadow:g} %, {args.rounds} rounds × "
           f"{args.requests} requests, max_tokens={args.max_tokens}")  # fmt: skip
-    print(f"{'condition':<22}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'p50/off':>10}{'p99/off':>10}")
+    print(f"{'condition':<12}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'p50/off':>10}{'p99/off':>10}"
+          f"{'gateway CPU ms/req':>20}")  # fmt: skip
     for condition, values in took.items():
         p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
-        print(f"{condition:<22}{len(values):>6}{p50 * 1000:>10.1f}{p99 * 1000:>10.1f}"
-              f"{p50 / off50:>10.3f}{p99 / off99:>10.3f}")  # fmt: skip
+        per = cpu[condition] * 1000 / len(values)
+        print(f"{condition:<12}{len(values):>6}{p50 * 1000:>10.1f}{p99 * 1000:>10.1f}"
+              f"{p50 / off50:>10.3f}{p99 / off99:>10.3f}{per:>20.2f}")  # fmt: skip
     print("shadow copies:", json.dumps(counts))
 
 

@@ -83,7 +83,8 @@ class Env:
         await self.gateway.audit.flush()
         return recent_rows(self.gateway.releases.store.db, 1000, key_name)[::-1]
 
-    def pairs(self) -> list[dict[str, Any]]:
+    async def pairs(self) -> list[dict[str, Any]]:
+        await self.gateway.shadow.flush()
         with self.gateway.releases.store.db.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(select(shadow_pairs))]
 
@@ -215,10 +216,10 @@ def test_a_slow_shadow_never_holds_the_answer_and_a_no_content_key_stores_no_tex
         plain, logged = env.key("plain"), env.key("logged", log_content=True)
         assert await env.ask_streamed(plain) == STABLE
         assert await env.ask(logged) == STABLE
-        assert env.gateway.shadow.in_flight == 2 and env.pairs() == []  # answered first
+        assert env.gateway.shadow.in_flight == 2 and await env.pairs() == []  # answered first
         while env.gateway.shadow.in_flight:
             await asyncio.sleep(0.05)
-        rows = {r["key_name"]: r for r in env.pairs()}
+        rows = {r["key_name"]: r for r in await env.pairs()}
         assert rows["plain"]["primary_text"] is None and rows["plain"]["shadow_text"] is None
         assert rows["plain"]["exact_match"] is False  # compared in memory only
         assert rows["plain"]["shadow_ttft_ms"] >= 1000
@@ -265,7 +266,7 @@ def test_a_down_candidate_changes_no_answer(tmp_path: Path, pair: tuple[Canned, 
         assert await env.ask(secret) == STABLE
         while env.gateway.shadow.in_flight:
             await asyncio.sleep(0.05)
-        (pair_row,) = env.pairs()
+        (pair_row,) = await env.pairs()
         assert (pair_row["primary_status"], pair_row["shadow_status"]) == (200, 502)
 
     _run(tmp_path, stable, test, shadow_timeout_s=2.0)

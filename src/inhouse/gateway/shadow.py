@@ -4,10 +4,11 @@ and the two answers are stored side by side; the client only ever gets the prima
 The copy starts with the primary and runs in its own task with its own timeout; it is
 streamed from the candidate (so its TTFT is known) and read to the end. At most
 `shadow_max_in_flight` copies run at once: a copy over the bound is dropped and counted,
-never queued. The pair is written when both ends are in; nothing of it is on the primary's
-path. A pair holds text only when the key logs content (redacted); otherwise only lengths,
-finish reasons, JSON validity, whether the answers are identical and the timings. A key
-that forbids fallback is never mirrored to a hosted (`openai` kind) candidate.
+never queued. The pair is stored when both ends are in (in batches, every `FLUSH_AFTER_S`);
+nothing of it is on the primary's path. A pair holds text only when the key logs content
+(redacted); otherwise only lengths, finish reasons, JSON validity, whether the answers are
+identical and the timings. A key that forbids fallback is never mirrored to a hosted
+(`openai` kind) candidate.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from inhouse.gateway.proxy import GENERATING_ENDPOINTS, UpstreamClients, prepare
 from inhouse.gateway.release_metrics import ReleaseMetrics
 
 log = logging.getLogger("inhouse.gateway.shadow")
+
+FLUSH_AFTER_S = 0.5  # pairs are inserted in batches: one statement per half second
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,8 @@ class ShadowMirror:
         self._metrics, self._settings, self._redact = metrics, settings, redact
         self._primary_wait = primary_wait_s
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: list[dict[str, Any]] = []  # pairs to insert, every FLUSH_AFTER_S
+        self._flush: asyncio.Future[None] | None = None
 
     @property
     def in_flight(self) -> int:
@@ -123,11 +128,9 @@ class ShadowMirror:
             primary = await asyncio.wait_for(asyncio.shield(ticket.primary), self._primary_wait)
         except TimeoutError:
             return
-        row = self._pair(call, target, primary, outcome, copy)
-        try:
-            await asyncio.to_thread(self._insert, row)
-        except Exception as exc:  # a lost pair is a lost sample, never a failed request
-            log.warning("shadow: could not store a pair (%s)", type(exc).__name__)
+        self._pending.append(self._pair(call, target, primary, outcome, copy))
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.ensure_future(self.flush(FLUSH_AFTER_S))
 
     async def _send(
         self, call: Call, body: dict[str, Any], target: Answering, backend: Backend,
@@ -191,15 +194,28 @@ class ShadowMirror:
             "shadow_text": self._redact(theirs) if keep and theirs is not None else None,
         }
 
-    def _insert(self, row: dict[str, Any]) -> None:
+    async def flush(self, after_s: float = 0.0) -> None:
+        """Insert the pairs waiting (after `after_s`), in one statement."""
+        await asyncio.sleep(after_s)
+        rows, self._pending = self._pending, []
+        if not rows:
+            return
+        try:
+            await asyncio.to_thread(self._insert, rows)
+        except Exception as exc:  # lost pairs are lost samples, never a failed request
+            log.warning("shadow: could not store %d pair(s) (%s)", len(rows), type(exc).__name__)
+
+    def _insert(self, rows: list[dict[str, Any]]) -> None:
         with self._db.begin() as conn:
-            conn.execute(insert(shadow_pairs), row)
+            conn.execute(insert(shadow_pairs), rows)
 
     async def drain(self) -> None:
-        """On shutdown: stop the copies still running (their pairs are not written)."""
+        """On shutdown: stop the copies still running (their pairs are not written) and
+        store the pairs already made."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.flush()
 
 
 def _may_mirror(call: Call, target: Answering) -> bool:
