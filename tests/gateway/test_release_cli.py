@@ -66,7 +66,18 @@ def test_canary_widen_promote_rollback_and_status(config: Path) -> None:
         (["canary", "other", "--backend", "q8", "--percent", "5"], "not in the gateway config"),
         (["compare", "smol"], "no candidate and no shadow pairs"),
     ],
+    ids=["promote", "unknown-backend", "share", "sampling", "guardrail", "model", "compare"],
 )
 def test_refusals_are_one_sentence_and_exit_1(config: Path, args: list[str], message: str) -> None:
     code, out = _release(config, *args)
     assert code == 1 and message in out and "Traceback" not in out
+
+
+def test_a_first_canary_without_the_config_asks_for_it(config: Path, tmp_path: Path) -> None:
+    database = f"sqlite:///{tmp_path / 'gateway.db'}"
+    args = ["release", "canary", "smol", "--backend", "http://127.0.0.1:9", "--percent", "5"]
+    first = CliRunner().invoke(app, [*args, "--database", database])
+    assert first.exit_code == 1 and "give the gateway config (--config)" in first.output
+    assert _release(config, "canary", "smol", "--backend", "q8", "--percent", "5")[0] == 0
+    wider = ["release", "canary", "smol", "--percent", "20", "--database", database]
+    assert CliRunner().invoke(app, wider).exit_code == 0  # later changes need only the database

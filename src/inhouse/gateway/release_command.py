@@ -162,13 +162,16 @@ def _store(config: Path | None, database: str | None) -> ReleaseStore:
     return ReleaseStore(open_database(settings_for(config, database).database))
 
 
-def _first(settings: GatewayConfig, model: str) -> NewRelease:
-    """Release 1: the model's backends in the gateway config."""
+def _first(settings: GatewayConfig, model: str) -> NewRelease | None:
+    """Release 1 if the model has none yet: its backends in the gateway config (None
+    without a config)."""
     from inhouse.gateway.releases import BackendRef, NewRelease
 
+    if not settings.models:
+        return None
     route = settings.model(model)
     if route is None:
-        raise _fail(f"model {model!r} is not in the gateway config (give --config)")
+        raise _fail(f"model {model!r} is not in the gateway config")
     return NewRelease(tuple(BackendRef(name=b.name) for b in route.backends))
 
 

@@ -162,7 +162,7 @@ class ReleaseStore:
             ]
 
     def canary(
-        self, model: str, first: NewRelease, new: NewRelease | None, percent: float,
+        self, model: str, first: NewRelease | None, new: NewRelease | None, percent: float,
         shadow: float, actor: str, reason: str | None,
     ) -> ReleaseState:  # fmt: skip
         """Make `new` the candidate at these shares (`first` becomes release 1 when the model
@@ -239,12 +239,17 @@ class ReleaseStore:
         return ReleaseState(**row._mapping)
 
     def _state_for_update(
-        self, conn: Any, model: str, first: NewRelease, actor: str
+        self, conn: Any, model: str, first: NewRelease | None, actor: str
     ) -> ReleaseState:
-        """The model's state, made (with release 1 stable) when it has none."""
+        """The model's state, made (with `first` as release 1, stable) when it has none."""
         row = conn.execute(self._by_model, {"model": model}).first()
         if row is not None:
             return ReleaseState(**row._mapping)
+        if first is None:
+            raise ReleaseError(
+                f"{model!r} has no releases yet: give the gateway config (--config), whose "
+                "backends become release 1"
+            )
         number = self._add(conn, model, first, actor)
         values = {"model": model, "version": 1, "stable": number, "candidate": None,
                   "percent": 0.0, "shadow": 0.0, "since": self._clock()}  # fmt: skip
