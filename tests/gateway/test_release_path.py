@@ -97,7 +97,8 @@ def _run(
     tmp_path: Path, stable: Canned, test: Callable[[Env], Awaitable[None]], **rel: Any
 ) -> None:
     db_url = f"sqlite:///{tmp_path / 'gateway.db'}"
-    backend = {"name": "stable", "url": stable.url, "model": "up", "kind": "vllm"}
+    backend = {"name": "stable", "url": stable.url, "model": "up", "kind": "vllm",
+               "capabilities": ["chat", "completions", "json_schema"]}  # fmt: skip
     config = parse_config(
         {
             "gateway": {"database": db_url},
@@ -313,5 +314,32 @@ def test_a_stable_release_naming_unknown_backends_is_served_by_the_configured_on
         new = NewRelease((BackendRef.parse(candidate.url, kind="vllm"),))
         env.gateway.releases.store.canary("m", renamed, new, 0, 0, "test", None)
         assert await env.ask(env.key("a")) == STABLE
+
+    _run(tmp_path, stable, test)
+
+
+def test_the_guardrail_rolls_back_a_candidate_answering_invalid_json(
+    tmp_path: Path, pair: tuple[Canned, Canned]
+) -> None:
+    stable, candidate = pair
+    stable.reply, candidate.reply = '{"ok": true}', "not json"
+    schema = {"type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "object"}}}
+
+    async def test(env: Env) -> None:
+        env.canary(candidate.url, 100, min_samples=3, max_error_rate=0.2)
+        gateway = env.gateway
+        guard = Guardrail(gateway.releases.store, gateway.release_metrics,
+                          gateway.releases.candidates, 1.0)  # fmt: skip
+        secret = env.key("a")
+        assert [await env.ask(secret, response_format=schema) for _ in range(3)] == [
+            "not json"
+        ] * 3  # answered 200: only the guardrail sees what is wrong
+        await env.ask(secret)  # no json_schema: not checked
+        await gateway.audit.flush()
+        assert guard.check_all() == ["m"]
+        assert gateway.releases.store.events("m", 1)[0]["reason"] == "guardrail: invalid_json"
+        assert await env.ask(secret, response_format=schema) == '{"ok": true}'
+        rows = await env.rows("a")
+        assert [r["json_valid"] for r in rows] == [False, False, False, None, True]
 
     _run(tmp_path, stable, test)

@@ -59,6 +59,7 @@ class AuditRecord:
     prompt_text: str | None = None
     completion_text: str | None = None
     release: int | None = None
+    json_valid: bool | None = None
 
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))
@@ -203,7 +204,7 @@ def _cleaner(column: Column[Any]) -> Callable[[Any], Any]:
     `type(v) is int` also turns away bools; the common case costs one check."""
     missing = None if column.nullable else 0
     if isinstance(column.type, Boolean):
-        return bool
+        return (lambda v: None if v is None else bool(v)) if column.nullable else bool
     if isinstance(column.type, Integer):
         return lambda v: min(max(v, INT64_MIN), INT64_MAX) if type(v) is int else missing
     if isinstance(column.type, Float):

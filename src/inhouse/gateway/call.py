@@ -64,9 +64,14 @@ class Call:
     shadow: ShadowTicket | None = None  # the mirrored copy waiting for this call's outcome
 
     @property
+    def checks_json(self) -> bool:
+        """Whether the answer is checked for valid JSON (json_schema, a model with releases)."""
+        return self.release is not None and "json_schema" in self.needs.features
+
+    @property
     def keeps_text(self) -> bool:
         """Whether the answer's text is collected (it is stored only for `log_content`)."""
-        return self.key.log_content or self.shadow is not None
+        return self.key.log_content or self.shadow is not None or self.checks_json
 
     def leave(self) -> None:
         """Note that the client disconnected before its answer."""

@@ -71,6 +71,7 @@ audit_log = Table(
     Column("prompt_text", Text),
     Column("completion_text", Text),
     Column("release", Integer),  # the release number that answered (see `releases`)
+    Column("json_valid", Boolean),  # json_schema requests of a model with releases
 )
 
 # Journal segments whose rows are committed: a segment found on disk after a crash and

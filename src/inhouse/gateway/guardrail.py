@@ -5,8 +5,9 @@ candidate took its place), and rolls back one that crosses any of them once it h
 
 - error rate (answers with status >= 500) above `max_error_rate`;
 - p99 TTFT above `max_p99_ttft_s`;
-- agreement with the primary below `min_agreement`, or invalid JSON for json_schema
-  requests more often than `max_error_rate`;
+- invalid JSON for json_schema requests (answered, or shadowed) more often than
+  `max_error_rate`;
+- agreement of its shadow answers with the primary's below `min_agreement`;
 - every replica of the candidate down (no samples needed).
 
 The rollback is the store's compare-and-set on the state version this replica saw, so
@@ -48,9 +49,9 @@ def breach(
     if p99_ms is not None and limit_ms is not None and p99_ms > limit_ms:
         return "p99_ttft"
     pairs = shadow_figures(store.db, state.model, state.candidate, since)
-    invalid = 1 - pairs.json_valid.value
-    if pairs.json_valid.n >= enough and invalid > guard.max_error_rate:
-        return "invalid_json"
+    for checked in (live.json_valid, pairs.json_valid):
+        if checked.n >= enough and 1 - checked.value > guard.max_error_rate:
+            return "invalid_json"
     agreement = pairs.agreement.value if pairs.agreement.n >= enough else None
     if agreement is not None and guard.min_agreement is not None:
         return "agreement" if agreement < guard.min_agreement else None

@@ -12,7 +12,7 @@ from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.release_metrics import ReleaseMetrics
-from inhouse.gateway.shadow import Primary
+from inhouse.gateway.shadow import Primary, json_valid
 
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 
@@ -82,9 +82,11 @@ class Ledger:
             self.releases.observe(model, pick.answering.candidate, status, ttft)
         if call.shadow is not None:
             call.shadow.primary_settled(Primary(status, outcome, end - call.started, ttft))
-        text = None  # collected for a shadow comparison too, but kept only for `log_content`
-        if outcome.text is not None and call.key.log_content:
-            text = self._redact("".join(outcome.text))
+        answer = None if outcome.text is None else "".join(outcome.text)
+        checked = call.checks_json and status == 200
+        text = None  # collected for the release checks too, but kept only for `log_content`
+        if answer is not None and call.key.log_content:
+            text = self._redact(answer)
         self.audit.record(
             AuditRecord(
                 ts=call.ts,
@@ -105,5 +107,6 @@ class Ledger:
                 prompt_text=call.prompt_text,
                 completion_text=text,
                 release=None if pick is None else pick.answering.number,
+                json_valid=json_valid(answer) if checked else None,
             )
         )

@@ -32,6 +32,7 @@ class LiveFigures:
     release: int
     requests: int
     errors: Proportion  # answers with status >= 500
+    json_valid: Proportion  # answers to json_schema requests that parse as JSON
     latency_ms: Percentiles
     ttft_ms: Percentiles
     mean_output_tokens: float | None
@@ -74,7 +75,7 @@ def live_figures(db: Engine, model: str, release: int, since: float) -> LiveFigu
     """The release's requests answered since `since` (newest `MAX_ROWS`)."""
     c = audit_log.c
     query = (
-        select(c.status, c.latency_ms, c.ttft_ms, c.completion_tokens)
+        select(c.status, c.latency_ms, c.ttft_ms, c.completion_tokens, c.json_valid)
         .where(c.model == model, c.release == release, c.ts >= since)
         .order_by(c.id.desc())
         .limit(MAX_ROWS)
@@ -83,10 +84,12 @@ def live_figures(db: Engine, model: str, release: int, since: float) -> LiveFigu
         rows = conn.execute(query).all()
     errors = sum(1 for r in rows if r.status >= 500)
     answered = [r for r in rows if r.status < 400]
+    checked = [r for r in rows if r.json_valid is not None]
     return LiveFigures(
         release=release,
         requests=len(rows),
         errors=wilson(errors, len(rows)),
+        json_valid=wilson(sum(1 for r in checked if r.json_valid), len(checked)),
         latency_ms=percentiles([r.latency_ms for r in answered if r.latency_ms is not None]),
         ttft_ms=percentiles([r.ttft_ms for r in answered if r.ttft_ms is not None]),
         mean_output_tokens=_mean([r.completion_tokens for r in answered]),

@@ -188,8 +188,8 @@ class ShadowMirror:
             "primary_ttft_ms": None if primary.ttft_s is None else primary.ttft_s * 1000,
             "shadow_ttft_ms": None if copy.ttft_s is None else copy.ttft_s * 1000,
             "exact_match": None if mine is None or theirs is None else mine == theirs,
-            "primary_json_valid": _json_valid(mine) if wants_json else None,
-            "shadow_json_valid": _json_valid(theirs) if wants_json else None,
+            "primary_json_valid": json_valid(mine) if wants_json else None,
+            "shadow_json_valid": json_valid(theirs) if wants_json else None,
             "primary_text": self._redact(mine) if keep and mine is not None else None,
             "shadow_text": self._redact(theirs) if keep and theirs is not None else None,
         }
@@ -227,7 +227,8 @@ def _wants_json(call: Call) -> bool:
     return "json_schema" in call.needs.features
 
 
-def _json_valid(text: str | None) -> bool | None:
+def json_valid(text: str | None) -> bool | None:
+    """Whether the text parses as JSON (None without text)."""
     if text is None:
         return None
     try:
