@@ -5,6 +5,7 @@ older database gets."""
 from __future__ import annotations
 
 import math
+import re
 import sqlite3
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from conftest import ManualClock
 from sqlalchemy import select
 
 from inhouse.gateway.canary import BUCKETS, bucket, on_candidate
+from inhouse.gateway.config import ConfigError, parse_config
 from inhouse.gateway.db import audit_log, open_database
 from inhouse.gateway.release_figures import percentiles
 from inhouse.gateway.releases import (
@@ -135,3 +137,17 @@ def test_percentiles_are_nearest_rank() -> None:
     figures = percentiles(values)
     assert (figures.n, figures.p50, figures.p99) == (100, 50.0, 99.0)
     assert percentiles([]).p99 is None and percentiles([7.0]).p50 == 7.0
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"shadow_max_in_flight": -1}, "shadow_max_in_flight >= 0"),
+        ({"guard_interval_s": 0}, "guard_interval_s must be > 0"),
+        ({"shadow_percent": 5}, "unknown key(s) in releases: shadow_percent"),
+    ],
+)
+def test_the_releases_table_is_checked(table: dict[str, float], message: str) -> None:
+    models = [{"name": "m", "backends": [{"url": "http://127.0.0.1:9"}]}]
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config({"releases": table, "models": models})
