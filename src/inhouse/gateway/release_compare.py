@@ -99,18 +99,18 @@ def plot_compare(
     failed = pairs.errors.a_only + pairs.errors.b_only  # discordant pairs, for the label
     bars = [
         ("agreement", pairs.agreement),
-        ("shadow failed", pairs.shadow_errors),
-        ("valid JSON", pairs.json_valid),
-        ("live 5xx stable", live[0].errors),
-        ("live 5xx candidate", live[1].errors),
+        ("shadow\nfailed", pairs.shadow_errors),
+        ("shadow\nvalid JSON", pairs.json_valid),
+        ("live 5xx\nstable", live[0].errors),
+        ("live 5xx\ncandidate", live[1].errors),
     ]
     shown = [(name, p) for name, p in bars if p.n]
     values = [p.value for _, p in shown]
     # max(0, …): Wilson bounds at 0 % or 100 % sit a rounding error inside the value
     errors = [[max(0.0, p.value - p.low) for _, p in shown],
               [max(0.0, p.high - p.value) for _, p in shown]]  # fmt: skip
-    colours = {"agreement": "tab:green", "shadow failed": "tab:orange", "valid JSON": "tab:blue",
-               "live 5xx stable": "tab:gray"}  # fmt: skip
+    colours = {"agreement": "tab:green", "shadow\nfailed": "tab:orange",
+               "shadow\nvalid JSON": "tab:blue", "live 5xx\nstable": "tab:gray"}  # fmt: skip
     shares.bar([n for n, _ in shown], values, yerr=errors, capsize=4,
                color=[colours.get(n, "tab:red") for n, _ in shown])  # fmt: skip
     for i, (_, p) in enumerate(shown):
