@@ -95,7 +95,9 @@ def _out_of_range(error: Mapping[str, Any]) -> str:
 def _path(loc: Sequence[Any]) -> list[str]:
     """The location without pydantic's union member names (and a discriminated union's
     tag, which follows its member name or, in a list, the item's index)."""
-    parts = list(loc[1:] if loc[:1] == ("body",) or loc[:1] == ["body"] else loc)
+    parts = list(loc)
+    if parts[:1] == ["body"]:
+        parts = parts[1:]
     out: list[str] = []
     i = 0
     while i < len(parts):
