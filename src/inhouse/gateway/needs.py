@@ -57,7 +57,10 @@ class BadRequest(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Needs:
-    """Features, prompt estimate and bound, and the output the request asks for."""
+    """Features, prompt estimate and bound, and the output the request asks for.
+
+    `choices` counts the completions generated, each up to the output cap: `n` per prompt
+    (a completions batch of 100 prompts with `n` 2 generates 200)."""
 
     features: frozenset[str]
     prompt_tokens: int
@@ -103,9 +106,13 @@ def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
     else:  # tokenize and detokenize run no model: nothing to reserve
         prompt = bound = 0
     output: int | None = 0  # embeddings and tokenizing generate nothing
+    choices = 1
     if isinstance(fields, ChatFields | CompletionRequest):
         output = fields.completion_limit if output_param(body)[1] is not None else None
-    return Needs(frozenset(features), prompt, output, getattr(fields, "n", 1), bound)
+        choices = fields.n
+    if isinstance(fields, CompletionRequest):  # every prompt shape: text, ids, or a batch
+        choices *= len(fields.prompts())
+    return Needs(frozenset(features), prompt, output, choices, bound)
 
 
 def _checked_fields(endpoint: str, body: dict[str, Any]) -> RequestModel:
