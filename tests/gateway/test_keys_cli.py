@@ -52,4 +52,4 @@ def test_a_config_the_command_cannot_use_is_one_line_not_a_traceback(tmp_path: P
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
     (line,) = done.stderr.strip().splitlines()
-    assert "$INHOUSE_TEST_UNSET is not set" in line
+    assert "$INHOUSE_TEST_UNSET is not set (or is empty)" in line
