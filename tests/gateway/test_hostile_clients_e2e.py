@@ -10,6 +10,7 @@ SQLite file, the official client. The tests that stop a gateway start their own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import signal
@@ -30,7 +31,8 @@ from inhouse.gateway.audit import recent_rows
 from inhouse.gateway.config import GatewayConfig
 from inhouse.gateway.db import api_keys, open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from serving import Process, audit_rows, free_port, inhouse_command
+from inhouse.observe.scrape import prometheus_yaml
+from serving import Process, audit_rows, debian_binary, free_port, inhouse_command
 
 pytestmark = pytest.mark.slow
 
@@ -304,6 +306,38 @@ def test_metrics_and_backend_addresses_need_the_metrics_token(gateway: Gateway) 
                                                         "slow": {"status": "up"}}}  # fmt: skip
     detailed = gateway.scrape("/health").json()
     assert detailed["models"]["m"]["backends"][0]["url"].startswith("http://127.0.0.1:")
+
+
+def test_prometheus_scrapes_with_the_token_file(gateway: Gateway, tmp_path: Path) -> None:
+    """`inhouse observe prometheus --metrics-token-file`: a real Prometheus scrapes the gateway
+    and discovers its backends with the token."""
+    binary = debian_binary("prometheus", "prometheus")
+    token_file = tmp_path / "metrics.token"
+    token_file.write_text(gateway.metrics_token + "\n")
+    (tmp_path / "rules.yml").write_text("groups: []\n")
+    host_port = gateway.url.removeprefix("http://")
+    config = prometheus_yaml(host_port, str(tmp_path / "rules.yml"), "1s", str(token_file))
+    (tmp_path / "prometheus.yml").write_text(config)
+    port = free_port()
+    prometheus = Process(
+        [binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        tmp_path / "prometheus.log",
+    )  # fmt: skip
+    prometheus.start()
+    try:
+        deadline, health = time.monotonic() + 60, {}
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                answer = httpx.get(f"http://127.0.0.1:{port}/api/v1/targets", timeout=5).json()
+                health = {t["labels"]["job"]: t["health"] for t in answer["data"]["activeTargets"]}
+                if health.get("inhouse-gateway") == "up" and "inhouse-backends" in health:
+                    break
+            time.sleep(0.5)
+        assert health.get("inhouse-gateway") == "up", health
+        assert "inhouse-backends" in health, "no backend discovered through /metrics/targets"
+    finally:
+        prometheus.stop()
 
 
 # -- item 14: X-Forwarded-For only from trusted proxies ---------------------------------
