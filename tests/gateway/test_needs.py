@@ -53,6 +53,18 @@ def test_completions_with_token_ids_and_default_max_tokens() -> None:
     assert needs.reserve(5, needs.output_cap(100, None)) == 105
 
 
+@pytest.mark.parametrize(
+    ("prompt", "prompts"),
+    [("a b", 1), (["a", "b", "c"], 3), ([5, 6, 7], 1), ([[5]] * 100, 100), ([[5, 6], [7]], 2)],
+)
+def test_completions_reserve_the_output_cap_per_prompt_and_per_n(
+    prompt: object, prompts: int
+) -> None:
+    needs = read_needs("completions", {"prompt": prompt, "max_tokens": 40, "n": 2})
+    assert needs.choices == 2 * prompts
+    assert needs.reserve(needs.prompt_bound, 40) == needs.prompt_bound + 40 * 2 * prompts
+
+
 def test_embeddings_reserve_only_the_input() -> None:
     needs = read_needs("embeddings", {"input": ["abcd", "efgh"]})
     assert needs.output_cap(1000, None) == 0
