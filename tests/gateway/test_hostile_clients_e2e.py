@@ -263,7 +263,10 @@ def test_quota_refusals_say_the_quota_and_when_it_resets(gateway: Gateway) -> No
     used = gateway.post("/v1/chat/completions", secret,
                         {"model": "m", "messages": HELLO, "max_tokens": 50})  # fmt: skip
     assert used.status_code == 200
-    time.sleep(0.5)  # the quota settles to the usage (11) off the request path
+    deadline = time.monotonic() + 10  # the quota settles to the usage (11) off the request path
+    while gateway.store.get("quota-headers").quota_used_at(time.time()) != 11:
+        assert time.monotonic() < deadline, "the quota never settled to the usage"
+        time.sleep(0.05)
     later = gateway.post("/v1/chat/completions", secret,
                          {"model": "m", "messages": HELLO, "max_tokens": 95})  # fmt: skip
     assert later.status_code == 429
