@@ -25,7 +25,7 @@ import httpx
 import openai
 import pytest
 from canned_upstream import SLOW_MODEL, SLOW_TOKENIZE_S, Canned, canned_upstream
-from sqlalchemy import update
+from sqlalchemy import text, update
 
 from inhouse.gateway.audit import recent_rows
 from inhouse.gateway.config import GatewayConfig
@@ -246,6 +246,17 @@ def test_a_lone_surrogate_in_model_is_an_audited_404(
     (row,) = _rows(gateway, name, 1)
     assert row["status"] == 404
     assert gateway.scrape("/metrics").status_code == 200  # the name is no label
+
+
+def test_an_unexpected_error_is_still_an_openai_500(gateway: Gateway) -> None:
+    """A key row no code expects (a limit that is not a number, as a hand-edited database
+    holds) fails inside admission: the answer is a logged 500 in OpenAI's shape."""
+    secret = gateway.key("corrupt-row", rpm=5)
+    with gateway.store._db.begin() as conn:
+        conn.execute(text("UPDATE api_keys SET rpm = 'five' WHERE name = 'corrupt-row'"))
+    answer = gateway.post("/v1/chat/completions", secret, {"model": "m", "messages": HELLO})
+    assert answer.status_code == 500, answer.text
+    assert answer.json()["error"]["type"] == "server_error"
 
 
 # -- item 10: headers on quota and concurrency 429s ------------------------------------
