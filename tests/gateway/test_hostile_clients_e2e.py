@@ -39,6 +39,7 @@ pytestmark = pytest.mark.slow
 TOKEN_ENV = "INHOUSE_TEST_METRICS_TOKEN"
 HELLO = [{"role": "user", "content": "hello"}]
 DAY_S = 86400.0
+MAX_CONTEXT = 2048
 
 
 @dataclass
@@ -84,6 +85,7 @@ api_key = "{backend_key}"
 model = "{model}"
 kind = "vllm"
 capabilities = ["chat", "completions", "embeddings"]
+max_context = {MAX_CONTEXT}
 """
 
     return f"""
@@ -193,6 +195,23 @@ def test_a_token_id_batch_cannot_pass_the_quota_or_tpm(gateway: Gateway) -> None
     tpm = gateway.post("/v1/completions", gateway.key("batch-tpm", tpm=2000), body)
     assert tpm.status_code == 429 and tpm.json()["error"]["code"] == "rate_limit_exceeded"
     assert "4100 tokens can never fit" in tpm.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("limits", [{}, {"tpm": 10**7}])
+def test_each_prompt_of_a_batch_has_the_whole_context(
+    gateway: Gateway, canned: Canned, limits: dict[str, int]
+) -> None:
+    """100 prompts of ~40 tokens: together past the 2,048-token context, each well within
+    it. Refused as one long prompt before; now sent with the full default output cap."""
+    prompts = ["word " * 30] * 100
+    client = gateway.client(gateway.key(f"batch-context-{len(limits)}", **limits))
+    answer = client.completions.create(model="m", prompt=prompts)
+    assert len(answer.choices) == 100
+    sent = [body for _, body in canned.received if body.get("prompt") == prompts][-1]
+    assert sent["max_tokens"] == 1024  # the model's default_max_tokens, not shrunk
+    with pytest.raises(openai.BadRequestError) as refused:  # one prompt too long alone
+        client.completions.create(model="m", prompt=["word", "word " * 2000])
+    assert refused.value.code == "unsupported_capability"
 
 
 def test_chat_n_reserves_the_cap_per_choice(gateway: Gateway) -> None:

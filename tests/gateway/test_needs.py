@@ -65,6 +65,17 @@ def test_completions_reserve_the_output_cap_per_prompt_and_per_n(
     assert needs.reserve(needs.prompt_bound, 40) == needs.prompt_bound + 40 * 2 * prompts
 
 
+def test_the_context_must_hold_each_prompt_of_a_batch_not_their_sum() -> None:
+    upstream = _upstream("completions", context=100)
+    batch = read_needs("completions", {"prompt": [[1] * 60] * 3, "max_tokens": 30})
+    assert batch.prompt_tokens == 180 and batch.longest() == (60, 60)
+    assert missing_capability(upstream, batch) is None
+    long = read_needs("completions", {"prompt": [[1] * 5, [1] * 80], "max_tokens": 30})
+    assert missing_capability(upstream, long) == (
+        "prompt (~80 tokens) + max_tokens (30) exceeds the model's context of 100 tokens"
+    )
+
+
 def test_embeddings_reserve_only_the_input() -> None:
     needs = read_needs("embeddings", {"input": ["abcd", "efgh"]})
     assert needs.output_cap(1000, None) == 0
