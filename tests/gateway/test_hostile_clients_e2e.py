@@ -1,124 +1,30 @@
 """What a hostile or careless client tried against the gateway (issue 24): batches that
 escaped TPM and quota, /tokenize outside the key's concurrency, a lone surrogate in
-`model`, 429s without headers, key names and backend addresses on public routes, a forged
-X-Forwarded-For, two Authorization headers, odd key names, a backend key kept in an audit
-row, and a stream cut at shutdown with no terminal event.
-
-A real `inhouse gateway` process on 127.0.0.1 in front of the canned upstream, a real
-SQLite file, the official client. The tests that stop a gateway start their own.
+`model`, 429s without headers, two Authorization headers, odd key names, a backend key kept
+in an audit row. A real gateway before the canned upstream (`gateway_under_test`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import secrets
-import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
 import pytest
-from canned_upstream import SLOW_MODEL, SLOW_TOKENIZE_S, Canned, canned_upstream
+from canned_upstream import SLOW_TOKENIZE_S, Canned, canned_upstream
+from gateway_under_test import Gateway, key_rows, start_gateway
 from sqlalchemy import text, update
 
-from inhouse.gateway.audit import recent_rows
-from inhouse.gateway.config import GatewayConfig
-from inhouse.gateway.db import api_keys, open_database
-from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.observe.scrape import prometheus_yaml
-from serving import Process, audit_rows, debian_binary, free_port, inhouse_command
+from inhouse.gateway.db import api_keys
+from serving import audit_rows
 
 pytestmark = pytest.mark.slow
 
-TOKEN_ENV = "INHOUSE_TEST_METRICS_TOKEN"
 HELLO = [{"role": "user", "content": "hello"}]
 DAY_S = 86400.0
-MAX_CONTEXT = 2048
-
-
-@dataclass
-class Gateway:
-    """One `inhouse gateway` process, its key store and what it holds."""
-
-    url: str
-    process: Process
-    store: KeyStore
-    db_url: str
-    backend_key: str
-    metrics_token: str
-
-    def key(self, name: str, **limits: Any) -> str:
-        return self.store.create(name, **limits)[1]
-
-    def client(self, secret: str) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=secret, max_retries=0)
-
-    def post(self, path: str, secret: str, body: dict[str, Any]) -> httpx.Response:
-        auth = {"Authorization": f"Bearer {secret}"}
-        return httpx.post(f"{self.url}{path}", json=body, headers=auth, timeout=30)
-
-    def scrape(self, path: str) -> httpx.Response:
-        auth = {"Authorization": f"Bearer {self.metrics_token}"}
-        return httpx.get(f"{self.url}{path}", headers=auth, timeout=10)
-
-    def access_lines(self, path: str) -> list[str]:
-        """The access log's lines for `path`, once its batch is written."""
-        time.sleep(1.0)  # past one flush interval (0.5 s)
-        return [x for x in self.process.log.read_text().splitlines() if f" {path} HTTP" in x]
-
-
-def _config(port: int, db_url: str, upstream: str, backend_key: str, extra: str) -> str:
-    def route(name: str, model: str) -> str:
-        return f"""
-[[models]]
-name = "{name}"
-[[models.backends]]
-name = "canned-{name}"
-url = "{upstream}"
-api_key = "{backend_key}"
-model = "{model}"
-kind = "vllm"
-capabilities = ["chat", "completions", "embeddings"]
-max_context = {MAX_CONTEXT}
-"""
-
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-drain_timeout_s = 1
-metrics_token_env = "{TOKEN_ENV}"
-{extra}
-[health]
-interval_s = 1
-
-[audit]
-flush_interval_s = 0.2
-{route("m", "up-model")}{route("slow", SLOW_MODEL)}"""
-
-
-def start_gateway(base: Path, canned: Canned, extra: str = "") -> Gateway:
-    """A gateway in `base` in front of `canned`, once its /health says 200; `extra` lines
-    go into its [gateway] table."""
-    base.mkdir(parents=True, exist_ok=True)
-    port, db_url = free_port(), f"sqlite:///{base / 'gateway.db'}"
-    backend_key, token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-    config = base / "inhouse.toml"
-    config.write_text(_config(port, db_url, canned.url, backend_key, extra))
-    args = [*inhouse_command(), "gateway", "--config", str(config)]
-    process = Process(args, base / "gateway.log", {TOKEN_ENV: token})
-    pepper = load_pepper(GatewayConfig(models=(), database=db_url))  # the file beside SQLite
-    store = KeyStore(open_database(db_url), pepper)
-    process.start()
-    url = f"http://127.0.0.1:{port}"
-    process.wait_healthy(f"{url}/health", 60)
-    return Gateway(url, process, store, db_url, backend_key, token)
 
 
 @pytest.fixture(scope="module")
@@ -129,28 +35,11 @@ def canned() -> Iterator[Canned]:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, canned: Canned) -> Iterator[Gateway]:
-    running = start_gateway(tmp_path_factory.mktemp("hostile"), canned)
+    running = start_gateway(tmp_path_factory.mktemp("gateway"), canned)
     try:
         yield running
     finally:
         running.process.stop()
-
-
-def _rows(gateway: Gateway, name: str | None, expect: int) -> list[dict[str, Any]]:
-    """The audit rows of key `name` (None: of requests no key was taken for), oldest first,
-    once `expect` of them are written."""
-    if name is not None:
-        return audit_rows(gateway.db_url, name, expect)
-    db = open_database(gateway.db_url)
-    deadline = time.monotonic() + 10
-    try:
-        while True:
-            rows = [r for r in recent_rows(db, 1000) if r["key_name"] is None][::-1]
-            if len(rows) >= expect or time.monotonic() > deadline:
-                return rows
-            time.sleep(0.1)
-    finally:
-        db.dispose()
 
 
 # -- item 3: every prompt shape and `n` reserved per completion -------------------------
@@ -175,7 +64,7 @@ def test_every_prompt_shape_reserves_what_it_can_use(gateway: Gateway, shape: st
         model="m", prompt=PROMPT_SHAPES[shape], max_tokens=40, n=n, extra_body={"ignore_eos": True}
     )
     assert answer.usage is not None
-    (row,) = _rows(gateway, name, 1)
+    (row,) = key_rows(gateway, name, 1)
     assert row["status"] == 200 and row["prompt_tokens"] + row["completion_tokens"] == (
         answer.usage.total_tokens
     )
@@ -217,7 +106,7 @@ def test_each_prompt_of_a_batch_has_the_whole_context(
 def test_chat_n_reserves_the_cap_per_choice(gateway: Gateway) -> None:
     client = gateway.client(gateway.key("chat-n", tpm=10**6))
     client.chat.completions.create(model="m", messages=HELLO, max_tokens=30, n=3)
-    (row,) = _rows(gateway, "chat-n", 1)
+    (row,) = key_rows(gateway, "chat-n", 1)
     assert row["reserved_tokens"] >= 3 * 30
 
 
@@ -262,7 +151,7 @@ def test_a_lone_surrogate_in_model_is_an_audited_404(
     error = answer.json()["error"]
     assert error["code"] == "model_not_found" and error["type"] == "invalid_request_error"
     assert "\ufffd" in error["message"]
-    (row,) = _rows(gateway, name, 1)
+    (row,) = key_rows(gateway, name, 1)
     assert row["status"] == 404
     assert gateway.scrape("/metrics").status_code == 200  # the name is no label
 
@@ -320,82 +209,6 @@ def test_concurrency_refusals_say_the_cap(gateway: Gateway) -> None:
     assert refused.headers["retry-after"] == "1"
 
 
-# -- item 13: key names and backend addresses need the metrics token --------------------
-
-
-def test_metrics_and_backend_addresses_need_the_metrics_token(gateway: Gateway) -> None:
-    gateway.client(gateway.key("visible-name")).chat.completions.create(model="m", messages=HELLO)
-    for path in ("/metrics", "/metrics/targets"):
-        refused = httpx.get(f"{gateway.url}{path}")
-        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
-        assert "visible-name" not in refused.text and "127.0.0.1" not in refused.text
-        wrong = httpx.get(f"{gateway.url}{path}", headers={"Authorization": "Bearer nope"})
-        assert wrong.status_code == 401
-    assert 'key_name="visible-name"' in gateway.scrape("/metrics").text
-    assert gateway.scrape("/metrics/targets").json()[0]["targets"]
-    public = httpx.get(f"{gateway.url}/health")
-    assert public.status_code == 200
-    assert public.json() == {"status": "ok", "models": {"m": {"status": "up"},
-                                                        "slow": {"status": "up"}}}  # fmt: skip
-    detailed = gateway.scrape("/health").json()
-    assert detailed["models"]["m"]["backends"][0]["url"].startswith("http://127.0.0.1:")
-
-
-def test_prometheus_scrapes_with_the_token_file(gateway: Gateway, tmp_path: Path) -> None:
-    """`inhouse observe prometheus --metrics-token-file`: a real Prometheus scrapes the gateway
-    and discovers its backends with the token."""
-    binary = debian_binary("prometheus", "prometheus")
-    token_file = tmp_path / "metrics.token"
-    token_file.write_text(gateway.metrics_token + "\n")
-    (tmp_path / "rules.yml").write_text("groups: []\n")
-    host_port = gateway.url.removeprefix("http://")
-    config = prometheus_yaml(host_port, str(tmp_path / "rules.yml"), "1s", str(token_file))
-    (tmp_path / "prometheus.yml").write_text(config)
-    port = free_port()
-    prometheus = Process(
-        [binary, f"--config.file={tmp_path / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-        tmp_path / "prometheus.log",
-    )  # fmt: skip
-    prometheus.start()
-    try:
-        deadline, health = time.monotonic() + 60, {}
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                answer = httpx.get(f"http://127.0.0.1:{port}/api/v1/targets", timeout=5).json()
-                health = {t["labels"]["job"]: t["health"] for t in answer["data"]["activeTargets"]}
-                if health.get("inhouse-gateway") == "up" and "inhouse-backends" in health:
-                    break
-            time.sleep(0.5)
-        assert health.get("inhouse-gateway") == "up", health
-        assert "inhouse-backends" in health, "no backend discovered through /metrics/targets"
-    finally:
-        prometheus.stop()
-
-
-# -- item 14: X-Forwarded-For only from trusted proxies ---------------------------------
-
-
-def test_x_forwarded_for_from_an_untrusted_client_is_not_the_client(gateway: Gateway) -> None:
-    forged = {"X-Forwarded-For": "203.0.113.7"}
-    assert httpx.get(f"{gateway.url}/v1/models", headers=forged).status_code == 401
-    (line,) = gateway.access_lines("/v1/models")[-1:]
-    assert line.startswith("127.0.0.1:") and "203.0.113.7" not in line
-
-
-def test_x_forwarded_for_from_a_trusted_proxy_names_the_client(
-    tmp_path: Path, canned: Canned
-) -> None:
-    trusting = start_gateway(tmp_path, canned, 'trusted_proxies = ["127.0.0.1"]')
-    try:
-        forged = {"X-Forwarded-For": "203.0.113.7"}
-        assert httpx.get(f"{trusting.url}/v1/models", headers=forged).status_code == 401
-        (line,) = trusting.access_lines("/v1/models")
-        assert line.startswith("203.0.113.7:")
-    finally:
-        trusting.process.stop()
-
-
 # -- item 15: one Authorization header; plain key names --------------------------------
 
 
@@ -407,7 +220,7 @@ def test_two_authorization_headers_are_refused_and_audited(gateway: Gateway) -> 
         answer = httpx.request(method, f"{gateway.url}{path}", json=body, headers=headers)
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["code"] == "multiple_authorization_headers"
-    rows = [r for r in _rows(gateway, None, 1) if r["status"] == 400]
+    rows = [r for r in key_rows(gateway, None, 1) if r["status"] == 400]
     assert rows and rows[-1]["endpoint"] == "chat/completions"
     assert audit_rows(gateway.db_url, "two-headers", 0, 0) == []  # neither key was used
 
@@ -441,34 +254,8 @@ def test_log_content_rows_hold_no_secret_of_the_gateway(gateway: Gateway) -> Non
     gateway.client(secret).chat.completions.create(
         model="m", messages=[{"role": "user", "content": text}]
     )
-    (row,) = _rows(gateway, "content", 1)
+    (row,) = key_rows(gateway, "content", 1)
     stored = f"{row['prompt_text']} {row['completion_text']}"
     assert "keys" in row["prompt_text"] and "keys" in row["completion_text"]
     for value in (gateway.backend_key, gateway.metrics_token, secret):
         assert value not in stored
-
-
-# -- item 9: shutdown ends a stream with an error event, logged as audited --------------
-
-
-def test_sigterm_ends_a_running_stream_with_an_error_event(tmp_path: Path, canned: Canned) -> None:
-    stopping = start_gateway(tmp_path, canned)
-    try:
-        client = stopping.client(stopping.key("cut-stream"))
-        stream = client.chat.completions.create(model="slow", messages=HELLO, stream=True)
-        chunks = iter(stream)
-        next(chunks)
-        assert stopping.process.popen is not None
-        stopping.process.popen.send_signal(signal.SIGTERM)
-        with pytest.raises(openai.APIError) as ended:  # not httpx.RemoteProtocolError
-            for _ in chunks:
-                pass
-        assert "shutting down" in ended.value.message
-        stopping.process.popen.wait(timeout=30)  # uvicorn exits by the signal it got
-        (row,) = _rows(stopping, "cut-stream", 1)
-        (line,) = [x for x in stopping.process.log.read_text().splitlines()
-                   if "/v1/chat/completions HTTP" in x]  # fmt: skip
-        assert row["status"] == 503 and row["error_type"] == "service_unavailable"
-        assert '" 503 ' in line  # the access log says what the audit row says
-    finally:
-        stopping.process.stop()
