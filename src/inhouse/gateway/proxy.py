@@ -178,9 +178,10 @@ class RelayResponse(Response):
     access log reads, so the log and the audit row agree.
 
     Cancelled from outside (the server shutting down past its drain deadline), it ends the
-    stream the way an upstream error does: `shutdown_error` as an OpenAI error event, then
-    `data: [DONE]` (vLLM's ending after an error; the `openai` clients raise the error,
-    others stop at [DONE]), and a clean end of the body instead of a cut connection."""
+    stream the way an upstream error does: the OpenAI error event `shutdown()` returns (it
+    also notes the end in the outcome), then `data: [DONE]` (vLLM's ending after an error;
+    the `openai` clients raise the error, others stop at [DONE]), and a clean end of the
+    body instead of a cut connection."""
 
     def __init__(
         self,
@@ -232,10 +233,10 @@ class RelayResponse(Response):
         if self._ended:
             return
         self._ended = True
-        if not self._started:
-            await self._start(send)
+        body = self._shutdown() + b"data: [DONE]\n\n"
         with contextlib.suppress(OSError):  # the client may be gone too
-            body = self._shutdown() + b"data: [DONE]\n\n"
+            if not self._started:
+                await self._start(send)
             await send({"type": "http.response.body", "body": body, "more_body": False})
 
     @staticmethod
