@@ -29,6 +29,7 @@ from inhouse.gateway.metrics import GatewayMetrics, scrape_targets
 from inhouse.gateway.openapi import install_openapi
 from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
+from inhouse.gateway.scrape_auth import may_scrape, public_health, scrape_refused
 from inhouse.http_errors import install_error_handlers
 
 
@@ -95,7 +96,7 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
 
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:
-        key = await gateway.authenticate(request.headers.get("authorization", ""))
+        key = await gateway.authenticate(request.headers.getlist("authorization"))
         now = int(time.time())
         cards = [
             ModelCard(id=r.name, created=now, owned_by="inhouse")
@@ -105,20 +106,26 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
         return ModelList(data=cards)
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
         status, body = gateway.router.health()
+        if not may_scrape(gateway.config, request):
+            body = public_health(body)
         return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if not may_scrape(gateway.config, request):
+            return scrape_refused()
         gateway.metrics.observe_backends(gateway.router.all_backends())
         for name in gateway.router.routes:
             gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
         return Response(gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     @app.get("/metrics/targets")
-    async def metrics_targets() -> JSONResponse:
+    async def metrics_targets(request: Request) -> Response:
         """The backends' /metrics for Prometheus' HTTP service discovery (no keys in it)."""
+        if not may_scrape(gateway.config, request):
+            return scrape_refused()
         return JSONResponse(scrape_targets(gateway.router.all_backends()))
 
     return BodySizeLimit(GatewayFront(gateway, app, access_log), gateway.config.max_request_body)

@@ -38,10 +38,9 @@ def gateway_command(
     """Run the authenticated gateway (keys, limits, audit, routing, health, fallback)."""
     import dataclasses
 
-    from inhouse.gateway.config import load_config
     from inhouse.gateway.serve import run_gateway
 
-    settings = load_config(config)
+    settings = _load_config(config)
     given = (("host", host), ("port", port), ("access_log", access_log))
     overrides = {k: v for k, v in given if v is not None}
     run_gateway(dataclasses.replace(settings, **overrides))
@@ -203,10 +202,24 @@ def keys_update(
     typer.echo(f"updated key {name!r}: {', '.join(sorted(changes))}")
 
 
-def _settings(config: Path | None, database: str | None) -> Any:
-    from inhouse.gateway.config import GatewayConfig, load_config
+def _load_config(path: Path) -> Any:
+    """The gateway config at `path`; a file that cannot be read or is invalid ends the
+    command with one line on stderr (exit 2), not a traceback."""
+    import tomllib
 
-    settings = load_config(config) if config else GatewayConfig(models=())
+    from inhouse.gateway.config import ConfigError, load_config
+
+    try:
+        return load_config(path)
+    except (ConfigError, OSError, tomllib.TOMLDecodeError) as err:
+        typer.echo(f"error: {path}: {err}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _settings(config: Path | None, database: str | None) -> Any:
+    from inhouse.gateway.config import GatewayConfig
+
+    settings = _load_config(config) if config else GatewayConfig(models=())
     if database:
         import dataclasses
 
@@ -215,11 +228,17 @@ def _settings(config: Path | None, database: str | None) -> Any:
 
 
 def _store(config: Path | None, database: str | None) -> KeyStore:
+    from inhouse.gateway.config import ConfigError
     from inhouse.gateway.db import open_database
     from inhouse.gateway.keys import KeyStore, load_pepper
 
     settings = _settings(config, database)
-    return KeyStore(open_database(settings.database), load_pepper(settings))
+    try:
+        pepper = load_pepper(settings)
+    except ConfigError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    return KeyStore(open_database(settings.database), pepper)
 
 
 def _edit(change: Any, config: Path | None = None, database: str | None = None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 from starlette.responses import Response
 from starlette.types import Receive
@@ -52,7 +53,8 @@ class Gateway:
         self.metrics = metrics
         self.upstreams = upstreams
         limits = LimitCalls(limits_block)
-        self.ledger = Ledger(audit, metrics, Redactor(config.audit.redact))
+        held = [*config.held_secrets(), keys.pepper_text]
+        self.ledger = Ledger(audit, metrics, Redactor(config.audit.redact, held))
         self.settler = Settler(keys, limiter, limits, router, self.ledger)
         self.admitter = Admitter(keys, limiter, limits, router, upstreams)
         self.forwarder = Forwarder(
@@ -60,14 +62,15 @@ class Gateway:
             config.request_timeout_s,
         )  # fmt: skip
 
-    async def authenticate(self, header: str) -> ApiKey:
-        """The live key named by an Authorization header, or a 401 APIError."""
-        return await authenticate(self.keys, header)
+    async def authenticate(self, authorization: Sequence[str]) -> ApiKey:
+        """The live key named by the request's Authorization headers, or an APIError."""
+        return await authenticate(self.keys, authorization)
 
     async def handle(
-        self, authorization: str, raw: bytes, endpoint: str, receive: Receive | None = None
-    ) -> Response:
-        """Answer one OpenAI API call (its Authorization header and body) on behalf of a key.
+        self, authorization: Sequence[str], raw: bytes, endpoint: str,
+        receive: Receive | None = None,
+    ) -> Response:  # fmt: skip
+        """Answer one OpenAI API call (its Authorization headers and body) on behalf of a key.
 
         With `receive`, a non-streamed request whose client disconnects is cancelled upstream.
         """

@@ -15,6 +15,13 @@ from inhouse.gateway.metrics import GatewayMetrics
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 
 
+def final_status(call: Call, outcome: Outcome) -> int:
+    """The status an admitted request ended with: the upstream's (or the error the gateway
+    answered), or 499 when the client left before its answer was complete."""
+    reached = call.lease is not None and outcome.status != 0
+    return outcome.status if outcome.completed or not reached else CLIENT_CLOSED
+
+
 class Ledger:
     """Writes what happened to each request: Prometheus metrics and one audit row."""
 
@@ -36,8 +43,7 @@ class Ledger:
     ) -> None:  # fmt: skip
         """A request answered with an error before admission."""
         name = "" if key is None else key.name
-        self.metrics.rejections.labels(name, model or "", error.code or error.type).inc()
-        self.metrics.requests.labels(name, model or "", str(error.status_code)).inc()
+        self.metrics.refused(name, model, error.status_code, error.code or error.type)
         self.audit.record(
             AuditRecord(
                 ts=ts,
@@ -57,14 +63,13 @@ class Ledger:
     def failed(self, call: Call, error: APIError) -> None:
         """An admitted request that ended in an error the gateway answered."""
         reason = "no_backend" if error.status_code == 503 else (error.code or error.type)
-        self.metrics.rejections.labels(call.key.name, call.route.name, reason).inc()
+        self.metrics.failed(call.key.name, call.route.name, reason)
 
     def settled(self, call: Call, outcome: Outcome, prompt: int, completion: int) -> None:
         """An admitted request at its end, charged `prompt` + `completion` tokens."""
         end = time.perf_counter()
         name, model, lease = call.key.name, call.route.name, call.lease
-        reached = lease is not None and outcome.status != 0
-        status = outcome.status if outcome.completed or not reached else CLIENT_CLOSED
+        status = final_status(call, outcome)
         ttft = None if outcome.first_token_at is None else outcome.first_token_at - call.started
         self.metrics.observe_request(
             name, model, status, (prompt, completion), end - call.started, ttft
