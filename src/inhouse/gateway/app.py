@@ -29,6 +29,7 @@ from inhouse.gateway.metrics import GatewayMetrics, scrape_targets
 from inhouse.gateway.openapi import install_openapi
 from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
+from inhouse.gateway.teams import TeamStore
 from inhouse.http_errors import install_error_handlers
 
 
@@ -47,6 +48,7 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
         GatewayMetrics(config.audit.creep_window, [m.name for m in config.models]),
         UpstreamClients(),
         limits_block=config.shared_limits,
+        teams=TeamStore(db, clock),
     )
 
 

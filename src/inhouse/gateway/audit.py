@@ -58,6 +58,8 @@ class AuditRecord:
     fallback_used: bool = False
     prompt_text: str | None = None
     completion_text: str | None = None
+    team: str | None = None
+    prompt_hash: str | None = None
 
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))

@@ -103,11 +103,17 @@ def keys_create(
     log_content: Annotated[
         bool, typer.Option(help="Store redacted prompt/completion text.")
     ] = False,
+    team: Annotated[
+        str | None, typer.Option(help="The team whose quota and budget it shares.")
+    ] = None,
+    admin: Annotated[bool, typer.Option(help="May use the admin console and API.")] = False,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
     """Create a key; its secret is printed once and never stored."""
     store = _store(config, database)
+    if team is not None:
+        _ensure_team(config, database, team)
     values: dict[str, Any] = {
         "rpm": rpm,
         "tpm": tpm,
@@ -118,6 +124,8 @@ def keys_create(
         "models": _models(models),
         "allow_fallback": not no_fallback,
         "log_content": log_content,
+        "team": team,
+        "admin": admin,
     }
     try:
         key, secret = store.create(name, **values)
@@ -136,13 +144,17 @@ def keys_list(config: ConfigOption = None, database: DatabaseOption = None) -> N
     from rich.table import Table
 
     table = Table()
-    columns = ("name", "state", "created", "expires", "rpm", "tpm", "concurrent", "quota", "models")
+    columns = (
+        "name", "team", "state", "created", "expires", "rpm", "tpm", "concurrent", "quota",
+        "models",
+    )  # fmt: skip
     for column in columns:
         table.add_column(column)
     now = time.time()
     for key in _store(config, database).list():
         table.add_row(
-            key.name,
+            key.name + (" (admin)" if key.admin else ""),
+            key.team or "-",
             _state(key, now),
             _time(key.created_at),
             _time(key.expires_at) if key.expires_at else "never",
@@ -174,11 +186,16 @@ def keys_update(
     models: Annotated[str | None, typer.Option(help="Comma-separated models, or 'all'.")] = None,
     fallback: Annotated[bool | None, typer.Option(help="Allow fallback endpoints.")] = None,
     log_content: Annotated[bool | None, typer.Option(help="Store redacted text.")] = None,
+    team: Annotated[str | None, typer.Option(help="Move to this team ('none': no team).")] = None,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
     """Change a key's limits; applies from its next request."""
     changes: dict[str, Any] = {}
+    if team is not None:
+        changes["team"] = None if team == "none" else team
+        if team != "none":
+            _ensure_team(config, database, team)
     for field, value in (
         ("rpm", rpm),
         ("tpm", tpm),
@@ -212,6 +229,13 @@ def _settings(config: Path | None, database: str | None) -> Any:
 
         settings = dataclasses.replace(settings, database=database)
     return settings
+
+
+def _ensure_team(config: Path | None, database: str | None, name: str) -> None:
+    from inhouse.gateway.db import open_database
+    from inhouse.gateway.teams import TeamStore
+
+    TeamStore(open_database(_settings(config, database).database)).ensure(name)
 
 
 def _store(config: Path | None, database: str | None) -> KeyStore:

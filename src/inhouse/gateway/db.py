@@ -12,6 +12,7 @@ from sqlalchemy import (
     Column,
     Engine,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
@@ -22,6 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+from inhouse.gateway.migrate import add_missing
 
 metadata = MetaData()
 
@@ -44,6 +47,9 @@ api_keys = Table(
     Column("models", Text),
     Column("allow_fallback", Boolean, nullable=False, default=True),
     Column("log_content", Boolean, nullable=False, default=False),
+    # Added after the first release (nullable, so `migrate` can add them to old databases):
+    Column("team", String(200), index=True),
+    Column("admin", Boolean),
 )
 
 audit_log = Table(
@@ -67,6 +73,16 @@ audit_log = Table(
     Column("fallback_used", Boolean, nullable=False, default=False),
     Column("prompt_text", Text),
     Column("completion_text", Text),
+    # Added after the first release (see `migrate`): the key's team at the time, and a
+    # peppered hash of the prompt (never its text) to tell a retry from a new task.
+    Column("team", String(200)),
+    Column("prompt_hash", String(64)),
+    # Usage reports scan a time range and group: covering indexes keep them off the table.
+    Index(
+        "ix_audit_usage",
+        *("ts", "key_name", "team", "model", "status", "prompt_tokens", "completion_tokens"),
+    ),
+    Index("ix_audit_retry", "key_name", "prompt_hash", "ts"),
 )
 
 # Journal segments whose rows are committed: a segment found on disk after a crash and
@@ -75,6 +91,21 @@ audit_segments = Table(
     "audit_segments",
     metadata,
     Column("name", String(64), primary_key=True),
+)
+
+# A team's shared token quota and money budget, reserved like a key's quota (`teams`).
+teams = Table(
+    "teams",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("created_at", Float, nullable=False),
+    Column("period_s", Float, nullable=False),
+    Column("quota_tokens", Integer),
+    Column("budget", Float),
+    Column("hard_stop", Boolean, nullable=False, default=True),
+    Column("window", Integer, nullable=False, default=0),
+    Column("tokens_used", Integer, nullable=False, default=0),
+    Column("money_used", Float, nullable=False, default=0.0),
 )
 
 limiter_state = Table(
@@ -98,6 +129,7 @@ def open_database(url: str) -> Engine:
     if is_sqlite:
         event.listen(db, "connect", _sqlite_pragmas)
     _create_tables(db)
+    add_missing(db, metadata)
     return db
 
 
