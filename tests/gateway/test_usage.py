@@ -18,7 +18,7 @@ from inhouse.cli import app
 from inhouse.cost.settings import TokenPrices
 from inhouse.gateway.audit import AuditRecord, AuditWriter, clean_row
 from inhouse.gateway.config import AuditSettings
-from inhouse.gateway.db import audit_log, audit_segments, open_database, usage_hourly
+from inhouse.gateway.db import audit_log, audit_segments, open_database, usage_daily
 from inhouse.gateway.rollup import BACKFILLED
 from inhouse.gateway.usage import UnknownGrouping, usage
 
@@ -77,11 +77,11 @@ def test_usage_per_person_team_model_and_day(db_url: str, tmp_path: Path, backfi
     assert sum(r.requests for r in usage(db, "person", NOW - 45 * DAY)) == 6
     with pytest.raises(UnknownGrouping):
         usage(db, "colour", since)
-    summed = db.connect().execute(select(func.sum(usage_hourly.c.requests))).scalar_one()
+    summed = db.connect().execute(select(func.sum(usage_daily.c.requests))).scalar_one()
     assert summed == 6  # every row is in the rollup exactly once
 
 
-def test_a_report_ending_mid_hour_adds_the_partial_hours_from_the_rows(
+def test_a_report_from_and_to_mid_day_adds_the_partial_days_from_the_rows(
     db_url: str, tmp_path: Path
 ) -> None:
     _seed(db_url, tmp_path / "journal")

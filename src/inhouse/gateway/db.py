@@ -85,12 +85,12 @@ audit_log = Table(
     Index("ix_audit_retry", "key_name", "prompt_hash", "ts"),
 )
 
-# The audit summed per UTC hour, key, team and model, kept in the transaction that inserts
-# the rows (see `rollup`): a 30-day report reads ~720 hours per group, not every row.
-usage_hourly = Table(
-    "usage_hourly",
+# The audit summed per UTC day, key, team and model, kept in the transaction that inserts
+# the rows (see `rollup`): a 30-day report reads ~30 rows per group, not every request.
+usage_daily = Table(
+    "usage_daily",
     metadata,
-    Column("hour", Integer, primary_key=True),
+    Column("day", Integer, primary_key=True),
     Column("key_name", String(200), primary_key=True),  # "" for none, as for team
     Column("team", String(200), primary_key=True),
     Column("model", String(200), primary_key=True),

@@ -1,4 +1,4 @@
-"""The hourly usage rollup: audit rows summed per UTC hour, key, team and model.
+"""The daily usage rollup: audit rows summed per UTC day, key, team and model.
 
 It is written in the same transaction as the rows it sums (`AuditWriter._commit`), whose
 segment name makes the insert happen once, so the rollup never counts a row twice or
@@ -14,10 +14,10 @@ from sqlalchemy import Connection, Engine, Integer, case, cast, func, insert, se
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from inhouse.gateway.db import audit_log, audit_segments, usage_hourly
+from inhouse.gateway.db import audit_log, audit_segments, usage_daily
 
-HOUR_S = 3600
-KEYS = ("hour", "key_name", "team", "model")
+DAY_S = 86400
+KEYS = ("day", "key_name", "team", "model")
 SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens")
 BACKFILLED = "usage-rollup-backfilled"  # a name in audit_segments: the backfill ran
 DIALECTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
@@ -35,7 +35,7 @@ def summed(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         ts = row.get("ts")
         if not isinstance(ts, float | int):
             continue
-        key = (int(ts // HOUR_S), row.get("key_name") or "", row.get("team") or "",
+        key = (int(ts // DAY_S), row.get("key_name") or "", row.get("team") or "",
                row.get("model") or "")  # fmt: skip
         sums = groups.setdefault(key, [0, 0, 0, 0])
         sums[0] += 1
@@ -52,11 +52,11 @@ def add(conn: Connection, rows: Iterable[dict[str, Any]]) -> None:
     values = summed(rows)
     if not values:
         return
-    statement = DIALECTS[conn.dialect.name](usage_hourly)
+    statement = DIALECTS[conn.dialect.name](usage_daily)
     excluded = statement.excluded
     statement = statement.on_conflict_do_update(
         index_elements=list(KEYS),
-        set_={name: usage_hourly.c[name] + excluded[name] for name in SUMS},
+        set_={name: usage_daily.c[name] + excluded[name] for name in SUMS},
     )
     conn.execute(statement, values)
 
@@ -71,8 +71,8 @@ def backfill(db: Engine) -> None:
         if done.first() is not None:
             return
     c = audit_log.c
-    hour = cast(func.floor(c.ts / HOUR_S), Integer)
-    keys = (hour, *(func.coalesce(column, "") for column in (c.key_name, c.team, c.model)))
+    day = cast(func.floor(c.ts / DAY_S), Integer)
+    keys = (day, *(func.coalesce(column, "") for column in (c.key_name, c.team, c.model)))
     grouped = select(
         *keys, func.count(), func.sum(case((c.status >= 400, 1), else_=0)),
         func.sum(c.prompt_tokens), func.sum(c.completion_tokens),
@@ -80,7 +80,7 @@ def backfill(db: Engine) -> None:
     try:
         with db.begin() as conn:
             conn.execute(insert(audit_segments), {"name": BACKFILLED})
-            conn.execute(usage_hourly.delete())
-            conn.execute(insert(usage_hourly).from_select(list(KEYS + SUMS), grouped))
+            conn.execute(usage_daily.delete())
+            conn.execute(insert(usage_daily).from_select(list(KEYS + SUMS), grouped))
     except IntegrityError:
         return

@@ -1,6 +1,6 @@
 """Usage aggregated in the database from the audit rows: requests, errors and tokens per
 person (key), team, model, release or UTC day over a time range, with what they cost at
-the `[cost]` charge prices, summed in SQL (the hourly `rollup` for whole hours); rows never
+the `[cost]` charge prices, summed in SQL (the daily `rollup` for whole days); rows never
 leave the database one by one."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlalchemy import Engine, Integer, case, cast, func, select
 
 from inhouse.cost.settings import TokenPrices
 from inhouse.gateway import rollup
-from inhouse.gateway.db import audit_log, usage_hourly
+from inhouse.gateway.db import audit_log, usage_daily
 
 DAY_S = 86400
 
@@ -54,21 +54,21 @@ def usage(
 ) -> list[UsageRow]:
     """Totals per group of the audit rows with `since <= ts < until` (now), largest first.
 
-    Whole hours are read from the hourly rollup, the partial hours at either end from the
-    audit rows themselves (a range scan of at most two hours); grouping by release, or a
+    Whole UTC days are read from the daily rollup, the partial days at either end from the
+    audit rows themselves (a range scan over the covering index); grouping by release, or a
     database without the rollup, reads the audit rows only."""
     if by not in GROUPINGS:
         raise UnknownGrouping(f"cannot group usage by {by!r}: use one of {', '.join(GROUPINGS)}")
     until = time.time() if until is None else until
-    first = math.ceil(since / rollup.HOUR_S)
-    last = math.floor(until / rollup.HOUR_S)
+    first = math.ceil(since / rollup.DAY_S)
+    last = math.floor(until / rollup.DAY_S)
     if by == "release" or not rollup.supported(db) or first >= last:
         parts = [_from_audit(db, by, since, until)]
     else:
         parts = [
-            _from_audit(db, by, since, first * rollup.HOUR_S),
+            _from_audit(db, by, since, first * rollup.DAY_S),
             _from_rollup(db, by, first, last),
-            _from_audit(db, by, last * rollup.HOUR_S, until),
+            _from_audit(db, by, last * rollup.DAY_S, until),
         ]
     totals: dict[str, list[int]] = {}
     for part in parts:
@@ -117,14 +117,13 @@ def _from_audit(db: Engine, by: str, since: float, until: float) -> list[Any]:
         return list(conn.execute(query).all())
 
 
-def _from_rollup(db: Engine, by: str, first_hour: int, last_hour: int) -> list[Any]:
-    c = usage_hourly.c
-    columns = {"person": c.key_name, "team": c.team, "model": c.model,
-               "day": cast(func.floor(c.hour / 24), Integer)}  # fmt: skip
+def _from_rollup(db: Engine, by: str, first_day: int, last_day: int) -> list[Any]:
+    c = usage_daily.c
+    columns = {"person": c.key_name, "team": c.team, "model": c.model, "day": c.day}
     group = columns[by]
     query = (
         select(group, *_sums(c, func.sum(c.requests), func.sum(c.errors)))
-        .where(c.hour >= first_hour, c.hour < last_hour)
+        .where(c.day >= first_day, c.day < last_day)
         .group_by(group)
     )
     with db.connect() as conn:
