@@ -6,6 +6,7 @@ import typer
 
 from inhouse import __version__
 from inhouse.bench.command import bench_app
+from inhouse.cost.command import cost_command
 from inhouse.eval.command import eval_command
 from inhouse.gateway.command import audit_command, gateway_command, keys_app
 from inhouse.gateway.teams_command import teams_app
@@ -38,6 +39,7 @@ app.add_typer(teams_app, name="teams")
 app.add_typer(models_app, name="models")
 app.command("audit")(audit_command)
 app.command("usage")(usage_command)
+app.command("cost")(cost_command)
 app.add_typer(observe_app, name="observe")
 app.command("up")(up_command)
 app.command("plan")(plan)
