@@ -19,6 +19,7 @@ from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.audit import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
 from inhouse.gateway.config import GatewayConfig, default_state_dir
+from inhouse.gateway.console.install import install_console
 from inhouse.gateway.db import open_database, sqlite_path
 from inhouse.gateway.front import GatewayFront
 from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
@@ -49,6 +50,7 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
         UpstreamClients(),
         limits_block=config.shared_limits,
         teams=TeamStore(db, clock),
+        db=db,
     )
 
 
@@ -94,6 +96,7 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
     app = FastAPI(title="inhouse gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     install_openapi(app)
+    install_console(app, gateway)
 
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:

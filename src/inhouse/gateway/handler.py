@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
+from sqlalchemy import Engine
 from starlette.responses import Response
 from starlette.types import Receive
 
@@ -45,6 +46,7 @@ class Gateway:
         upstreams: UpstreamClients,
         limits_block: bool,
         teams: TeamStore,
+        db: Engine,
     ) -> None:
         self.config = config
         self.keys = keys
@@ -54,6 +56,7 @@ class Gateway:
         self.metrics = metrics
         self.upstreams = upstreams
         self.teams = teams
+        self.db = db  # the shared database (the console's usage, cost and audit pages)
         limits = LimitCalls(limits_block)
         prices = config.cost.charged
         self.ledger = Ledger(audit, metrics, Redactor(config.audit.redact))

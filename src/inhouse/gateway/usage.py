@@ -51,24 +51,26 @@ def usage(
     since: float,
     until: float | None = None,
     prices: TokenPrices | None = None,
+    only: dict[str, str] | None = None,
 ) -> list[UsageRow]:
     """Totals per group of the audit rows with `since <= ts < until` (now), largest first.
 
     Whole UTC days are read from the daily rollup, the partial days at either end from the
     audit rows themselves (a range scan over the covering index); grouping by release, or a
-    database without the rollup, reads the audit rows only."""
+    database without the rollup, reads the audit rows only. `only` keeps the rows of one
+    person and/or team ({"person": "alice"})."""
     if by not in GROUPINGS:
         raise UnknownGrouping(f"cannot group usage by {by!r}: use one of {', '.join(GROUPINGS)}")
     until = time.time() if until is None else until
     first = math.ceil(since / rollup.DAY_S)
     last = math.floor(until / rollup.DAY_S)
     if by == "release" or not rollup.supported(db) or first >= last:
-        parts = [_from_audit(db, by, since, until)]
+        parts = [_from_audit(db, by, since, until, only)]
     else:
         parts = [
-            _from_audit(db, by, since, first * rollup.DAY_S),
-            _from_rollup(db, by, first, last),
-            _from_audit(db, by, last * rollup.DAY_S, until),
+            _from_audit(db, by, since, first * rollup.DAY_S, only),
+            _from_rollup(db, by, first, last, only),
+            _from_audit(db, by, last * rollup.DAY_S, until, only),
         ]
     totals: dict[str, list[int]] = {}
     for part in parts:
@@ -95,7 +97,18 @@ def _sums(c: Any, requests: Any, errors: Any) -> tuple[Any, ...]:
     )
 
 
-def _from_audit(db: Engine, by: str, since: float, until: float) -> list[Any]:
+def _filters(c: Any, only: dict[str, str] | None) -> list[Any]:
+    only = only or {}
+    unknown = set(only) - {"person", "team"}
+    if unknown:
+        raise UnknownGrouping(f"usage can be narrowed to a person or team, not {unknown}")
+    columns = {"person": c.key_name, "team": c.team}
+    return [columns[field] == value for field, value in only.items()]
+
+
+def _from_audit(
+    db: Engine, by: str, since: float, until: float, only: dict[str, str] | None = None
+) -> list[Any]:
     if since >= until:
         return []
     c = audit_log.c
@@ -110,7 +123,7 @@ def _from_audit(db: Engine, by: str, since: float, until: float) -> list[Any]:
     errors = func.sum(case((c.status >= 400, 1), else_=0))
     query = (
         select(group, *_sums(c, func.count(), errors))
-        .where(c.ts >= since, c.ts < until)
+        .where(c.ts >= since, c.ts < until, *_filters(c, only))
         .group_by(group)
         # SQLite's planner prefers a skip-scan of the retry index, which is not covering.
         .with_hint(audit_log, "INDEXED BY ix_audit_usage", "sqlite")
@@ -119,13 +132,15 @@ def _from_audit(db: Engine, by: str, since: float, until: float) -> list[Any]:
         return list(conn.execute(query).all())
 
 
-def _from_rollup(db: Engine, by: str, first_day: int, last_day: int) -> list[Any]:
+def _from_rollup(
+    db: Engine, by: str, first_day: int, last_day: int, only: dict[str, str] | None
+) -> list[Any]:
     c = usage_daily.c
     columns = {"person": c.key_name, "team": c.team, "model": c.model, "day": c.day}
     group = columns[by]
     query = (
         select(group, *_sums(c, func.sum(c.requests), func.sum(c.errors)))
-        .where(c.day >= first_day, c.day < last_day)
+        .where(c.day >= first_day, c.day < last_day, *_filters(c, only))
         .group_by(group)
     )
     with db.connect() as conn:
