@@ -2,8 +2,8 @@
 `inhouse serve` behind it, with the generated rules (short windows) loaded.
 
 After traffic, PromQL over the HTTP API returns the request rate, TTFT p99, KV usage,
-per-key tokens and a team's spent budget (its alert fires); every dashboard query returns data; a long-prompt burst against a tiny KV
-cache fires the KV alert; killing the backend fires the backend-down alert.
+per-key tokens and a team's spent budget (its alert fires); every dashboard query returns
+data; a long-prompt burst against a tiny KV cache fires the KV alert; killing the backend fires the backend-down alert.
 """
 
 from __future__ import annotations

@@ -309,9 +309,12 @@ def ensure_admin_key(config: GatewayConfig) -> str | None:
     db = open_database(config.database)
     try:
         store = KeyStore(db, load_pepper(config))
-        if any(k.name == ADMIN_KEY for k in store.list()):
+        found = next((k for k in store.list() if k.name == ADMIN_KEY), None)
+        if found is not None:
+            if not found.admin:  # made before keys had the flag: it opens the console too
+                store.update(ADMIN_KEY, admin=True)
             return None
-        _, secret = store.create(ADMIN_KEY)
+        _, secret = store.create(ADMIN_KEY, admin=True)
         return secret
     finally:
         db.dispose()
