@@ -3,7 +3,8 @@
 
 After traffic, PromQL over the HTTP API returns the request rate, TTFT p99, KV usage,
 per-key tokens and a team's spent budget (its alert fires); every dashboard query returns
-data; a long-prompt burst against a tiny KV cache fires the KV alert; killing the backend fires the backend-down alert.
+data; a long-prompt burst against a tiny KV cache fires the KV alert; killing the backend
+fires the backend-down alert.
 """
 
 from __future__ import annotations
