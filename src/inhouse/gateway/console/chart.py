@@ -13,7 +13,7 @@ def bar_chart(points: list[tuple[str, int, int]], title: str) -> str:
     peak = max((p + c for _, p, c in points), default=0) or 1
     plot_w, plot_h = WIDTH - LEFT - 16, HEIGHT - TOP - BOTTOM
     step = plot_w / max(len(points), 1)
-    bar = max(step * 0.7, 1.0)
+    bar = min(max(step * 0.7, 1.0), 48.0)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
         f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{escape(title)}">',

@@ -163,10 +163,16 @@ def console_pages(gateway: Gateway, web: Web) -> APIRouter:
         q = request.query_params
         since = forms.duration(dict(q), "since", "30d")
         only = _only(q)
-        days = usage(db, "day", time.time() - since, only=only)
+        now = time.time()
+        found = {r.group: r for r in usage(db, "day", now - since, only=only)}
+        points = []
+        for day in range(int((now - since) // 86400), int(now // 86400) + 1):  # empty days too
+            label = dt.datetime.fromtimestamp(day * 86400, dt.UTC).strftime("%Y-%m-%d")
+            row = found.get(label)
+            points.append((label, row.prompt_tokens if row else 0,
+                           row.completion_tokens if row else 0))  # fmt: skip
         who = ", ".join(f"{k} {v}" for k, v in only.items()) or "everyone"
-        svg = bar_chart([(r.group, r.prompt_tokens, r.completion_tokens) for r in days],
-                        f"Tokens per day (UTC), {who}, last {q.get('since', '30d')}")  # fmt: skip
+        svg = bar_chart(points, f"Tokens per day (UTC), {who}, last {q.get('since', '30d')}")
         return Response(svg, media_type="image/svg+xml", headers=HEADERS)
 
     def cost_page(request: Request, session: Session) -> Response:
