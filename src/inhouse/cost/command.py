@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -18,6 +19,10 @@ if TYPE_CHECKING:
 def cost_command(
     since: Annotated[str, typer.Option(help="How far back, e.g. 30d, 1d.")] = "30d",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    cost_file: Annotated[
+        Path | None,
+        typer.Option("--cost", help="A TOML file whose [cost] section to use (else --config's)."),
+    ] = None,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
@@ -26,11 +31,15 @@ def cost_command(
     reason stop or tool_calls, and not retried with the same prompt by the same key within
     `[cost] retry_window_s`."""
     from inhouse.cost.compare import compare
+    from inhouse.cost.settings import CostConfigError, load_cost
     from inhouse.cost.traffic import measured
     from inhouse.gateway.db import open_database
 
     settings = _settings(config, database)
-    cost = settings.cost
+    try:
+        cost = settings.cost if cost_file is None else load_cost(cost_file)
+    except (CostConfigError, OSError) as err:
+        raise typer.BadParameter(f"--cost: {err}") from None
     now = time.time()
     traffic = measured(open_database(settings.database), now - _period(since), now,
                        cost.retry_window_s)  # fmt: skip

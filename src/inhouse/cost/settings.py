@@ -4,7 +4,9 @@ the hosted API it is compared with, and what team budgets are charged per token.
 from __future__ import annotations
 
 import math
+import tomllib
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 DAYS_PER_MONTH = 30.0
@@ -77,6 +79,15 @@ class CostSettings:
     @property
     def charged(self) -> TokenPrices:
         return self.charge if self.charge is not None else self.hosted
+
+
+def load_cost(path: str | Path) -> CostSettings:
+    """The `[cost]` section of a TOML file (nothing else in it is read)."""
+    with open(path, "rb") as f:
+        raw = tomllib.load(f).get("cost", {})
+    if not isinstance(raw, dict):
+        raise CostConfigError("[cost] must be a table")
+    return parse_cost(raw)
 
 
 def parse_cost(raw: dict[str, Any]) -> CostSettings:
