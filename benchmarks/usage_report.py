@@ -24,7 +24,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 
 from inhouse.gateway import rollup, usage
-from inhouse.gateway.db import audit_segments, open_database
+from inhouse.gateway.db import open_database, schema_marks
 
 DAYS = 30
 COLUMNS = ("ts", "key_name", "team", "model", "endpoint", "status", "stream", "prompt_tokens",
@@ -98,7 +98,7 @@ def _rows_only(db: Engine, by: str, since: float) -> list:
 def sum_rollup(db: Engine) -> None:
     """Sum the loaded rows into the rollup as the first open of an upgraded database does."""
     with db.begin() as conn:
-        conn.execute(audit_segments.delete().where(audit_segments.c.name == rollup.BACKFILLED))
+        conn.execute(schema_marks.delete().where(schema_marks.c.name == rollup.BACKFILLED))
     rollup.backfill(db)
 
 

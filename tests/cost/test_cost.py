@@ -19,6 +19,13 @@ from inhouse.gateway.audit import AuditRecord, clean_row
 from inhouse.gateway.db import audit_log, open_database
 
 DAY = 86400.0
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'gateway.db'}"
+
+
 # Seed 002: a hosted API at ¥0.3 per million input and ¥1.2 per million output tokens,
 # 100,000 requests a day of 1,000 input and 300 output tokens, against a ¥15,000 RTX 4090.
 SEED_002 = """

@@ -7,12 +7,12 @@ import asyncio
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 from canned_upstream import USAGE, Canned, canned_upstream
-from conftest import ManualClock
 
 from inhouse.gateway.app import build_gateway, create_app
 from inhouse.gateway.audit import recent_rows
@@ -23,6 +23,7 @@ from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.teams import TeamStore
 
 DAY = 86400.0
+ManualClock = Any  # tests/gateway/conftest.py's clock fixture: call it, advance it
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from inhouse.cli import app
 from inhouse.cost.settings import TokenPrices
 from inhouse.gateway.audit import AuditRecord, AuditWriter, clean_row
 from inhouse.gateway.config import AuditSettings
-from inhouse.gateway.db import audit_log, audit_segments, open_database, usage_daily
+from inhouse.gateway.db import audit_log, open_database, schema_marks, usage_daily
 from inhouse.gateway.rollup import BACKFILLED
 from inhouse.gateway.usage import UnknownGrouping, usage
 
@@ -45,7 +45,7 @@ def _seed(db_url: str, journal: Path, backfilled: bool = False) -> None:
     if backfilled:  # rows already there when the rollup came: summed at the next open
         with db.begin() as conn:
             conn.execute(insert(audit_log), [clean_row(r) for r in records])
-            conn.execute(delete(audit_segments).where(audit_segments.c.name == BACKFILLED))
+            conn.execute(delete(schema_marks).where(schema_marks.c.name == BACKFILLED))
     else:  # as the gateway writes them: journal, then rows and rollup in one transaction
         writer = AuditWriter(db, AuditSettings(), journal)
         for record in records:

@@ -144,17 +144,13 @@ def keys_list(config: ConfigOption = None, database: DatabaseOption = None) -> N
     from rich.table import Table
 
     table = Table()
-    columns = (
-        "name", "team", "state", "created", "expires", "rpm", "tpm", "concurrent", "quota",
-        "models",
-    )  # fmt: skip
+    columns = ("name", "state", "created", "expires", "rpm", "tpm", "concurrent", "quota", "models")
     for column in columns:
         table.add_column(column)
     now = time.time()
     for key in _store(config, database).list():
         table.add_row(
-            key.name + (" (admin)" if key.admin else ""),
-            key.team or "-",
+            key.name + (f" @{key.team}" if key.team else "") + (" (admin)" if key.admin else ""),
             _state(key, now),
             _time(key.created_at),
             _time(key.expires_at) if key.expires_at else "never",

@@ -123,6 +123,13 @@ teams = Table(
     Column("money_used", Float, nullable=False, default=0.0),
 )
 
+# One-off steps a database has had, by name (the usage rollup's backfill: `rollup`).
+schema_marks = Table(
+    "schema_marks",
+    metadata,
+    Column("name", String(64), primary_key=True),
+)
+
 limiter_state = Table(
     "limiter_state",
     metadata,

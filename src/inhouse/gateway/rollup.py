@@ -14,12 +14,12 @@ from sqlalchemy import Connection, Engine, Integer, case, cast, func, insert, se
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from inhouse.gateway.db import audit_log, audit_segments, usage_daily
+from inhouse.gateway.db import audit_log, schema_marks, usage_daily
 
 DAY_S = 86400
 KEYS = ("day", "key_name", "team", "model")
 SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens")
-BACKFILLED = "usage-rollup-backfilled"  # a name in audit_segments: the backfill ran
+BACKFILLED = "usage-rollup-backfilled"  # in schema_marks once the backfill ran
 DIALECTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 
 
@@ -67,7 +67,7 @@ def backfill(db: Engine) -> None:
     if not supported(db):
         return
     with db.connect() as conn:
-        done = conn.execute(select(audit_segments).where(audit_segments.c.name == BACKFILLED))
+        done = conn.execute(select(schema_marks).where(schema_marks.c.name == BACKFILLED))
         if done.first() is not None:
             return
     c = audit_log.c
@@ -79,7 +79,7 @@ def backfill(db: Engine) -> None:
     ).group_by(*keys)  # fmt: skip
     try:
         with db.begin() as conn:
-            conn.execute(insert(audit_segments), {"name": BACKFILLED})
+            conn.execute(insert(schema_marks), {"name": BACKFILLED})
             conn.execute(usage_daily.delete())
             conn.execute(insert(usage_daily).from_select(list(KEYS + SUMS), grouped))
     except IntegrityError:
