@@ -127,7 +127,7 @@ def test_teams_and_keys_with_a_team_from_the_command_line(db_url: str) -> None:
     soft = runner.invoke(app, ["teams", "update", "search", "--warn-only", "--budget", "0", *db])
     assert soft.exit_code == 0 and "budget, hard_stop" in soft.stdout
     assert runner.invoke(app, ["teams", "update", "nobody", "--budget", "1", *db]).exit_code == 1
-    moved = runner.invoke(app, ["keys", "update", "bob", "--team", "none", *db])
-    assert moved.exit_code == 0
-    keys = runner.invoke(app, ["keys", "list", *db]).stdout
-    assert "search" in keys
+    moved = runner.invoke(app, ["keys", "update", "bob", "--team", "none", "--admin", *db])
+    assert moved.exit_code == 0 and "admin, team" in moved.stdout
+    keys = runner.invoke(app, ["keys", "list", *db], env={"COLUMNS": "200"}).stdout
+    assert "alice @search" in keys and "bob (admin)" in keys

@@ -52,3 +52,33 @@ def compare(traffic: Traffic, cost: CostSettings) -> Comparison:
 
 def _per(amount: float, count: float) -> float | None:
     return amount / count if count > 0 else None
+
+
+def report_lines(result: Comparison, currency: str, since: str) -> list[str]:
+    """The report as text lines."""
+    t = result.traffic
+
+    def money(value: float | None, digits: int = 4) -> str:
+        return "-" if value is None else f"{value:,.{digits}f} {currency}".strip()
+
+    lines = [
+        f"Traffic, last {since}: {t.requests:,} requests answered ({result.requests_per_day:,.0f}"
+        f"/day), {t.prompt_tokens:,} input + {t.completion_tokens:,} output tokens,"
+        f" {t.successful_tasks:,} successful tasks",
+        f"Self-hosted cost:   {money(result.self_hosted, 2)}",
+        f"  per million tokens  {money(result.per_million_tokens)}",
+        f"  per request         {money(result.per_request, 6)}",
+        f"  per successful task {money(result.per_successful_task, 6)}",
+        f"Hosted API, same traffic: {money(result.hosted, 2)}",
+        f"  per request         {money(result.hosted_per_request, 6)}",
+        f"  per successful task {money(result.hosted_per_successful_task, 6)}",
+    ]
+    if result.utilisation is not None:
+        lines.append(f"Utilisation of the planned capacity: {result.utilisation:.1%}")
+    if result.break_even_requests_per_day is not None:
+        cheaper = "self-hosting" if result.self_hosted < result.hosted else "the hosted API"
+        lines.append(
+            f"Break-even: {result.break_even_requests_per_day:,.0f} requests/day of this mix;"
+            f" at this volume {cheaper} is cheaper"
+        )
+    return lines

@@ -183,6 +183,7 @@ def keys_update(
     fallback: Annotated[bool | None, typer.Option(help="Allow fallback endpoints.")] = None,
     log_content: Annotated[bool | None, typer.Option(help="Store redacted text.")] = None,
     team: Annotated[str | None, typer.Option(help="Move to this team ('none': no team).")] = None,
+    admin: Annotated[bool | None, typer.Option(help="May use the admin console and API.")] = None,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
@@ -210,6 +211,8 @@ def keys_update(
         changes["allow_fallback"] = fallback
     if log_content is not None:
         changes["log_content"] = log_content
+    if admin is not None:
+        changes["admin"] = admin
     if not changes:
         raise typer.BadParameter("nothing to update: pass at least one option")
     _edit(lambda store: store.update(name, **changes), config, database)

@@ -11,8 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from inhouse.cost.command import report_lines
-from inhouse.cost.compare import compare
+from inhouse.cost.compare import compare, report_lines
 from inhouse.cost.traffic import measured
 from inhouse.gateway.audit_search import AuditQuery, search
 from inhouse.gateway.console import forms
