@@ -55,7 +55,8 @@ class Admitter:
         hold = None
         if admission.allowed and metered and key.team is not None:
             hold = (reserve, self.prices.of(prompt, cap))
-            admission = await self._reserve_team(key, hold, ts, admission.headers)
+            admission, held = await self._reserve_team(key, hold, ts, admission.headers)
+            hold = hold if held else None
         if not admission.allowed:
             error = limit_error(admission.reason or "requests", admission.message)
             return Refusal(error, admission.headers, admission.retry_after_s)
@@ -66,16 +67,17 @@ class Admitter:
 
     async def _reserve_team(
         self, key: ApiKey, hold: tuple[int, float], ts: float, headers: dict[str, str]
-    ) -> Admission:
-        """Hold the request's tokens and money in its team, or undo the key's admission."""
+    ) -> tuple[Admission, bool]:
+        """Hold the request's tokens and money in its team (and whether anything is held),
+        or undo the key's admission."""
         assert key.team is not None
-        team = await asyncio.to_thread(self.teams.reserve, key.team, *hold, ts)
-        if team is None:
-            return Admission(True, headers=headers)
+        held, refused = await asyncio.to_thread(self.teams.reserve, key.team, *hold, ts)
+        if refused is None:
+            return Admission(True, headers=headers), held
         if key.quota_tokens is not None:
             await asyncio.to_thread(self.keys.settle_quota, key, ts, hold[0], 0)
         await self.limits(self.limiter.withdraw, key, hold[0])
-        return team_exhausted(team, hold, ts, headers)
+        return team_exhausted(refused, hold, ts, headers), False
 
     async def _reserve_quota(
         self, key: ApiKey, reserve: int, ts: float, headers: dict[str, str]

@@ -130,15 +130,18 @@ class TeamStore:
             raise UnknownTeam(f"no team named {name!r}")
         return self.get(name)
 
-    def reserve(self, name: str, tokens: int, money: float, at: float) -> Team | None:
+    def reserve(self, name: str, tokens: int, money: float, at: float) -> tuple[bool, Team | None]:
         """Hold `tokens` and `money` in the period containing `at`, atomically in SQL.
 
-        None when held (or the team is gone); else the team as it stands, to word the
-        refusal. A team without `hard_stop` always holds."""
+        (True, None) when held; (False, None) when nothing is to be held (the team has
+        neither quota nor budget, or is gone: its usage is in the audit all the same);
+        (False, team) when refused, with the team as it stands to word the refusal. A team
+        without `hard_stop` always holds."""
         c = teams.c
         current = _window_expr(at)
         tokens_used = case((c.window == current, c.tokens_used), else_=0)
         money_used = case((c.window == current, c.money_used), else_=0.0)
+        limited = or_(c.quota_tokens.is_not(None), c.budget.is_not(None))
         fits = and_(
             or_(c.quota_tokens.is_(None), tokens_used + tokens <= c.quota_tokens),
             or_(c.budget.is_(None), money_used + money <= c.budget),
@@ -146,7 +149,7 @@ class TeamStore:
         with self._db.begin() as conn:
             done = conn.execute(
                 update(teams)
-                .where(c.name == name, or_(c.hard_stop.is_(False), fits))
+                .where(c.name == name, limited, or_(c.hard_stop.is_(False), fits))
                 .values(
                     tokens_used=tokens_used + tokens,
                     money_used=money_used + money,
@@ -154,9 +157,12 @@ class TeamStore:
                 )
             )
             if done.rowcount == 1:
-                return None
+                return True, None
             row = conn.execute(select(teams).where(c.name == name)).first()
-        return None if row is None else _decode(row._mapping)
+        team = None if row is None else _decode(row._mapping)
+        if team is None or (team.quota_tokens is None and team.budget is None):
+            return False, None
+        return False, team
 
     def settle(
         self, name: str, at: float, reserved: tuple[int, float], charged: tuple[int, float]

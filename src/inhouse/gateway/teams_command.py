@@ -71,7 +71,8 @@ def teams_update(
 
 @teams_app.command("list")
 def teams_list(config: ConfigOption = None, database: DatabaseOption = None) -> None:
-    """List teams with what their current period has used."""
+    """List teams with what their current period has used of their quota and budget (a
+    team's usage in full: `inhouse usage --by team`)."""
     import time
 
     from rich.console import Console
@@ -86,8 +87,8 @@ def teams_list(config: ConfigOption = None, database: DatabaseOption = None) -> 
         table.add_row(
             team.name,
             f"{team.period_s / 86400:g}d",
-            f"{tokens}/{team.quota_tokens}" if team.quota_tokens else f"{tokens}",
-            f"{money:.2f}/{team.budget:g}" if team.budget else f"{money:.2f}",
+            f"{tokens}/{team.quota_tokens}" if team.quota_tokens else "no quota",
+            f"{money:.2f}/{team.budget:g}" if team.budget else "no budget",
             "429" if team.hard_stop else "warn",
         )
     Console().print(table)
