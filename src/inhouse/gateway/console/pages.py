@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
 from inhouse.cost.compare import compare, report_lines
 from inhouse.cost.traffic import measured
@@ -220,8 +220,6 @@ def _posted(web: Web, change: Any) -> Any:
 
 
 def _back(path: str) -> Response:
-    from starlette.responses import RedirectResponse
-
     return RedirectResponse(path, 303, headers=HEADERS)
 
 

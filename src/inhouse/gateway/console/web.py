@@ -104,7 +104,3 @@ def same_origin(request: Request) -> bool:
     if origin is None:  # not a browser, or one that sends none: the CSRF token decides
         return True
     return origin == f"{request.url.scheme}://{request.headers.get('host', '')}"
-
-
-async def read_form(request: Request) -> dict[str, str]:
-    return parse_form(await request.body())
