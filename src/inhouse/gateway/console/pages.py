@@ -27,7 +27,7 @@ WARN_AT = 0.8  # a team's share of its budget shown as a warning (as the Prometh
 
 def console_pages(gateway: Gateway, web: Web) -> APIRouter:
     """The router of every console page."""
-    router = APIRouter(prefix="/admin")
+    router = APIRouter(prefix="/admin", include_in_schema=False)  # HTML, not the OpenAI API
     keys, teams, db, cost = gateway.keys, gateway.teams, gateway.db, gateway.config.cost
 
     @router.get("/login")
@@ -204,11 +204,10 @@ def console_pages(gateway: Gateway, web: Web) -> APIRouter:
                          ("/usage", usage_page), ("/usage.svg", usage_chart),
                          ("/cost", cost_page), ("/audit", audit_page),
                          ("/health", health_page)):  # fmt: skip
-        router.add_api_route(path, guarded(render), methods=["GET"], include_in_schema=False)
+        router.add_api_route(path, guarded(render), methods=["GET"])
     for path, change in (("/keys", create_key), ("/keys/limits", change_key),
                          ("/keys/revoke", revoke_key), ("/teams", save_team)):  # fmt: skip
-        router.add_api_route(path, _posted(web, change), methods=["POST"],
-                             include_in_schema=False)  # fmt: skip
+        router.add_api_route(path, _posted(web, change), methods=["POST"])
     return router
 
 
