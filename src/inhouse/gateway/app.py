@@ -19,6 +19,7 @@ from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.audit import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
 from inhouse.gateway.config import GatewayConfig, default_state_dir
+from inhouse.gateway.console.install import install_console
 from inhouse.gateway.db import open_database, sqlite_path
 from inhouse.gateway.front import GatewayFront
 from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
@@ -30,6 +31,7 @@ from inhouse.gateway.openapi import install_openapi
 from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
 from inhouse.gateway.scrape_auth import may_scrape, public_health, scrape_refused
+from inhouse.gateway.teams import TeamStore
 from inhouse.http_errors import install_error_handlers
 
 
@@ -48,6 +50,8 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
         GatewayMetrics(config.audit.creep_window, [m.name for m in config.models]),
         UpstreamClients(),
         limits_block=config.shared_limits,
+        teams=TeamStore(db, clock),
+        db=db,
     )
 
 
@@ -93,6 +97,7 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
     app = FastAPI(title="inhouse gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     install_openapi(app)
+    install_console(app, gateway)
 
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:
@@ -119,6 +124,7 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
         gateway.metrics.observe_backends(gateway.router.all_backends())
         for name in gateway.router.routes:
             gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
+        gateway.metrics.observe_teams(await asyncio.to_thread(gateway.teams.list), time.time())
         return Response(gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     @app.get("/metrics/targets")

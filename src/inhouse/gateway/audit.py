@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Boolean, Column, Engine, Float, Integer, case, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
+from inhouse.gateway import rollup
 from inhouse.gateway.config import AuditSettings
 from inhouse.gateway.db import audit_log, audit_segments
 from inhouse.gateway.journal import REJECTED, Journal, Segment
@@ -59,6 +60,8 @@ class AuditRecord:
     fallback_used: bool = False
     prompt_text: str | None = None
     completion_text: str | None = None
+    team: str | None = None
+    prompt_hash: str | None = None
 
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))
@@ -149,6 +152,7 @@ class AuditWriter:
                 conn.execute(insert(audit_segments), {"name": segment.name})
                 for start in range(0, len(rows), self._settings.batch_size):
                     conn.execute(insert(audit_log), rows[start : start + self._settings.batch_size])
+                rollup.add(conn, rows)
         except OperationalError as exc:
             if not self._outage_logged:
                 log.error("audit: database unavailable (%s); rows wait in the journal",
@@ -170,6 +174,7 @@ class AuditWriter:
             try:
                 with self._db.begin() as conn:
                     conn.execute(insert(audit_log), row)
+                    rollup.add(conn, [row])
             except OperationalError:
                 return False
             except Exception as exc:

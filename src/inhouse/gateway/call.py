@@ -55,6 +55,8 @@ class Call:
     settled: bool = False
     client_left: bool = False
     metered: bool = True  # False: runs no model, charges no tokens (/tokenize, /detokenize)
+    team_hold: tuple[int, float] | None = None  # tokens and money held in the key's team
+    prompt_hash: str | None = None  # peppered hash of the prompt: tells a retry (audit)
 
     def leave(self) -> None:
         """Note that the client disconnected before its answer."""

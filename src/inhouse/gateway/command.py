@@ -102,11 +102,17 @@ def keys_create(
     log_content: Annotated[
         bool, typer.Option(help="Store redacted prompt/completion text.")
     ] = False,
+    team: Annotated[
+        str | None, typer.Option(help="The team whose quota and budget it shares.")
+    ] = None,
+    admin: Annotated[bool, typer.Option(help="May use the admin console and API.")] = False,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
     """Create a key; its secret is printed once and never stored."""
     store = _store(config, database)
+    if team is not None:
+        _ensure_team(config, database, team)
     values: dict[str, Any] = {
         "rpm": rpm,
         "tpm": tpm,
@@ -117,6 +123,8 @@ def keys_create(
         "models": _models(models),
         "allow_fallback": not no_fallback,
         "log_content": log_content,
+        "team": team,
+        "admin": admin,
     }
     try:
         key, secret = store.create(name, **values)
@@ -141,7 +149,7 @@ def keys_list(config: ConfigOption = None, database: DatabaseOption = None) -> N
     now = time.time()
     for key in _store(config, database).list():
         table.add_row(
-            key.name,
+            key.name + (f" @{key.team}" if key.team else "") + (" (admin)" if key.admin else ""),
             _state(key, now),
             _time(key.created_at),
             _time(key.expires_at) if key.expires_at else "never",
@@ -173,11 +181,17 @@ def keys_update(
     models: Annotated[str | None, typer.Option(help="Comma-separated models, or 'all'.")] = None,
     fallback: Annotated[bool | None, typer.Option(help="Allow fallback endpoints.")] = None,
     log_content: Annotated[bool | None, typer.Option(help="Store redacted text.")] = None,
+    team: Annotated[str | None, typer.Option(help="Move to this team ('none': no team).")] = None,
+    admin: Annotated[bool | None, typer.Option(help="May use the admin console and API.")] = None,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
     """Change a key's limits; applies from its next request."""
     changes: dict[str, Any] = {}
+    if team is not None:
+        changes["team"] = None if team == "none" else team
+        if team != "none":
+            _ensure_team(config, database, team)
     for field, value in (
         ("rpm", rpm),
         ("tpm", tpm),
@@ -196,6 +210,8 @@ def keys_update(
         changes["allow_fallback"] = fallback
     if log_content is not None:
         changes["log_content"] = log_content
+    if admin is not None:
+        changes["admin"] = admin
     if not changes:
         raise typer.BadParameter("nothing to update: pass at least one option")
     _edit(lambda store: store.update(name, **changes), config, database)
@@ -225,6 +241,13 @@ def _settings(config: Path | None, database: str | None) -> Any:
 
         settings = dataclasses.replace(settings, database=database)
     return settings
+
+
+def _ensure_team(config: Path | None, database: str | None, name: str) -> None:
+    from inhouse.gateway.db import open_database
+    from inhouse.gateway.teams import TeamStore
+
+    TeamStore(open_database(_settings(config, database).database)).ensure(name)
 
 
 def _store(config: Path | None, database: str | None) -> KeyStore:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
+from inhouse.cost.settings import CostConfigError, CostSettings, parse_cost
 
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
 BACKEND_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp", "openai"})
@@ -129,6 +130,7 @@ class GatewayConfig:
     trusted_proxies: tuple[str, ...] = ()  # addresses/networks whose X-Forwarded-For counts
     health: HealthSettings = field(default_factory=HealthSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    cost: CostSettings = field(default_factory=CostSettings)  # [cost]: see inhouse.cost
 
     def model(self, name: str) -> ModelRoute | None:
         return next((m for m in self.models if m.name == name), None)
@@ -181,6 +183,7 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
         trusted_proxies=_networks(gw.get("trusted_proxies", []), "gateway.trusted_proxies"),
         health=HealthSettings(**health),
         audit=_audit_settings(audit),
+        cost=_cost(_table(data, "cost")),
     )
 
 
@@ -238,6 +241,13 @@ def _audit_settings(audit: dict[str, Any]) -> AuditSettings:
             "journal_dir": Path(journal) if journal else None,
         }
     )
+
+
+def _cost(raw: dict[str, Any]) -> CostSettings:
+    try:
+        return parse_cost(raw)
+    except CostConfigError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _reject_unknown(table: dict[str, Any], where: str, known: set[str]) -> None:

@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from sqlalchemy import Engine
 from starlette.responses import Response
 from starlette.types import Receive
 
@@ -26,6 +27,7 @@ from inhouse.gateway.parse import model_name, parse
 from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
 from inhouse.gateway.settle import Settler
+from inhouse.gateway.teams import TeamStore
 from inhouse.http_errors import error_response
 
 log = logging.getLogger("inhouse.gateway")
@@ -44,6 +46,8 @@ class Gateway:
         metrics: GatewayMetrics,
         upstreams: UpstreamClients,
         limits_block: bool,
+        teams: TeamStore,
+        db: Engine,
     ) -> None:
         self.config = config
         self.keys = keys
@@ -52,11 +56,14 @@ class Gateway:
         self.audit = audit
         self.metrics = metrics
         self.upstreams = upstreams
+        self.teams = teams
+        self.db = db  # the shared database (the console's usage, cost and audit pages)
         limits = LimitCalls(limits_block)
         held = [*config.held_secrets(), keys.pepper_text]
+        prices = config.cost.charged
         self.ledger = Ledger(audit, metrics, Redactor(config.audit.redact, held))
-        self.settler = Settler(keys, limiter, limits, router, self.ledger)
-        self.admitter = Admitter(keys, limiter, limits, router, upstreams)
+        self.settler = Settler(keys, limiter, limits, router, self.ledger, teams, prices)
+        self.admitter = Admitter(keys, limiter, limits, router, upstreams, teams, prices)
         self.forwarder = Forwarder(
             keys, router, upstreams, self.settler, self.ledger, config.health,
             config.request_timeout_s,
@@ -88,6 +95,7 @@ class Gateway:
         call = await self.admitter.admit(key, request, ts, started, prompt_text)
         if isinstance(call, Refusal):
             return self._refuse(call, key, model, endpoint, ts, started)
+        call.prompt_hash = self.ledger.prompt_hash(self.keys, body)
         self.settler.opened()
         try:
             return await self.forwarder.forward(call, body, receive)

@@ -65,6 +65,8 @@ class ApiKey:
     models: frozenset[str] | None
     allow_fallback: bool
     log_content: bool
+    team: str | None  # whose shared quota and budget it draws on too (`teams`)
+    admin: bool  # may use the admin console and its API
 
     def window_at(self, now: float) -> int:
         """Index of the quota period containing `now` (periods start at key creation)."""
@@ -96,6 +98,8 @@ EDITABLE = frozenset(
         "models",
         "allow_fallback",
         "log_content",
+        "team",
+        "admin",
     }
 )
 
@@ -300,4 +304,5 @@ def _decode(row: Any) -> ApiKey:
     values["models"] = frozenset(models.split(",")) if models else None
     values["allow_fallback"] = bool(values["allow_fallback"])
     values["log_content"] = bool(values["log_content"])
+    values["admin"] = bool(values["admin"])
     return ApiKey(**values)

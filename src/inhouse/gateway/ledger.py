@@ -9,7 +9,7 @@ from typing import Any
 from inhouse.api.errors import APIError
 from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.call import Call, Outcome
-from inhouse.gateway.keys import ApiKey
+from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.metrics import GatewayMetrics
 
 CLIENT_CLOSED = 499  # nginx's "client closed request"
@@ -37,6 +37,15 @@ class Ledger:
         content = body.get("messages", body.get("prompt", body.get("input")))
         return self._redact(content if isinstance(content, str) else json.dumps(content))
 
+    def prompt_hash(self, keys: KeyStore, body: dict[str, Any]) -> str | None:
+        """A peppered hash of what was asked (messages or prompt, and the model), so the
+        cost report can tell a retry of the same task without the text being kept."""
+        content = body.get("messages", body.get("prompt"))
+        if content is None:
+            return None
+        asked = json.dumps([body.get("model"), content], sort_keys=True, default=str)
+        return keys.hash(asked)
+
     def refused(
         self, error: APIError, key: ApiKey | None, model: str | None, endpoint: str,
         ts: float, started: float,
@@ -53,6 +62,7 @@ class Ledger:
                 status=error.status_code,
                 error_type=error.type,
                 latency_ms=(time.perf_counter() - started) * 1000,
+                team=None if key is None else key.team,
             )
         )
 
@@ -96,5 +106,7 @@ class Ledger:
                 fallback_used=lease is not None and lease.fallback,
                 prompt_text=call.prompt_text,
                 completion_text=text,
+                team=call.key.team,
+                prompt_hash=call.prompt_hash,
             )
         )

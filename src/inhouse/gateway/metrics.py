@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.keys import valid_key_name
+from inhouse.gateway.teams import Team
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _OUTSIDE_KEY_NAMES = re.compile(r"[^A-Za-z0-9._@-]")
@@ -95,6 +96,12 @@ class GatewayMetrics:
             ["model_name"],
             registry=r,
         )
+        self.team_budget = Gauge(
+            "inhouse:gateway_team_budget_used_ratio",
+            "Share of each team's token quota or money budget its period has used (1 = spent).",
+            ["team", "budget"],
+            registry=r,
+        )
         self._creep: dict[str, _Window] = {}
         self._creep_window = creep_window
         self._children: dict[tuple[str, str, int], tuple[Any, Any, Any, Any, Any]] = {}
@@ -157,6 +164,13 @@ class GatewayMetrics:
                     state is b.state
                 )
             self.backend_in_flight.labels(b.model, b.upstream.name).set(b.in_flight)
+
+    def observe_teams(self, teams: Iterable[Team], now: float) -> None:
+        """Set each team's used share of its quota ("tokens") and budget ("money")."""
+        self.team_budget.clear()
+        for team in teams:
+            for budget, ratio in team.ratios(now).items():
+                self.team_budget.labels(team.name, budget).set(ratio)
 
     def exposition(self) -> bytes:
         """The Prometheus text exposition for ``GET /metrics``."""
