@@ -17,6 +17,7 @@ import openai
 import pytest
 from canned_upstream import Canned, canned_upstream
 from sqlalchemy import select
+from test_console_security import sign_in
 
 from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.app import build_gateway, create_app
@@ -341,5 +342,23 @@ def test_the_guardrail_rolls_back_a_candidate_answering_invalid_json(
         assert await env.ask(secret, response_format=schema) == '{"ok": true}'
         rows = await env.rows("a")
         assert [r["json_valid"] for r in rows] == [False, False, False, None, True]
+
+    _run(tmp_path, stable, test)
+
+
+def test_the_console_health_page_shows_each_model_release(
+    tmp_path: Path, pair: tuple[Canned, Canned]
+) -> None:
+    stable, candidate = pair
+
+    async def test(env: Env) -> None:
+        await sign_in(env.http, env.key("ops", admin=True))
+        assert "Release:" not in (await env.http.get("/admin/health")).text  # none yet
+        env.canary(candidate.url, 25, shadow=10)
+        page = (await env.http.get("/admin/health")).text
+        assert "Release: stable 1 · candidate 2 on 25.0 % of keys, shadow 10.0 %" in page
+        env.gateway.releases.store.promote("m", "test", None)
+        page = (await env.http.get("/admin/health")).text
+        assert "Release: stable 2 (" in page and "candidate" not in page
 
     _run(tmp_path, stable, test)

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import math
 import re
-import sqlite3
-from pathlib import Path
 
 import pytest
 from conftest import ManualClock
-from sqlalchemy import select
 
 from inhouse.gateway.canary import BUCKETS, bucket, on_candidate
 from inhouse.gateway.config import ConfigError, parse_config
-from inhouse.gateway.db import audit_log, open_database
+from inhouse.gateway.db import open_database
 from inhouse.gateway.release_figures import percentiles
 from inhouse.gateway.releases import (
     BackendRef,
@@ -114,21 +111,6 @@ def test_a_key_keeps_its_bucket_and_a_new_candidate_draws_anew() -> None:
     assert all(0 <= bucket(k, 1) < BUCKETS for k in range(100))
     wider = {k for k in range(2000) if on_candidate(k, 3, 20)}
     assert {k for k in range(2000) if on_candidate(k, 3, 10)} <= wider  # widening adds keys
-
-
-def test_an_older_database_gets_the_release_column(tmp_path: Path) -> None:
-    path = tmp_path / "old.db"
-    with sqlite3.connect(path) as conn:  # the audit table as gateways before releases made it
-        conn.execute(
-            "CREATE TABLE audit_log (id INTEGER PRIMARY KEY, ts FLOAT NOT NULL, key_name "
-            "VARCHAR(200), model VARCHAR(200), status INTEGER NOT NULL)"
-        )
-        conn.execute("INSERT INTO audit_log (ts, key_name, status) VALUES (1.0, 'old', 200)")
-    db = open_database(f"sqlite:///{path}")
-    with db.connect() as conn:
-        row = conn.execute(select(audit_log.c.key_name, audit_log.c.release)).one()
-    assert tuple(row) == ("old", None)
-    open_database(f"sqlite:///{path}")  # a second gateway finds nothing to add
 
 
 def test_percentiles_are_nearest_rank() -> None:

@@ -1,10 +1,11 @@
 """A real Prometheus scraping a live gateway and, through its service discovery, the
 `inhouse serve` behind it, with the generated rules (short windows) loaded.
 
-After traffic, PromQL over the HTTP API returns the request rate, TTFT p99, KV usage and
-per-key tokens; every dashboard query returns data; a long-prompt burst against a tiny KV
-cache fires the KV alert; killing the backend fires the backend-down alert; a canary whose
-candidate is down is rolled back by the guardrail, which fires the release alert.
+After traffic, PromQL over the HTTP API returns the request rate, TTFT p99, KV usage,
+per-key tokens and a team's spent budget (its alert fires); every dashboard query returns
+data; a long-prompt burst against a tiny KV cache fires the KV alert; killing the backend
+fires the backend-down alert; a canary whose candidate is down is rolled back by the
+guardrail, which fires the release alert.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
+from inhouse.gateway.teams import TeamStore
 from inhouse.observe.dashboard import queries
 from inhouse.observe.rules import AlertThresholds, rules_yaml
 from inhouse.observe.scrape import prometheus_yaml
@@ -131,7 +133,9 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
         base / "prometheus.log",
     )  # fmt: skip
     store = KeyStore(open_database(db_url), load_pepper(load_config(config_path)))
-    _, team = store.create("team-a")
+    # team-a's traffic overruns its team's warn-only quota: the budget alert, no refusal
+    TeamStore(open_database(db_url)).create("search", 86400, quota_tokens=500, hard_stop=False)
+    _, team = store.create("team-a", team="search")
     _, tight = store.create("tight", rpm=1)
     procs = [backend, gateway, prometheus]
     try:
@@ -216,6 +220,11 @@ def test_metrics_alerts_and_dashboard_against_a_live_prometheus(observed: Observ
     assert float(creep["value"][1]) == pytest.approx(mean, rel=0.05)
     rejected = observed.query("sum by (key_name, reason) (inhouse:gateway_rejections_total)")
     assert {r["metric"]["key_name"] for r in rejected} == {"tight"}
+    spent = observed.query("inhouse:gateway_team_budget_used_ratio")
+    assert [(r["metric"]["team"], r["metric"]["budget"]) for r in spent] == [("search", "tokens")]
+    assert float(spent[0]["value"][1]) > 1
+    observed.wait_firing("InhouseTeamBudgetSpent", 10)
+    assert not observed.firing("InhouseTeamBudgetNearlySpent")  # past 100 %: the other alert
 
     empty = []
     for expr in queries():

@@ -17,6 +17,7 @@ a structured request, and those that do pay it once.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,7 @@ DEFAULT_MAX_STRING_LENGTH = 256
 DEFAULT_MAX_ITEMS = 64
 _LITERAL_KEYS = frozenset({"const", "enum", "default", "examples"})
 _STRING_LIMITS = ("maxLength", "enum", "const", "pattern", "format")
+_LOG_PREFIX = re.compile(r"^\[[\d:.]+\]\s*(\S+:\d+:\s*)?")
 
 
 class GrammarError(ValueError):
@@ -152,7 +154,7 @@ class GrammarCompiler:
                 json.dumps(schema), any_whitespace=False, strict_mode=strict
             )
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise GrammarError(f"the JSON schema cannot be enforced: {_first_line(exc)}") from exc
+            raise GrammarError(f"The JSON schema cannot be enforced: {_reason(exc)}.") from exc
         return CompiledGuide(compiled, self._vocab_size)
 
     def json_object(self) -> CompiledGuide:
@@ -183,6 +185,9 @@ def bounded(schema: Any, max_string_length: int, max_items: int) -> Any:
     return out
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def _reason(exc: BaseException) -> str:
+    """xgrammar's reason, without the time and C++ source line it starts with
+    (``[14:26:17] /project/cpp/json_schema_converter.cc:5082: Unsupported type "x"``)."""
+    lines = str(exc).strip().splitlines()
+    reason = _LOG_PREFIX.sub("", lines[0]).strip().rstrip(".") if lines else ""
+    return reason or "xgrammar does not support it"

@@ -19,6 +19,7 @@ from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.audit import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
 from inhouse.gateway.config import GatewayConfig, default_state_dir
+from inhouse.gateway.console.install import install_console
 from inhouse.gateway.db import open_database, sqlite_path
 from inhouse.gateway.front import GatewayFront
 from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
@@ -31,6 +32,8 @@ from inhouse.gateway.openapi import install_openapi
 from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.releases import ReleaseStore
 from inhouse.gateway.routing import Router
+from inhouse.gateway.scrape_auth import may_scrape, public_health, scrape_refused
+from inhouse.gateway.teams import TeamStore
 from inhouse.http_errors import install_error_handlers
 
 
@@ -50,6 +53,8 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
         UpstreamClients(),
         limits_block=config.shared_limits,
         releases=ReleaseStore(db, clock),
+        teams=TeamStore(db, clock),
+        db=db,
     )
 
 
@@ -100,10 +105,11 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
     app = FastAPI(title="inhouse gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     install_openapi(app)
+    install_console(app, gateway)
 
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:
-        key = await gateway.authenticate(request.headers.get("authorization", ""))
+        key = await gateway.authenticate(request.headers.getlist("authorization"))
         now = int(time.time())
         cards = [
             ModelCard(id=r.name, created=now, owned_by="inhouse")
@@ -113,20 +119,27 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
         return ModelList(data=cards)
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
         status, body = gateway.router.health()
+        if not may_scrape(gateway.config, request):
+            body = public_health(body)
         return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if not may_scrape(gateway.config, request):
+            return scrape_refused()
         gateway.metrics.observe_backends(gateway.router.all_backends())
         for name in gateway.router.routes:
             gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
+        gateway.metrics.observe_teams(await asyncio.to_thread(gateway.teams.list), time.time())
         return Response(gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     @app.get("/metrics/targets")
-    async def metrics_targets() -> JSONResponse:
+    async def metrics_targets(request: Request) -> Response:
         """The backends' /metrics for Prometheus' HTTP service discovery (no keys in it)."""
+        if not may_scrape(gateway.config, request):
+            return scrape_refused()
         return JSONResponse(scrape_targets(gateway.router.all_backends()))
 
     return BodySizeLimit(GatewayFront(gateway, app, access_log), gateway.config.max_request_body)

@@ -62,6 +62,8 @@ class Call:
     metered: bool = True  # False: runs no model, charges no tokens (/tokenize, /detokenize)
     release: ReleasePick | None = None  # None while the model has no releases
     shadow: ShadowTicket | None = None  # the mirrored copy waiting for this call's outcome
+    team_hold: tuple[int, float] | None = None  # tokens and money held in the key's team
+    prompt_hash: str | None = None  # peppered hash of the prompt: tells a retry (audit)
 
     @property
     def checks_json(self) -> bool:

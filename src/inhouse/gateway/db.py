@@ -12,6 +12,7 @@ from sqlalchemy import (
     Column,
     Engine,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
@@ -20,11 +21,11 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
-    inspect,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
-from sqlalchemy.schema import CreateColumn
+from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+from inhouse.gateway.migrate import add_missing
 
 metadata = MetaData()
 
@@ -47,6 +48,9 @@ api_keys = Table(
     Column("models", Text),
     Column("allow_fallback", Boolean, nullable=False, default=True),
     Column("log_content", Boolean, nullable=False, default=False),
+    # Added after the first release (nullable, so `migrate` can add them to old databases):
+    Column("team", String(200), index=True),
+    Column("admin", Boolean),
 )
 
 audit_log = Table(
@@ -70,14 +74,63 @@ audit_log = Table(
     Column("fallback_used", Boolean, nullable=False, default=False),
     Column("prompt_text", Text),
     Column("completion_text", Text),
-    Column("release", Integer),  # the release number that answered (see `releases`)
-    Column("json_valid", Boolean),  # json_schema requests of a model with releases
+    # Added after the first release (see `migrate`): the key's team at the time, and a
+    # peppered hash of the prompt (never its text) to tell a retry from a new task; the
+    # release number that answered (see `releases`), and whether a json_schema answer of a
+    # model with releases was valid JSON.
+    Column("team", String(200)),
+    Column("prompt_hash", String(64)),
+    Column("release", Integer),
+    Column("json_valid", Boolean),
+    # Usage reports scan a time range and group: covering indexes keep them off the table.
+    Index(
+        "ix_audit_usage",
+        *("ts", "key_name", "team", "model", "status", "prompt_tokens", "completion_tokens"),
+    ),
+    Index("ix_audit_retry", "key_name", "prompt_hash", "ts"),
+)
+
+# The audit summed per UTC day, key, team and model, kept in the transaction that inserts
+# the rows (see `rollup`): a 30-day report reads ~30 rows per group, not every request.
+usage_daily = Table(
+    "usage_daily",
+    metadata,
+    Column("day", Integer, primary_key=True),
+    Column("key_name", String(200), primary_key=True),  # "" for none, as for team
+    Column("team", String(200), primary_key=True),
+    Column("model", String(200), primary_key=True),
+    Column("requests", Integer, nullable=False),
+    Column("errors", Integer, nullable=False),
+    Column("prompt_tokens", Integer, nullable=False),
+    Column("completion_tokens", Integer, nullable=False),
 )
 
 # Journal segments whose rows are committed: a segment found on disk after a crash and
 # named here is deleted, not inserted twice (see `journal`).
 audit_segments = Table(
     "audit_segments",
+    metadata,
+    Column("name", String(64), primary_key=True),
+)
+
+# A team's shared token quota and money budget, reserved like a key's quota (`teams`).
+teams = Table(
+    "teams",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("created_at", Float, nullable=False),
+    Column("period_s", Float, nullable=False),
+    Column("quota_tokens", Integer),
+    Column("budget", Float),
+    Column("hard_stop", Boolean, nullable=False, default=True),
+    Column("window", Integer, nullable=False, default=0),
+    Column("tokens_used", Integer, nullable=False, default=0),
+    Column("money_used", Float, nullable=False, default=0.0),
+)
+
+# One-off steps a database has had, by name (the usage rollup's backfill: `rollup`).
+schema_marks = Table(
+    "schema_marks",
     metadata,
     Column("name", String(64), primary_key=True),
 )
@@ -175,6 +228,10 @@ def open_database(url: str) -> Engine:
     if is_sqlite:
         event.listen(db, "connect", _sqlite_pragmas)
     _create_tables(db)
+    add_missing(db, metadata)
+    from inhouse.gateway.rollup import backfill  # it reads these tables
+
+    backfill(db)
     return db
 
 
@@ -193,24 +250,10 @@ def _create_tables(db: Engine, attempts: int = 3) -> None:
     for attempt in range(attempts):
         try:
             metadata.create_all(db)
-            _add_missing_columns(db)
             return
         except (IntegrityError, ProgrammingError):
             if attempt == attempts - 1:
                 raise
-
-
-def _add_missing_columns(db: Engine) -> None:
-    """Add the nullable columns a table of an older database lacks (the only schema change
-    the gateway makes: new columns are nullable, so old rows and old gateways keep working)."""
-    inspector = inspect(db)
-    for table in metadata.sorted_tables:
-        present = {c["name"] for c in inspector.get_columns(table.name)}
-        missing = [c for c in table.columns if c.name not in present and c.nullable]
-        for column in missing:
-            ddl = CreateColumn(column).compile(dialect=db.dialect)
-            with contextlib.suppress(ProgrammingError, OperationalError), db.begin() as conn:
-                conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {ddl}")
 
 
 def sqlite_path(url: str) -> Path | None:

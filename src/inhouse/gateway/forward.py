@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.canary import apply_release, capped
 from inhouse.gateway.config import HealthSettings
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.ledger import CLIENT_CLOSED, Ledger
+from inhouse.gateway.ledger import CLIENT_CLOSED, Ledger, final_status
 from inhouse.gateway.proxy import (
     Forward,
     LeaveWatch,
@@ -67,8 +68,9 @@ class Forwarder:
                     strip = not forward.client_wants_usage
                     chunks = relay_events(upstream.iter_body(), outcome, strip)
                     return RelayResponse(
-                        chunks, stack, lambda: self.settler.settle(call, outcome), call.headers
-                    )
+                        chunks, stack, lambda: self._close_stream(call, outcome), call.headers,
+                        lambda: _shutdown_event(outcome),
+                    )  # fmt: skip
                 answer = await upstream.read()
         except (OSError, TimeoutError) as exc:
             await stack.aclose()
@@ -92,6 +94,11 @@ class Forwarder:
         self.settler.settle(call, outcome)
         media = upstream.headers.get("content-type", "application/json")
         return Response(answer, outcome.status, headers=call.headers, media_type=media)
+
+    def _close_stream(self, call: Call, outcome: Outcome) -> int:
+        """Settle a stream that ended (however it did); the status it ended with."""
+        self.settler.settle(call, outcome)
+        return final_status(call, outcome)
 
     def fail(
         self, call: Call, outcome: Outcome, error: APIError, retry_after: float | None = None
@@ -149,6 +156,12 @@ class Forwarder:
                 continue
             outcome.status = upstream.status
             return upstream, forward
+
+
+def _shutdown_event(outcome: Outcome) -> bytes:
+    """Note that the shutdown ended the stream; the OpenAI error event that tells the client."""
+    outcome.status, outcome.error_type, outcome.completed = 503, SHUTTING_DOWN.type, True
+    return b"data: " + json.dumps(SHUTTING_DOWN.body().model_dump()).encode() + b"\n\n"
 
 
 def _upstream_error(exc: BaseException) -> APIError:

@@ -9,12 +9,19 @@ from typing import Any
 from inhouse.api.errors import APIError
 from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.call import Call, Outcome
-from inhouse.gateway.keys import ApiKey
+from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.release_metrics import ReleaseMetrics
 from inhouse.gateway.shadow import Primary, json_valid
 
 CLIENT_CLOSED = 499  # nginx's "client closed request"
+
+
+def final_status(call: Call, outcome: Outcome) -> int:
+    """The status an admitted request ended with: the upstream's (or the error the gateway
+    answered), or 499 when the client left before its answer was complete."""
+    reached = call.lease is not None and outcome.status != 0
+    return outcome.status if outcome.completed or not reached else CLIENT_CLOSED
 
 
 class Ledger:
@@ -36,14 +43,22 @@ class Ledger:
         content = body.get("messages", body.get("prompt", body.get("input")))
         return self._redact(content if isinstance(content, str) else json.dumps(content))
 
+    def prompt_hash(self, keys: KeyStore, body: dict[str, Any]) -> str | None:
+        """A peppered hash of what was asked (messages or prompt, and the model), so the
+        cost report can tell a retry of the same task without the text being kept."""
+        content = body.get("messages", body.get("prompt"))
+        if content is None:
+            return None
+        asked = json.dumps([body.get("model"), content], sort_keys=True, default=str)
+        return keys.hash(asked)
+
     def refused(
         self, error: APIError, key: ApiKey | None, model: str | None, endpoint: str,
         ts: float, started: float,
     ) -> None:  # fmt: skip
         """A request answered with an error before admission."""
         name = "" if key is None else key.name
-        self.metrics.rejections.labels(name, model or "", error.code or error.type).inc()
-        self.metrics.requests.labels(name, model or "", str(error.status_code)).inc()
+        self.metrics.refused(name, model, error.status_code, error.code or error.type)
         self.audit.record(
             AuditRecord(
                 ts=ts,
@@ -53,6 +68,7 @@ class Ledger:
                 status=error.status_code,
                 error_type=error.type,
                 latency_ms=(time.perf_counter() - started) * 1000,
+                team=None if key is None else key.team,
             )
         )
 
@@ -63,14 +79,13 @@ class Ledger:
     def failed(self, call: Call, error: APIError) -> None:
         """An admitted request that ended in an error the gateway answered."""
         reason = "no_backend" if error.status_code == 503 else (error.code or error.type)
-        self.metrics.rejections.labels(call.key.name, call.route.name, reason).inc()
+        self.metrics.failed(call.key.name, call.route.name, reason)
 
     def settled(self, call: Call, outcome: Outcome, prompt: int, completion: int) -> None:
         """An admitted request at its end, charged `prompt` + `completion` tokens."""
         end = time.perf_counter()
         name, model, lease = call.key.name, call.route.name, call.lease
-        reached = lease is not None and outcome.status != 0
-        status = outcome.status if outcome.completed or not reached else CLIENT_CLOSED
+        status = final_status(call, outcome)
         ttft = None if outcome.first_token_at is None else outcome.first_token_at - call.started
         self.metrics.observe_request(
             name, model, status, (prompt, completion), end - call.started, ttft
@@ -108,5 +123,7 @@ class Ledger:
                 completion_text=text,
                 release=None if pick is None else pick.answering.number,
                 json_valid=json_valid(answer) if checked else None,
+                team=call.key.team,
+                prompt_hash=call.prompt_hash,
             )
         )

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from inhouse import __version__
 from inhouse.body_limit import BodySizeLimit
 from inhouse.server.context import ServerContext
-from inhouse.server.errors import install_error_handlers
+from inhouse.server.errors import ModelRefused, install_error_handlers
 from inhouse.server.routes import chat, completions, embeddings, info
 
 log = logging.getLogger(__name__)
@@ -53,8 +53,11 @@ def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
 
 
 async def _load(ctx: ServerContext, load: Loader) -> None:
+    """Run ``load``; a failure is kept in ``ctx.load_error`` (with a traceback in the log
+    unless the model was refused, which the error says in full)."""
     try:
         await asyncio.to_thread(load, ctx)
     except Exception as exc:
-        log.exception("loading the model failed")
+        if not isinstance(exc, ModelRefused):
+            log.exception("loading the model failed")
         ctx.load_error = f"Loading the model failed: {exc}"

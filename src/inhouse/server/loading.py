@@ -11,8 +11,15 @@ from inhouse.engine.embedder import Embedder
 from inhouse.engine.structured import GrammarCompiler
 from inhouse.server.chat_template import ChatRenderer
 from inhouse.server.context import ServerContext
+from inhouse.server.errors import ModelRefused
 
 log = logging.getLogger(__name__)
+
+# What loading raises for a model that cannot be served as given: the loader's refusals
+# (pickles, a missing source, an unsupported architecture or dtype, a KV budget too small:
+# ValueErrors all), and files that cannot be read or parsed (OSError, as transformers
+# raises for a missing tokenizer or an unreadable config.json).
+UNSERVABLE = (ValueError, OSError)
 
 
 def read_chat_template(value: str | None) -> str | None:
@@ -42,6 +49,8 @@ class ContextLoader:
             engine.start()
         except Exception as exc:
             ctx.embedder.set_exception(RuntimeError(f"the chat model failed first ({exc})"))
+            if isinstance(exc, UNSERVABLE):
+                raise ModelRefused(" ".join(str(exc).split())) from exc  # one line
             raise
         ctx.engine = engine
         if ctx.config.embedding_model is not None:
