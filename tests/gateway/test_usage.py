@@ -1,5 +1,6 @@
-"""`inhouse usage` and `gateway.usage`: totals per person, team, model and day, aggregated
-in a real SQLite file, as a table, JSON and CSV; `inhouse teams` and `keys --team`."""
+"""`inhouse usage` and `gateway.usage`: totals per person, team, model, release and day,
+aggregated in a real SQLite file, as a table, JSON and CSV; `inhouse teams` and
+`keys --team`."""
 
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ def _seed(db_url: str, journal: Path, backfilled: bool = False) -> None:
     and one call of alice's 40 days ago (outside a 30-day report)."""
     records = [
         AuditRecord(NOW - 100, "alice", "smol", "chat/completions", 200, team="search",
-                    prompt_tokens=1000, completion_tokens=300),
+                    prompt_tokens=1000, completion_tokens=300, release=2),
         AuditRecord(NOW - 90, "alice", "smol", "chat/completions", 200, team="search",
-                    prompt_tokens=1000, completion_tokens=300),
+                    prompt_tokens=1000, completion_tokens=300, release=1),
         AuditRecord(NOW - 80, "alice", "smol", "chat/completions", 429, team="search"),
         AuditRecord(NOW - DAY - 10, "bob", "smol", "chat/completions", 200, team="search",
                     prompt_tokens=10, completion_tokens=5),
@@ -55,7 +56,9 @@ def _seed(db_url: str, journal: Path, backfilled: bool = False) -> None:
 
 
 @pytest.mark.parametrize("backfilled", [False, True])
-def test_usage_per_person_team_model_and_day(db_url: str, tmp_path: Path, backfilled: bool) -> None:
+def test_usage_per_person_team_model_release_and_day(
+    db_url: str, tmp_path: Path, backfilled: bool
+) -> None:
     _seed(db_url, tmp_path / "journal", backfilled)
     db = open_database(db_url)
     since = NOW - 30 * DAY
@@ -71,6 +74,8 @@ def test_usage_per_person_team_model_and_day(db_url: str, tmp_path: Path, backfi
     assert teams == {"search": (4, 2615), "-": (1, 7)}
     models = {r.group: r.requests for r in usage(db, "model", since)}
     assert models == {"smol": 4, "qwen": 1}
+    releases = {r.group: r.requests for r in usage(db, "release", since)}
+    assert releases == {"1": 1, "2": 1, "-": 3}  # "-": rows of no release
     days = usage(db, "day", NOW - 2 * DAY)
     assert [r.group for r in days] == sorted(r.group for r in days)
     assert sum(r.requests for r in days) == 5 and len(days) in (2, 3)
