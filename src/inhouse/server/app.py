@@ -34,6 +34,10 @@ def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
                 task.cancel()
             if ctx.engine is not None:
                 await ctx.engine.shutdown()
+            ctx.prompt_workers.shutdown()
+            ctx.grammar_workers.shutdown()
+            if ctx.embeddings.done() and ctx.embeddings.exception() is None:
+                await asyncio.to_thread(ctx.embeddings.result().close)
 
     app = FastAPI(
         title="inhouse",

@@ -110,10 +110,13 @@ async def tokenize(
         raise invalid_request("Give exactly one of 'prompt' and 'messages'.", param="prompt")
     if body.messages is not None:
         assert ctx.renderer is not None
-        text = ctx.renderer.render(body.messages, add_generation_prompt=body.add_generation_prompt)
-        tokens = info.tokenizer.encode(text, add_special_tokens=False)
+        tokens = await ctx.prompt_workers.run(
+            ctx.renderer.token_ids, body.messages, None, body.add_generation_prompt
+        )
     else:
-        tokens = info.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        tokens = await ctx.prompt_workers.run(
+            info.tokenizer.encode, body.prompt, add_special_tokens=body.add_special_tokens
+        )
     return TokenizeResponse(count=len(tokens), max_model_len=info.max_model_len, tokens=tokens)
 
 
@@ -127,4 +130,4 @@ async def detokenize(
     vocab = len(tokenizer)
     if any(t >= vocab for t in body.tokens):
         raise invalid_request(f"Token ids must be in [0, {vocab}).", param="tokens")
-    return DetokenizeResponse(prompt=tokenizer.decode(body.tokens))
+    return DetokenizeResponse(prompt=await ctx.prompt_workers.run(tokenizer.decode, body.tokens))
