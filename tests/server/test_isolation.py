@@ -54,7 +54,8 @@ def _metrics(served: Served) -> dict[str, float]:
 
 
 def _one_embedding(client: openai.OpenAI) -> Callable[[], object]:
-    return lambda: client.embeddings.create(model=EMBEDDING_MODEL, input="hello there")
+    quick = client.with_options(timeout=10 * ONE_INPUT_S)  # before: 178.8 s
+    return lambda: quick.embeddings.create(model=EMBEDDING_MODEL, input="hello there")
 
 
 def _json_schema_chat(client: openai.OpenAI, served: Served, name: str) -> Callable[[], object]:
@@ -122,7 +123,7 @@ def test_a_big_embeddings_request_running_or_abandoned_leaves_the_model_to_other
     )
     big = RawRequest(served, "/v1/embeddings", BIG_EMBEDDING)
     try:
-        _wait_for(lambda: _metrics(served)["inhouse:embedding_inputs_total"] > 0, 60, "big start")
+        time.sleep(3)  # parsed and running (the client left after 3 s)
         beside = [_timed(_one_embedding(client)) for _ in range(3)]
         busy = statistics.median(
             _timed(_json_schema_chat(client, served, f"busy_{i}")) for i in range(3)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from inhouse.api.errors import APIError, not_found, service_unavailable
 from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
+from inhouse.server.memory import HeapTrimmer
 from inhouse.server.metrics import ServerMetrics
 from inhouse.server.workers import GRAMMAR_THREADS, PROMPT_THREADS, WorkerPool
 
@@ -76,27 +77,36 @@ def _loading() -> Future:
 class ServerContext:
     """Shared state of one app. ``engine`` is None until the chat model is loaded; the
     embedding model loads after it (``embeddings`` completes then). Tokenizing and
-    templates run on ``prompt_workers``, schema compiles on ``grammar_workers``."""
+    templates run on ``prompt_workers``, schema compiles on ``grammar_workers``; ``heap``
+    gives back what heavy requests freed."""
 
     config: ServerConfig
     metrics: ServerMetrics
     model_name: str
+    heap: HeapTrimmer
+    prompt_workers: WorkerPool
+    grammar_workers: WorkerPool
     engine: AsyncEngine | None = None
     renderer: ChatRenderer | None = None
     grammars: GrammarCompiler | None = None
     embeddings: Future[EmbeddingScheduler] = field(default_factory=_loading)
-    prompt_workers: WorkerPool = field(default_factory=lambda: WorkerPool("prompt", PROMPT_THREADS))
-    grammar_workers: WorkerPool = field(
-        default_factory=lambda: WorkerPool("grammar", GRAMMAR_THREADS)
-    )
     load_error: str | None = None
     engine_error: str | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
     def create(cls, config: ServerConfig, model_name: str) -> ServerContext:
-        """A context whose metrics read the engine's stats once it is loaded."""
-        ctx = cls(config=config, metrics=None, model_name=model_name)  # type: ignore[arg-type]
+        """A context whose metrics read the engine's stats once it is loaded, and whose
+        worker pools have the heap trimmed after their jobs."""
+        heap = HeapTrimmer()
+        ctx = cls(
+            config=config,
+            metrics=None,  # type: ignore[arg-type]
+            model_name=model_name,
+            heap=heap,
+            prompt_workers=WorkerPool("prompt", PROMPT_THREADS, after=heap.note),
+            grammar_workers=WorkerPool("grammar", GRAMMAR_THREADS, after=heap.note),
+        )
         ctx.metrics = ServerMetrics(
             model_name,
             lambda: ctx.engine.stats() if ctx.engine else None,

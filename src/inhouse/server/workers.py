@@ -27,10 +27,17 @@ MAX_WAITING = 64  # per pool: beyond running and this many waiting, 503
 class WorkerPool:
     """A few named threads for one kind of work, with a bound on the jobs let in."""
 
-    def __init__(self, name: str, threads: int, max_waiting: int = MAX_WAITING) -> None:
+    def __init__(
+        self,
+        name: str,
+        threads: int,
+        max_waiting: int = MAX_WAITING,
+        after: Callable[[], None] = lambda: None,
+    ) -> None:
         self.name = name
         self.threads = threads
         self.max_waiting = max_waiting
+        self._after = after  # called once each job is done (HeapTrimmer.note)
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix=f"inhouse-{name}")
         self._admitted = 0  # read and written on the event loop only
 
@@ -50,9 +57,15 @@ class WorkerPool:
             )
         self._admitted += 1
         try:
-            return await asyncio.wrap_future(self._executor.submit(fn, *args, **kwargs))
+            return await asyncio.wrap_future(self._executor.submit(self._job, fn, args, kwargs))
         finally:
             self._admitted -= 1
+
+    def _job(self, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._after()
 
     def shutdown(self) -> None:
         """Stop taking jobs; queued ones are dropped, running ones finish on their own."""
