@@ -53,7 +53,7 @@ DEFAULT_MAX_ITEMS = 64
 # xgrammar keeps every compiled grammar (token masks per grammar state) unless bounded:
 # 300 distinct six-key schemas held 106 MB (~0.35 MB each), so a fuzzer's thousands held
 # most of a GB. Past this, the least recently used are evicted (and compiled again).
-GRAMMAR_CACHE_BYTES = 64 * 2**20
+GRAMMAR_CACHE_BYTES = 32 * 2**20
 _LITERAL_KEYS = frozenset({"const", "enum", "default", "examples"})
 _STRING_LIMITS = ("maxLength", "enum", "const", "pattern", "format")
 

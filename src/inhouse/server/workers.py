@@ -5,7 +5,7 @@ compiling a JSON schema; on the event loop, that stalls ``/health`` and every ru
 stream. Each kind gets its own few threads, so a flood of one kind cannot take the
 threads of another (asyncio's default executor is shared by everything), and a bound
 on how many may wait: past it a request is refused with a 503 instead of queueing
-without end. The tokenizer and xgrammar release the GIL while they work.
+without end. The tokenizer releases the GIL while it works.
 """
 
 from __future__ import annotations
