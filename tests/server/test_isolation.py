@@ -188,10 +188,6 @@ class Watch:
                 last = now
 
 
-def _user(text: str) -> dict[str, str]:
-    return {"role": "user", "content": text}
-
-
 def _words(size: int) -> str:
     return " ".join(f"w{i % 9973}x" for i in range(size // 7))[:size]
 
@@ -200,14 +196,9 @@ def _words(size: int) -> str:
     ("path", "body", "status"),
     [
         ("/tokenize", {"prompt": _words(2 * 2**20)}, 200),
-        (
-            "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": _words(2 * 2**20)}]},
-            400,
-        ),
-        ("/v1/chat/completions", {"messages": [_user("hi")] * 10**5}, 400),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": _words(2**21)}]}, 400),
     ],
-    ids=["tokenize-2MiB", "chat-2MiB", "chat-1e5-messages"],
+    ids=["tokenize-2MiB", "chat-2MiB"],
 )
 def test_a_huge_prompt_leaves_health_and_running_streams_alone(
     served: Served, path: str, body: dict, status: int
