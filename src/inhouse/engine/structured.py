@@ -51,6 +51,10 @@ ANY_JSON_OBJECT: dict[str, Any] = {
 # repeats itself still has to close the JSON; anything within them validates.
 DEFAULT_MAX_STRING_LENGTH = 256
 DEFAULT_MAX_ITEMS = 64
+# xgrammar keeps every compiled grammar (token masks per grammar state) unless bounded:
+# 300 distinct six-key schemas held 106 MB (~0.35 MB each), so a fuzzer's thousands held
+# most of a GB. Past this, the least recently used are evicted (and compiled again).
+GRAMMAR_CACHE_BYTES = 32 * 2**20
 _LITERAL_KEYS = frozenset({"const", "enum", "default", "examples"})
 _STRING_LIMITS = ("maxLength", "enum", "const", "pattern", "format")
 _LOG_PREFIX = re.compile(r"^\[[\d:.]+\]\s*(\S+:\d+:\s*)?")
@@ -106,7 +110,8 @@ class CompiledGuide:
 
 
 class GrammarCompiler:
-    """Compiles JSON schemas against one tokenizer (thread-safe; compiled grammars are cached).
+    """Compiles JSON schemas against one tokenizer (thread-safe; compiled grammars are
+    cached, up to ``GRAMMAR_CACHE_BYTES``).
 
     Cheap to build: xgrammar and its view of the tokenizer are set up by the first compile.
     """
@@ -137,7 +142,9 @@ class GrammarCompiler:
                     vocab_size=self._vocab_size,
                     stop_token_ids=self._stop_token_ids,
                 )
-                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+                self._compiler = xgr.GrammarCompiler(
+                    info, max_threads=1, cache_limit_bytes=GRAMMAR_CACHE_BYTES
+                )
             return self._compiler
 
     def json_schema(self, schema: dict[str, Any], strict: bool = True) -> CompiledGuide:

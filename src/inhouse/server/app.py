@@ -27,6 +27,7 @@ def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(_load(ctx, load)) if load else None
+        ctx.heap.start()
         try:
             yield
         finally:
@@ -34,6 +35,11 @@ def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
                 task.cancel()
             if ctx.engine is not None:
                 await ctx.engine.shutdown()
+            ctx.heap.close()
+            ctx.prompt_workers.shutdown()
+            ctx.grammar_workers.shutdown()
+            if ctx.embeddings.done() and ctx.embeddings.exception() is None:
+                await asyncio.to_thread(ctx.embeddings.result().close)
 
     app = FastAPI(
         title="inhouse",

@@ -8,6 +8,7 @@ from pathlib import Path
 from inhouse.engine.async_engine import AsyncEngine
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.embedder import Embedder
+from inhouse.engine.embedding_scheduler import EmbeddingScheduler
 from inhouse.engine.structured import GrammarCompiler
 from inhouse.server.chat_template import ChatRenderer
 from inhouse.server.context import ServerContext
@@ -48,7 +49,7 @@ class ContextLoader:
             ctx.grammars = GrammarCompiler(info.tokenizer, info.vocab_size, info.eos_token_ids)
             engine.start()
         except Exception as exc:
-            ctx.embedder.set_exception(RuntimeError(f"the chat model failed first ({exc})"))
+            ctx.embeddings.set_exception(RuntimeError(f"the chat model failed first ({exc})"))
             if isinstance(exc, UNSERVABLE):
                 raise ModelRefused(" ".join(str(exc).split())) from exc  # one line
             raise
@@ -56,8 +57,9 @@ class ContextLoader:
         if ctx.config.embedding_model is not None:
             try:
                 embedder = Embedder(ctx.config.embedding_model, ctx.config.embedding_name)
+                scheduler = EmbeddingScheduler(embedder)
             except Exception as exc:
                 log.exception("loading the embedding model failed")
-                ctx.embedder.set_exception(exc)
+                ctx.embeddings.set_exception(exc)
             else:
-                ctx.embedder.set_result(embedder)
+                ctx.embeddings.set_result(scheduler)

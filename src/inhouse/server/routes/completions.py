@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -37,16 +38,15 @@ async def create_completion(
     """OpenAI's legacy completions; a batch of prompts gives ``len(prompts) * n`` choices."""
     ctx.check_model(body.model)
     tokenizer = ctx.require_engine().info.tokenizer
-    prompts = [
-        p if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=True)
-        for p in body.prompts()
-    ]
+    prompts = await ctx.prompt_workers.run(_token_ids, tokenizer, body.prompts())
     params = sampling_params(body, max_tokens=body.completion_limit, logprobs=body.logprobs)
     rid = request_id("cmpl")
     requests = [
         EngineRequest(f"{rid}-{k}", p, params, body.cache_salt) for k, p in enumerate(prompts)
     ]
-    echoes = [tokenizer.decode(p) if body.echo else "" for p in prompts]
+    echoes = [""] * len(prompts)
+    if body.echo:
+        echoes = await ctx.prompt_workers.run(tokenizer.batch_decode, prompts)
     if body.stream:
         streams = [generate(ctx, r) for r in requests]
         try:  # bad input fails here, as a 400 before any byte is sent
@@ -82,6 +82,14 @@ async def create_completion(
         usage=Usage.of(prompt_tokens, generated, cached),
     )
     return JSONResponse(response.model_dump(exclude_none=True))
+
+
+def _token_ids(tokenizer: Any, prompts: list[str | list[int]]) -> list[list[int]]:
+    """Each prompt's token ids: a text tokenized (with the model's special tokens), ids as
+    given."""
+    return [
+        p if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=True) for p in prompts
+    ]
 
 
 async def _collect_all(ctx: ServerContext, requests: list[EngineRequest]) -> list[RequestResult]:
