@@ -365,7 +365,7 @@ def _requests(chat_model: str, key: str) -> list[Attack]:
         "Bearer only": ("Bearer",),
         "Basic": ("Basic dXNlcjpwYXNz",),
         "10 KB key": ("Bearer " + "k" * 10_000,),
-        "key with spaces": (f"Bearer  {key} ",),
+        "two spaces after Bearer": (f"Bearer  {key}",),
         "lower-case bearer": (f"bearer {key}",),
     }
     attacks = [Attack(f"auth: {name}", CHAT, hi, auth=auth) for name, auth in auths.items()]
