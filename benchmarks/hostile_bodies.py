@@ -5,7 +5,7 @@ as raw bytes, so lone surrogates, absurd numbers and broken UTF-8 arrive as writ
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inhouse.api import bounds
@@ -21,7 +21,8 @@ SURROGATE = "\ud800"  # json.dumps writes it as the escape \ud800: valid JSON, i
 @dataclass(frozen=True)
 class Attack:
     """One request: its name, route and raw body; `auth` replaces the target's own
-    Authorization header (a list: several, or none)."""
+    Authorization header (a list: several, or none). `heavy`: a large tokenization or
+    embedding (issue 24 items 4 and 5), sent alone so a slow /health names its cause."""
 
     name: str
     path: str
@@ -29,6 +30,7 @@ class Attack:
     method: str = "POST"
     auth: tuple[str, ...] | None = None
     content_type: str = "application/json"
+    heavy: bool = False
 
 
 def _raw(value: Any) -> bytes:
@@ -382,9 +384,15 @@ def _requests(chat_model: str, key: str) -> list[Attack]:
     return attacks
 
 
+HEAVY = (
+    "10^5 messages", "1 MiB content", "1 MiB string", "64 x 200 words", "2048 short",
+    "prompt 1 MiB", "messages 10^4", "3000 words", "10^5 token ids",
+)  # fmt: skip
+
+
 def hostile_attacks(chat_model: str, embedding_model: str, key: str) -> list[Attack]:
     """Every hand-written attack on one server, in a fixed order."""
-    return [
+    attacks = [
         *_not_objects(),
         *_chat(chat_model),
         *_completions(chat_model),
@@ -392,3 +400,4 @@ def hostile_attacks(chat_model: str, embedding_model: str, key: str) -> list[Att
         *_tokenize(chat_model),
         *_requests(chat_model, key),
     ]
+    return [replace(a, heavy=a.name.endswith(HEAVY)) for a in attacks]
