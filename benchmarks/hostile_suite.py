@@ -180,9 +180,10 @@ async def send_attacks(target: Target, attacks: list[Attack]) -> tuple[Tally, li
 def attack(target: Target, examples: int, seed: int) -> Attacked:
     start = time.monotonic()
     fuzzed = fuzz(target, examples, fixed_seed=seed, timeout=ATTACK_TIMEOUT_S)
+    fuzzing = (start, time.monotonic(), f"schemathesis on {target.name} (the phase)")
     attacks = hostile_attacks(target.chat_model, target.embedding_model, target.key)
     bodies, windows = asyncio.run(send_attacks(target, attacks))
-    return Attacked(fuzzed, bodies, windows, time.monotonic() - start)
+    return Attacked(fuzzed, bodies, [fuzzing, *windows], time.monotonic() - start)
 
 
 def warm_up(edges: Edges) -> str:
