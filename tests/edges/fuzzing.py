@@ -5,11 +5,12 @@ every operation of a server's /openapi.json, and the check every answer must pas
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import requests
 import schemathesis
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
@@ -31,11 +32,11 @@ def shape_problem(status: int, text: str) -> str | None:
     if status < 400:
         return None
     try:
-        body = httpx.Response(status, content=text.encode()).json()
+        body = json.loads(text)
     except ValueError:
         return f"{status} is not JSON: {text[:300]}"
-    error = body.get("error") if isinstance(body, dict) else None
-    if set(body) != {"error"} or not isinstance(error, dict) or set(error) != ERROR_FIELDS:
+    error = body.get("error") if isinstance(body, dict) and set(body) == {"error"} else None
+    if not isinstance(error, dict) or set(error) != ERROR_FIELDS:
         return f"{status} not OpenAI-shaped: {text[:300]}"
     return None
 
@@ -106,9 +107,7 @@ def fuzz(
         _aim(case, target, data.draw(st.integers(0, 2)))
         try:
             response = case.call(base_url=target.url, headers=target.headers, timeout=timeout)
-        except Exception as err:  # requests' timeout: the server did not answer in time
-            if "timed out" not in str(err).lower() and "timeout" not in type(err).__name__.lower():
-                raise
+        except requests.Timeout:  # schemathesis calls through requests
             tally.timed_out(label)
             return
         tally.add(label, response.status_code, response.text)
