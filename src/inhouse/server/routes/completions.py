@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -106,13 +107,17 @@ async def _merged(
     firsts: list[RequestOutput], streams: list[AsyncIterator[RequestOutput]]
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Outputs of several requests as they come, tagged with the request's position."""
-    queue: asyncio.Queue[tuple[int, RequestOutput | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
 
     async def pump(k: int, first: RequestOutput, stream: AsyncIterator[RequestOutput]) -> None:
-        await queue.put((k, first))
-        if not first.finished:
-            async for output in stream:
-                await queue.put((k, output))
+        try:
+            await queue.put((k, first))
+            if not first.finished:
+                async for output in stream:
+                    await queue.put((k, output))
+        except Exception as exc:  # the request failed: the batch fails with it, at once
+            await queue.put((k, exc))
+            return
         await queue.put((k, None))
 
     tasks = [
@@ -123,17 +128,22 @@ async def _merged(
         running = len(tasks)
         while running:
             k, output = await queue.get()
+            if isinstance(output, Exception):
+                raise output
             if output is None:
                 running -= 1
                 continue
             yield k, output
-        for task in tasks:
-            task.result()
     finally:
         for task in tasks:
             task.cancel()
-        for stream in streams:
-            await stream.aclose()
+        # A stream still iterated by its pump cannot be closed ("aclose(): asynchronous
+        # generator is already running"): wait for the pumps first, shielded from the
+        # client's disconnect that may have brought us here, then close what none ran.
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for stream in streams:
+                await stream.aclose()
 
 
 async def _chunks(
