@@ -14,7 +14,8 @@ Serve's RSS (VmRSS of /proc/<pid>/status) is read after warm-up and after the su
         [--out hostile-suite.json]
 
 It prints the figures and writes them as JSON; the exit status is 1 when any answer
-broke the rules, a stream was harmed or /health took 1 s or more. Benchmark-like (a
+broke the rules, a stream was harmed, /health took 1 s or more or serve's RSS grew by
+more than 300 MB. Benchmark-like (a
 long run that measures), so it lives in benchmarks/ and is not part of the test suite.
 """
 
@@ -49,6 +50,7 @@ MAX_MODEL_LEN = 2048
 KV_CACHE_MEMORY = "256MiB"
 POLL_S = 0.2
 SLOW_HEALTH_S = 1.0
+RSS_GROWTH_MB = 300  # issue 24: serve's RSS after the suite within 300 MB of after warm-up
 STREAM_TOKENS = 24
 STREAM_PROMPT = [{"role": "user", "content": "Count from one to twenty."}]
 STREAMS_PER_TARGET = 2
@@ -338,7 +340,7 @@ def main() -> None:
     print(f"serve RSS: {rss['after_warm_up']} MB after warm-up, {rss['after_suite']} MB after")
     print(f"written to {args.out} ({report['seconds']} s)")
     failed = any(s["problems"] for s in report["servers"].values()) or streams["harmed"]
-    sys.exit(1 if failed or health["slow_polls"] else 0)
+    sys.exit(1 if failed or health["slow_polls"] or rss["growth"] > RSS_GROWTH_MB else 0)
 
 
 if __name__ == "__main__":
