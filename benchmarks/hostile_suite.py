@@ -47,7 +47,6 @@ from stack import Edges, Target, running_edges  # noqa: E402
 from hostile_bodies import Attack, hostile_attacks  # noqa: E402
 
 MAX_MODEL_LEN = 2048
-KV_CACHE_MEMORY = "256MiB"
 POLL_S = 0.2
 SLOW_HEALTH_S = 1.0
 RSS_GROWTH_MB = 300  # issue 24: serve's RSS after the suite within 300 MB of after warm-up
@@ -58,12 +57,29 @@ IN_FLIGHT = 4  # hand-written attacks in flight at once
 ATTACK_TIMEOUT_S = 120.0
 
 
-def rss_mb(pid: int) -> float:
-    """Resident set size of a process, in MB (VmRSS of /proc/<pid>/status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+KV_CACHE_MIB = 256  # the KV cache is one mapping of up to this size
+KV_CACHE_MEMORY = f"{KV_CACHE_MIB}MiB"
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """Resident set size of a process and of its KV cache's mapping, in MB.
+
+    serve maps its KV cache anonymously and zero pages become resident only as tokens are
+    first written to a block, so RSS grows by up to the KV budget as traffic first fills
+    it: reserved memory, not a leak. The cache is the one mapping of 80-100 % of the KV
+    budget (``/proc/<pid>/smaps``); what grows outside it is what the issue bounds."""
+    total = kv = 0
+    size_kb = 0
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        field, _, rest = line.partition(":")
+        if field == "Size":
+            size_kb = int(rest.split()[0])
+        elif field == "Rss":
+            rss_kb = int(rest.split()[0])
+            total += rss_kb
+            if 0.8 * KV_CACHE_MIB * 1024 <= size_kb <= KV_CACHE_MIB * 1024:
+                kv += rss_kb
+    return total / 1024, kv / 1024
 
 
 def host() -> dict[str, Any]:
@@ -215,7 +231,7 @@ def summary(
     attacked: dict[str, Attacked],
     polls: list[tuple[float, float, int]],
     streams: Streams,
-    rss: tuple[float, float],
+    rss: tuple[tuple[float, float], tuple[float, float]],
 ) -> dict[str, Any]:
     windows = [w for a in attacked.values() for w in a.windows]
 
@@ -262,9 +278,12 @@ def summary(
             "harm": streams.harmed[:20],
         },
         "serve_rss_mb": {
-            "after_warm_up": round(rss[0]),
-            "after_suite": round(rss[1]),
-            "growth": round(rss[1] - rss[0]),
+            "after_warm_up": round(rss[0][0]),
+            "after_suite": round(rss[1][0]),
+            "kv_cache_after_warm_up": round(rss[0][1]),
+            "kv_cache_after_suite": round(rss[1][1]),
+            "growth": round(rss[1][0] - rss[0][0]),
+            "growth_outside_kv_cache": round((rss[1][0] - rss[1][1]) - (rss[0][0] - rss[0][1])),
         },
     }
 
@@ -337,10 +356,15 @@ def main() -> None:
     for poll in health["slowest"]:
         print(f"  {poll['latency_s']} s during {poll['attacks_in_flight']}")
     print(f"streams: {streams['completed']} completed, {streams['harmed']} harmed")
-    print(f"serve RSS: {rss['after_warm_up']} MB after warm-up, {rss['after_suite']} MB after")
+    print(
+        f"serve RSS: {rss['after_warm_up']} MB after warm-up, {rss['after_suite']} MB after "
+        f"(KV cache {rss['kv_cache_after_warm_up']} -> {rss['kv_cache_after_suite']} MB; "
+        f"growth outside it {rss['growth_outside_kv_cache']} MB)"
+    )
     print(f"written to {args.out} ({report['seconds']} s)")
     failed = any(s["problems"] for s in report["servers"].values()) or streams["harmed"]
-    sys.exit(1 if failed or health["slow_polls"] or rss["growth"] > RSS_GROWTH_MB else 0)
+    grew = rss["growth_outside_kv_cache"] > RSS_GROWTH_MB
+    sys.exit(1 if failed or health["slow_polls"] or grew else 0)
 
 
 if __name__ == "__main__":
