@@ -23,6 +23,7 @@ from inhouse.engine.sampler import Sampler
 from inhouse.engine.sampling import SamplingParams
 from inhouse.engine.scheduler import Scheduler
 from inhouse.engine.sequence import Sequence
+from inhouse.engine.speculative.factory import make_drafter
 from inhouse.engine.stats import EngineStats
 
 MAX_CACHE_SALT_CHARS = 1024
@@ -51,6 +52,7 @@ class EngineCore:
             config.kv_reserve,
         )
         self.sampler = Sampler(config.seed)
+        self.drafter = make_drafter(config.speculative, self.loaded, config)
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_steps = 0
@@ -132,19 +134,23 @@ class EngineCore:
 
     def step(self) -> list[CoreOutput]:
         """Run one scheduled batch; return the news of every request that sampled a token."""
-        plan = self.scheduler.schedule()
+        drafts = {}
+        if self.drafter is not None:
+            drafts = self.drafter.propose(self.scheduler.decoding(), self._num_steps)
+        plan = self.scheduler.schedule(drafts)
         if not plan.scheduled:
             return []
-        logits = self.runner.execute(plan.scheduled)
+        logits = self.runner.execute(plan.scheduled, plan.drafts)
+        eos = self.scheduler.eos_token_ids
+
+        def sample(rows: list[int], seqs: list[Sequence]) -> list:
+            picked = logits if len(rows) == logits.shape[0] else logits[rows]
+            return self.sampler(picked, seqs, eos)
+
+        news, verified = self.scheduler.update(plan, sample)
+        if self.drafter is not None and verified:
+            self.drafter.record(verified, self._num_steps)
         self._num_steps += 1
-        rows = plan.sampling_rows()
-        sampled = []
-        if rows:
-            if len(rows) < len(plan.scheduled):
-                logits = logits[rows]
-            seqs = [plan.scheduled[row][0] for row in rows]
-            sampled = self.sampler(logits, seqs, self.scheduler.eos_token_ids)
-        news = self.scheduler.update(plan, sampled)
         self._generation_tokens += sum(1 for _, out in news if out.token_id is not None)
         outputs: dict[str, CoreOutput] = {}
         for seq, out in news:
@@ -175,4 +181,5 @@ class EngineCore:
             generation_tokens=self._generation_tokens,
             num_steps=self._num_steps,
             finished_requests=dict(self.scheduler.finished_requests),
+            spec_decode=None if self.drafter is None else self.drafter.counters.snapshot(),
         )
