@@ -66,8 +66,11 @@ class Drafter:
         """Drafts by ``seq_id`` for the decoding sequences ``(seq, room)`` the gate allows;
         ``room`` caps a draft (tokens left before the length limit, less the bonus one)."""
         k = self.config.num_speculative_tokens
+        gate = self.gate
         asked = [
-            (seq, min(k, room)) for seq, room in decoding if room > 0 and self.gate.allows(seq.seq_id, step)
+            (seq, min(k, room))
+            for seq, room in decoding
+            if room > 0 and gate.allows(seq.seq_id, step)
         ]
         self.gate.forget({seq.seq_id for seq, _ in decoding})
         if not asked:
