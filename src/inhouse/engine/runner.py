@@ -86,6 +86,7 @@ class ModelRunner:
             self.device,
             self.sliding_window,
             self.attention_kernel,
+            decode=all(n == 1 or i in drafts for i, (_, n) in enumerate(batch)),
         )
         input_ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
         rows = torch.tensor(logit_rows).to(self.device)
