@@ -49,7 +49,7 @@ def _verify_one_batch(sampler: Sampler) -> list[list[int]]:
     plan = sched.schedule({seq.seq_id: list(DRAFT) for seq in seqs})
     assert len(plan.drafts) == BATCH
     rows = torch.stack([_logits(p) for p in (P0, P1, P2)] * BATCH)
-    news, verified = sched.update(plan, lambda r, s: sampler(rows[r], s, ()))
+    _, verified = sched.update(plan, lambda r, s: sampler(rows[r], s, ()))
     assert len(verified) == BATCH
     return [seq.output_token_ids[1:] for seq in seqs]
 
