@@ -192,9 +192,7 @@ def build_attention_metadata(
     window = sliding_window or 0
     if row_kernel:
         row_seq = None if num_tokens == len(counts) else seq_of_token.to(device)
-        rows = RowTables(
-            tables.to(device), (positions + 1).to(device), block_size, row_seq, decode
-        )
+        rows = RowTables(tables.to(device), (positions + 1).to(device), block_size, row_seq, decode)
         return AttentionMetadata(slot_mapping.to(device), [], rows, window), positions.to(device)
     decode = [i for i, n in enumerate(counts) if n == 1]
     prefill = [i for i, n in enumerate(counts) if n > 1]

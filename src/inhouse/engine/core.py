@@ -38,7 +38,7 @@ class EngineCore:
             config.model, config.dtype, config.device, quantization=config.quantization
         )
         self.budget = plan_kv_budget(config, self.loaded)
-        self.info = EngineInfo.describe(self.loaded, self.budget)
+        self.info = EngineInfo.describe(self.loaded, self.budget, config.speculative)
         self.runner = ModelRunner(self.loaded, self.budget.num_blocks, config.block_size)
         self.kv_cache = KVCacheManager(
             self.budget.num_blocks, config.block_size, config.enable_prefix_caching
@@ -52,7 +52,7 @@ class EngineCore:
             config.kv_reserve,
         )
         self.sampler = Sampler(config.seed)
-        self.drafter = make_drafter(config.speculative, self.loaded, config)
+        self.drafter = make_drafter(config.speculative, self.loaded, config, self.budget.num_blocks)
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_steps = 0
@@ -119,6 +119,8 @@ class EngineCore:
         seqs = self.scheduler.finish_request(request_id, reason)
         if not seqs:
             return None
+        if self.drafter is not None:
+            self.drafter.keep_only(self.scheduler.running)
         return CoreOutput(request_id, [SequenceOutput(s.index, finish_reason=reason) for s in seqs])
 
     def finish(self, request_id: str, index: int, reason: str, stop_reason: str | None) -> None:
@@ -126,6 +128,8 @@ class EngineCore:
         for seq in self.scheduler.sequences(request_id):
             if seq.index == index:
                 self.scheduler.finish(seq, reason, stop_reason)
+        if self.drafter is not None:
+            self.drafter.keep_only(self.scheduler.running)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -148,8 +152,9 @@ class EngineCore:
             return self.sampler(picked, seqs, eos)
 
         news, verified = self.scheduler.update(plan, sample)
-        if self.drafter is not None and verified:
+        if self.drafter is not None:
             self.drafter.record(verified, self._num_steps)
+            self.drafter.keep_only(self.scheduler.running)
         self._num_steps += 1
         self._generation_tokens += sum(1 for _, out in news if out.token_id is not None)
         outputs: dict[str, CoreOutput] = {}

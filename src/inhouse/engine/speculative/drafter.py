@@ -23,6 +23,9 @@ class Proposer(Protocol):
 
     def propose_batch(self, seqs: list[tuple[Sequence, int]]) -> list[list[int]]: ...
 
+    def forget(self, keep: set[int]) -> None:
+        """Drop any state kept for sequences whose ``seq_id`` is not in ``keep``."""
+
 
 @dataclass(slots=True)
 class SpecDecodeCounters:
@@ -72,11 +75,16 @@ class Drafter:
             for seq, room in decoding
             if room > 0 and gate.allows(seq.seq_id, step)
         ]
-        self.gate.forget({seq.seq_id for seq, _ in decoding})
         if not asked:
             return {}
         drafts = self.proposer.propose_batch(asked)
         return {seq.seq_id: draft for (seq, _), draft in zip(asked, drafts, strict=True) if draft}
+
+    def keep_only(self, running: list[Sequence]) -> None:
+        """Forget the gate records and proposer state of sequences no longer running."""
+        keep = {seq.seq_id for seq in running}
+        self.gate.forget(keep)
+        self.proposer.forget(keep)
 
     def record(self, verified: list[Verified], step: int) -> None:
         """Count the step's verified drafts and tell the gate how each fared."""

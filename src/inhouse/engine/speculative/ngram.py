@@ -28,6 +28,9 @@ class NgramProposer:
         self.min_n = min_n
         self.max_n = max_n
 
+    def forget(self, keep: set[int]) -> None:
+        """Nothing to forget: prompt lookup reads each sequence's tokens afresh."""
+
     def propose_batch(self, seqs: list[tuple[Sequence, int]]) -> list[list[int]]:
         """A draft of at most ``k`` tokens for each ``(sequence, k)``."""
         return [self.propose(seq.token_ids, k) for seq, k in seqs]
