@@ -95,6 +95,7 @@ def test_there_are_fifty_prompts():
     assert len(MESSAGES) == 50
 
 
+@pytest.mark.timeout(1800)  # the float32 path on a busy 2-core CPU: 100 requests, 40 tokens
 @pytest.mark.parametrize("path", ["q4", "q8", "fp32"])
 def test_fifty_greedy_outputs_are_identical_with_and_without_drafts(path, request):
     loaded = request.getfixturevalue(f"bundled_model_{path}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -214,4 +213,3 @@ def _announce(ctx, host: str, port: int) -> None:
     for key, value in rows:
         typer.echo(f"  {key:<{width}}  {value}")
     typer.echo(f"Serving on http://{host}:{port}/v1  (OpenAI-compatible; Ctrl-C to stop)")
-    sys.stdout.flush()  # a log file sees the table now, not when the buffer fills
