@@ -9,6 +9,8 @@ from test_scheduler import BS, make_scheduler, make_seq
 from inhouse.engine.errors import EngineConfigError
 from inhouse.engine.sampler import SampledToken
 from inhouse.engine.speculative.config import SpeculativeConfig
+from inhouse.engine.speculative.drafter import Verified
+from inhouse.engine.speculative.factory import make_drafter
 from inhouse.engine.speculative.gate import AcceptanceGate
 from inhouse.engine.speculative.ngram import NgramProposer
 
@@ -127,3 +129,30 @@ def test_a_draft_is_cut_to_the_step_budget_and_a_finish_ends_verification():
     assert seq.finish_reason == "stop" and [n.token_id for _, n in news] == [1, 2]
     assert verified[0].num_accepted == 2
     assert sched.kv_cache.num_free_blocks == 16
+
+
+def test_the_drafter_stops_drafting_for_a_sequence_whose_drafts_fail_and_counts_them():
+    config = SpeculativeConfig(
+        num_speculative_tokens=3,
+        prompt_lookup_min=1,
+        prompt_lookup_max=2,
+        min_acceptance_rate=0.5,
+        acceptance_window=2,
+        pause_steps=3,
+    )
+    drafter = make_drafter(config, None, None, 0)
+    seq = make_seq(2, max_tokens=40)
+    seq.token_ids = [4, 5, 6, 4, 5, 6, 4]
+    assert drafter.propose([(seq, 10)], step=0) == {seq.seq_id: [5, 6, 4]}
+    assert drafter.propose([(seq, 2)], step=0) == {seq.seq_id: [5, 6]}  # room caps it
+    for step in (0, 1):
+        drafter.record([Verified(seq, 3, 1)], step)
+    assert drafter.propose([(seq, 10)], step=2) == {}  # 2 of 6 accepted: paused
+    assert drafter.propose([(seq, 10)], step=5) == {seq.seq_id: [5, 6, 4]}
+    counters = drafter.counters.snapshot()
+    assert (counters.num_drafts, counters.num_draft_tokens, counters.num_accepted_tokens) == (
+        2,
+        6,
+        2,
+    )
+    assert counters.num_accepted_tokens_per_pos == [2, 0, 0] and counters.num_pauses == 1
