@@ -45,7 +45,7 @@ def random_draft(bundled_model_q4, tmp_path_factory) -> Path:
 
 def test_a_random_draft_model_leaves_greedy_outputs_unchanged(bundled_model_q4, random_draft):
     spec = SpeculativeConfig(
-        model=str(random_draft), num_speculative_tokens=3, method="draft_model"
+        model=str(random_draft), num_speculative_tokens=3, disable_by_batch_size=None
     )
     tok = bundled_model_q4.tokenizer
     prompts = {f"m{i}": chat_prompt(tok, m) for i, m in enumerate(MESSAGES[::5])}

@@ -19,7 +19,13 @@ from inhouse.engine.structured import GrammarCompiler
 
 pytestmark = pytest.mark.slow
 
-NGRAM = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+# Drafting at every batch size, so the big batches here verify drafts too.
+NGRAM = SpeculativeConfig(
+    num_speculative_tokens=4,
+    prompt_lookup_min=1,
+    prompt_lookup_max=3,
+    disable_by_batch_size=None,
+)
 TEXTS = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
     "Paged attention keeps the KV cache in fixed-size blocks, so no memory is wasted.",

@@ -156,3 +156,17 @@ def test_the_drafter_stops_drafting_for_a_sequence_whose_drafts_fail_and_counts_
         2,
     )
     assert counters.num_accepted_tokens_per_pos == [2, 0, 0] and counters.num_pauses == 1
+
+
+def test_no_sequence_drafts_while_more_than_disable_by_batch_size_decode():
+    config = SpeculativeConfig(
+        num_speculative_tokens=2, prompt_lookup_min=1, disable_by_batch_size=2
+    )
+    drafter = make_drafter(config, None, None, 0)
+    seqs = [make_seq(2, request_id=f"r{i}") for i in range(3)]
+    for seq in seqs:
+        seq.token_ids = [4, 5, 4]
+    assert drafter.propose([(s, 5) for s in seqs], step=0) == {}
+    assert drafter.propose([(s, 5) for s in seqs[:2]], step=0) == {
+        s.seq_id: [5, 4] for s in seqs[:2]
+    }

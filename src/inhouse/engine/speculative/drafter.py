@@ -66,8 +66,12 @@ class Drafter:
         )
 
     def propose(self, decoding: list[tuple[Sequence, int]], step: int) -> dict[int, list[int]]:
-        """Drafts by ``seq_id`` for the decoding sequences ``(seq, room)`` the gate allows;
-        ``room`` caps a draft (tokens left before the length limit, less the bonus one)."""
+        """Drafts by ``seq_id`` for the decoding sequences ``(seq, room)`` the gate allows
+        (none while more than ``disable_by_batch_size`` decode); ``room`` caps a draft
+        (tokens left before the length limit, less the bonus one)."""
+        limit = self.config.disable_by_batch_size
+        if limit is not None and len(decoding) > limit:
+            return {}
         k = self.config.num_speculative_tokens
         gate = self.gate
         asked = [
