@@ -19,7 +19,7 @@ import pytest
 from conftest import API_KEY, MAX_MODEL_LEN, RunningServer
 from test_metrics import MODEL, scrape, wait_idle
 
-from serving import Served, inhouse_command, start_serve
+from serving import Served, free_port, gateway_key, gateway_process, inhouse_command, start_serve
 
 if TYPE_CHECKING:
     import openai
@@ -57,6 +57,40 @@ def speculative(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Runn
         served.stop()
 
 
+@pytest.fixture(scope="module")
+def gateway_client(
+    speculative, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[openai.OpenAI]:
+    """The official client through ``inhouse gateway`` in front of the speculative server."""
+    import openai
+
+    spec_server, _ = speculative
+    base = tmp_path_factory.mktemp("gateway-spec")
+    port = free_port()
+    config = f"""
+[gateway]
+port = {port}
+database = "sqlite:///{base / "gateway.db"}"
+
+[[models]]
+name = "{MODEL}"
+[[models.backends]]
+name = "spec-1"
+url = "{spec_server.base_url}"
+api_key = "{API_KEY}"
+model = "{MODEL}"
+"""
+    config_path = base / "inhouse.toml"
+    gateway = gateway_process(config_path, config)
+    try:
+        gateway.start()
+        gateway.wait_healthy(f"http://127.0.0.1:{port}/health", 60)
+        secret = gateway_key(config_path, "spec-tester")
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=secret, max_retries=0)
+    finally:
+        gateway.stop()
+
+
 def _reply(client: openai.OpenAI, message: str, stream: bool) -> str:
     kwargs = {"model": MODEL, "messages": [{"role": "user", "content": message}]}
     kwargs |= {"max_tokens": 48, "temperature": 0}
@@ -90,6 +124,13 @@ def test_greedy_replies_equal_the_plain_servers_streamed_or_not(server, speculat
         after["inhouse:spec_decode_num_draft_tokens_total"]
         >= after["inhouse:spec_decode_num_accepted_tokens_total"]
     )
+
+
+def test_through_the_gateway_the_replies_are_the_plain_servers(server, gateway_client):
+    for message in MESSAGES[:2]:
+        want = _reply(server.client(), message, stream=False)
+        assert _reply(gateway_client, message, stream=False) == want
+        assert _reply(gateway_client, message, stream=True) == want
 
 
 def test_the_plain_server_has_no_spec_decode_metrics(server):
