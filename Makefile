@@ -24,11 +24,15 @@ run: $(STAMP)
 llama-server: $(STAMP)
 	PY=$(abspath $(PY)) scripts/build-llama-server.sh
 
-# Debian's prometheus (promtool too) for the operations-kit tests; installed when root.
+# Debian's prometheus (promtool too) for the operations-kit tests, and its chromium for the
+# console's browser tests (Playwright drives it; no browser is downloaded); installed when root.
 system-packages:
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] \
 		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
 		|| echo "promtool is missing: apt-get install prometheus (as root) for tests/observe"
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] \
+		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+		|| echo "chromium is missing: apt-get install chromium (as root) for the console tests"
 
 # One known-good order (pytest-randomly's seed): reproducible runs here and in CI. Any other
 # order: make test SEED=random (or a number).

@@ -6,9 +6,13 @@ import typer
 
 from inhouse import __version__
 from inhouse.bench.command import bench_app
+from inhouse.cost.command import cost_command
 from inhouse.eval.command import eval_command
 from inhouse.gateway.command import audit_command, gateway_command, keys_app
+from inhouse.gateway.release_command import release_app
+from inhouse.gateway.teams_command import teams_app
 from inhouse.gateway.up import up_command
+from inhouse.gateway.usage_command import usage_command
 from inhouse.models.command import models_app
 from inhouse.observe.command import observe_app
 from inhouse.plan.command import plan
@@ -32,9 +36,13 @@ app.add_typer(bench_app, name="bench")
 app.command("eval")(eval_command)
 app.command("gateway")(gateway_command)
 app.add_typer(keys_app, name="keys")
+app.add_typer(teams_app, name="teams")
 app.add_typer(models_app, name="models")
 app.command("audit")(audit_command)
+app.command("usage")(usage_command)
+app.command("cost")(cost_command)
 app.add_typer(observe_app, name="observe")
+app.add_typer(release_app, name="release")
 app.command("up")(up_command)
 app.command("plan")(plan)
 app.command("serve")(serve_command)

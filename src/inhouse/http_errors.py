@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from inhouse.api.errors import APIError, invalid_fields, not_found, server_error
 
 log = logging.getLogger(__name__)
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def error_response(
@@ -26,7 +28,15 @@ def error_response(
     if retry_after is not None and math.isfinite(retry_after):
         out["retry-after"] = str(max(1, math.ceil(retry_after)))
         out["retry-after-ms"] = str(max(1, math.ceil(retry_after * 1000)))
-    return JSONResponse(error.body().model_dump(), status_code=error.status_code, headers=out)
+    body = error.body().model_dump()
+    body["error"]["message"] = utf8_text(body["error"]["message"])  # it may repeat the client's
+    return JSONResponse(body, status_code=error.status_code, headers=out)
+
+
+def utf8_text(text: str) -> str:
+    """`text` as UTF-8 can hold it: a lone surrogate (JSON's "\\ud800" decodes to one) is
+    replaced by U+FFFD."""
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 def method_not_allowed(method: str, path: str) -> APIError:

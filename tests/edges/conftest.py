@@ -1,110 +1,19 @@
-"""One real `inhouse serve` (bundled chat and embedding models, small context) and one real
-`inhouse gateway` in front of it with a key, shared by the edge tests."""
+"""The edge tests' shared stack (see `stack`): serve with a small context, so that no
+fuzzed request generates for long, and the gateway in front."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
+from stack import Edges, Target, running_edges
 
-from inhouse.gateway.config import load_config
-from inhouse.gateway.db import open_database
-from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.server.serve import DEFAULT_EMBEDDING_NAME
-from serving import Process, free_port, inhouse_command
+__all__ = ["Edges", "Target"]  # the tests' fixture types
 
-CHAT_MODEL = "SmolLM2-135M-Instruct"
 MAX_MODEL_LEN = 128  # bounds what any fuzzed request can generate
-STARTUP_TIMEOUT_S = 300
-
-
-@dataclass(frozen=True)
-class Target:
-    """A server under test: its URL, the key it takes and the model names it routes."""
-
-    name: str
-    url: str
-    key: str
-    chat_model: str
-    embedding_model: str
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key}"}
-
-
-@dataclass(frozen=True)
-class Edges:
-    serve: Target
-    gateway: Target
-    serve_log: Path
-    gateway_log: Path
-
-
-def _gateway_config(port: int, db_url: str, serve_url: str, serve_key: str) -> str:
-    backend = """
-[[models]]
-name = "{name}"
-[[models.backends]]
-name = "{name}-1"
-url = "{url}"
-api_key = "{key}"
-model = "{model}"
-capabilities = {caps}
-"""
-    chat_caps = '["chat", "completions", "tools", "json_schema", "vision"]'
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-
-[health]
-interval_s = 5
-timeout_s = 30
-""" + "".join(
-        backend.format(name=name, url=serve_url, key=serve_key, model=model, caps=caps)
-        for name, model, caps in (
-            ("smol", CHAT_MODEL, chat_caps),
-            ("minilm", DEFAULT_EMBEDDING_NAME, '["embeddings"]'),
-        )
-    )
 
 
 @pytest.fixture(scope="session")
 def edges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edges]:
-    base = tmp_path_factory.mktemp("edges")
-    serve_key = secrets.token_urlsafe(24)
-    serve_port, gateway_port = free_port(), free_port()
-    serve_url = f"http://127.0.0.1:{serve_port}"
-    serve = Process(
-        [*inhouse_command(), "serve", "--port", str(serve_port), "--max-model-len",
-         str(MAX_MODEL_LEN), "--kv-cache-memory", "64MiB", "--max-num-seqs", "32"],
-        base / "serve.log",
-        {"INHOUSE_API_KEY": serve_key},
-    )  # fmt: skip
-    db_url = f"sqlite:///{base / 'gateway.db'}"
-    config_path = base / "inhouse.toml"
-    config_path.write_text(_gateway_config(gateway_port, db_url, serve_url, serve_key))
-    gateway = Process(
-        [*inhouse_command(), "gateway", "--config", str(config_path)], base / "gateway.log"
-    )
-    try:
-        serve.start()
-        serve.wait_healthy(f"{serve_url}/health", STARTUP_TIMEOUT_S)
-        gateway.start()
-        gateway_url = f"http://127.0.0.1:{gateway_port}"
-        gateway.wait_healthy(f"{gateway_url}/health", 60)
-        store = KeyStore(open_database(db_url), load_pepper(load_config(config_path)))
-        _, secret = store.create("edges")
-        yield Edges(
-            Target("serve", serve_url, serve_key, CHAT_MODEL, DEFAULT_EMBEDDING_NAME),
-            Target("gateway", gateway_url, secret, "smol", "minilm"),
-            serve.log,
-            gateway.log,
-        )
-    finally:
-        gateway.stop()
-        serve.stop()
+    with running_edges(tmp_path_factory.mktemp("edges"), MAX_MODEL_LEN, "64MiB") as stack:
+        yield stack

@@ -1,6 +1,6 @@
 """The pieces that make a request's bits independent of its batch, checked bit for bit.
 
-bf16 projections run their rows in the blocks :func:`invariant_row_block` finds (oneDNN's
+bf16 projections run their rows in the block sizes :func:`invariant_row_blocks` keeps (oneDNN's
 bf16 kernels change summation order with the row count), and on a CPU with the kernels
 built every query row is attended by the C++ kernel on its own, so a prefill chunked
 beside other sequences sums each query exactly as the whole prompt alone does (torch's
@@ -20,7 +20,7 @@ from engine_helpers import needs_kernels
 
 from inhouse.engine.attention import build_attention_metadata, paged_attention
 from inhouse.engine.models.llama import Linear
-from inhouse.engine.models.row_blocks import MOST_ROWS, invariant_row_block
+from inhouse.engine.models.row_blocks import BLOCK_SIZES, invariant_row_blocks, split_rows
 
 CPU = torch.device("cpu")
 BF16 = torch.bfloat16
@@ -28,34 +28,42 @@ BF16 = torch.bfloat16
 
 def test_bf16_projection_rows_equal_each_row_alone_in_the_probed_blocks():
     generator = torch.Generator().manual_seed(1)
-    linear = Linear(576, 1536, bias=True, like={"dtype": BF16, "device": CPU})
-    linear.weight.data = torch.randn(1536, 576, generator=generator).to(BF16)
-    linear.bias.data = torch.randn(1536, generator=generator).to(BF16)
-    linear.row_block = invariant_row_block(linear.weight, linear.bias)
-    assert 1 <= linear.row_block <= MOST_ROWS
-    x = torch.randn(100, 576, generator=generator).to(BF16)
+    linear = Linear(1536, 576, bias=True, like={"dtype": BF16, "device": CPU})
+    linear.weight.data = torch.randn(576, 1536, generator=generator).to(BF16)
+    linear.bias.data = torch.randn(576, generator=generator).to(BF16)
+    linear.row_blocks = invariant_row_blocks(linear.weight, linear.bias)
+    assert linear.row_blocks[-1] == 1 and set(linear.row_blocks) <= {*BLOCK_SIZES, 1}
+    x = torch.randn(300, 1536, generator=generator)
+    x = (x * torch.exp2(torch.randint(-6, 7, x.shape, generator=generator).float())).to(BF16)
     alone = torch.cat([linear(row) for row in x.split(1)])
-    for rows in (2, 31, 33, 64, 100):
-        assert torch.equal(linear(x[:rows]), alone[:rows]), rows
+    for rows in (2, 3, 17, 31, 33, 64, 100, 300):
+        for start in (0, 1, 7):
+            got = linear(x[start : start + rows])
+            assert torch.equal(got, alone[start : start + rows]), (rows, start)
 
 
 def test_bundled_bf16_model_blocks_every_projection(bundled_model_bf16):
     projections = [m for m in bundled_model_bf16.model.modules() if isinstance(m, Linear)]
-    assert projections and all(p.row_block >= 1 for p in projections)
+    assert projections and all(p.row_blocks and p.row_blocks[-1] == 1 for p in projections)
 
 
-def test_row_block_stops_where_rows_start_to_part():
-    """A product whose rows part from two rows on (as float32's MKL gemv vs gemm do) gets
-    block 1, never a block that would change a row's bits."""
+def test_rows_split_into_the_checked_sizes_only():
+    assert split_rows(1, (32, 16, 1)) == [1]
+    assert split_rows(53, (32, 16, 1)) == [32, 16, 1, 1, 1, 1, 1]
+    assert split_rows(5, (1,)) == [1] * 5
+    assert sum(split_rows(1000, (*BLOCK_SIZES, 1))) == 1000
+
+
+def test_row_blocks_keep_no_size_whose_rows_part():
+    """float32's MKL gemv (one row) and gemm (two or more) sum in other orders: no block
+    size survives the probe, and every row is multiplied alone."""
     generator = torch.Generator().manual_seed(2)
     weight = torch.randn(576, 576, generator=generator)
-    block = invariant_row_block(weight)
-    x = torch.randn(MOST_ROWS, 576, generator=generator)
+    x = torch.randn(2, 576, generator=generator)
     alone = torch.cat([F.linear(row, weight) for row in x.split(1)])
-    for rows in range(1, block + 1):
-        assert torch.equal(F.linear(x[:rows], weight), alone[:rows])
-    if block < MOST_ROWS:
-        assert not torch.equal(F.linear(x[: block + 1], weight), alone[: block + 1])
+    if torch.equal(F.linear(x, weight), alone):
+        pytest.skip("this CPU's float32 gemv and gemm agree on these rows")
+    assert invariant_row_blocks(weight) == (1,)
 
 
 def _paged_cache(slots: int, kv_heads: int, head_dim: int, seed: int, dtype) -> torch.Tensor:

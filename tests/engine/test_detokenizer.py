@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from inhouse.engine.detokenizer import IncrementalDetokenizer
+from inhouse.engine.detokenizer import IncrementalDetokenizer, pending_stop_prefix
 
 MIXED = "Grüße 👋🏽 from 東京! ok 🎉🎉 done — naïve café ☕."
 
@@ -86,3 +88,18 @@ def test_special_tokens_skipped_or_kept(tokenizer: Any) -> None:
         for token_id in [*tokenizer.encode("Hi"), eos]:
             detok.add_token(token_id)
         assert detok.take_delta(finished=True) == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    text=st.text(alphabet="ab\n", max_size=12),
+    stops=st.lists(st.text(alphabet="ab\n", min_size=1, max_size=6), max_size=4),
+)
+def test_the_held_back_tail_is_the_longest_one_that_begins_a_stop(
+    text: str, stops: list[str]
+) -> None:
+    def begins_a_stop(size: int) -> bool:
+        return any(size < len(s) and s.startswith(text[len(text) - size :]) for s in stops)
+
+    expected = max(size for size in range(len(text) + 1) if size == 0 or begins_a_stop(size))
+    assert pending_stop_prefix(text, stops) == expected

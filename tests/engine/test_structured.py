@@ -98,12 +98,22 @@ def test_a_forbidden_token_is_refused(tokenizer: Any, compiler: GrammarCompiler)
         guide.accept(tokenizer.encode("hello", add_special_tokens=False)[0])
 
 
-@pytest.mark.parametrize("schema", [{"type": "nonsense"}, {"type": "string", "pattern": "("}])
-def test_schemas_that_cannot_be_compiled_raise_grammar_error(
-    compiler: GrammarCompiler, schema: dict
+@pytest.mark.parametrize(
+    ("schema", "reason"),
+    [
+        ({"type": "nonsense"}, 'Unsupported type "nonsense"'),
+        ({"type": "string", "pattern": "("}, "Regex parsing error at position"),
+        ({"type": "string", "minLength": 9, "maxLength": 2}, "minLength 9 is greater than"),
+    ],
+)
+def test_schemas_that_cannot_be_compiled_raise_grammar_error_saying_why(
+    compiler: GrammarCompiler, schema: dict, reason: str
 ) -> None:
-    with pytest.raises(GrammarError):
+    with pytest.raises(GrammarError) as refused:
         compiler.json_schema(schema)
+    message = str(refused.value)  # what the client reads: no time stamp or C++ source line
+    assert message.startswith(f"The JSON schema cannot be enforced: {reason}"), message
+    assert "[" not in message and ".cc" not in message and "/project" not in message
 
 
 def test_bounded_closes_open_strings_and_arrays_only() -> None:

@@ -1,13 +1,20 @@
 """A canned OpenAI-shaped upstream on a real loopback socket (uvicorn in a thread): it answers
-every chat completion with the same reply, streamed or not, and keeps what it was sent."""
+every chat completion with the same reply (`reply`, after `delay_s`, or HTTP `fail_status`
+when set), streamed or not, and keeps what it was sent.
+
+Beside that: a chat message "echo: TEXT" is answered TEXT; the upstream model `slow-model`
+streams one chunk every `SLOW_CHUNK_S` for a minute; `/v1/completions` answers each prompt
+of any shape `n` times, each using all its `max_tokens` (as with `ignore_eos`), and says so
+in `usage`; `/tokenize` counts words (prompt "slow" takes `SLOW_TOKENIZE_S`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +27,9 @@ from starlette.routing import Route
 
 USAGE = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
 METRICS = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"
+SLOW_MODEL = "slow-model"
+SLOW_CHUNK_S = 0.1
+SLOW_TOKENIZE_S = 1.5
 
 
 @dataclass
@@ -28,32 +38,83 @@ class Canned:
 
     url: str
     received: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
+    reply: str = "Hi!"
+    delay_s: float = 0.0
+    fail_status: int | None = None
 
     def last(self) -> tuple[dict[str, str], dict[str, Any]]:
         return self.received[-1]
 
 
-def _events(model: str) -> Iterator[bytes]:
+def _events(model: str, reply: str) -> Iterator[bytes]:
     def chunk(choices: list[Any], **extra: Any) -> bytes:
         body = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": model}
         return b"data: " + json.dumps({**body, "choices": choices, **extra}).encode() + b"\n\n"
 
-    yield chunk([{"index": 0, "delta": {"role": "assistant", "content": "Hi"}}])
-    yield chunk([{"index": 0, "delta": {"content": "!"}, "finish_reason": "length"}])
+    head, tail = reply[:-1], reply[-1:]
+    yield chunk([{"index": 0, "delta": {"role": "assistant", "content": head}}])
+    yield chunk([{"index": 0, "delta": {"content": tail}, "finish_reason": "length"}])
     yield chunk([], usage=USAGE)
     yield b"data: [DONE]\n\n"
+
+
+async def _slow_events(model: str) -> AsyncIterator[bytes]:
+    for _ in range(int(60 / SLOW_CHUNK_S)):
+        chunk = {"id": "s", "object": "chat.completion.chunk", "created": 0, "model": model,
+                 "choices": [{"index": 0, "delta": {"content": "."}}]}  # fmt: skip
+        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        await asyncio.sleep(SLOW_CHUNK_S)
+
+
+def _prompts(prompt: Any) -> list[Any]:
+    """The prompts of any shape `/v1/completions` takes: text, token ids, or a batch."""
+    if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
+        return [prompt]
+    return list(prompt)
 
 
 def _app(canned: Canned) -> Starlette:
     async def chat(request: Request) -> Response:
         body = await request.json()
         canned.received.append((dict(request.headers), body))
+        if canned.delay_s:
+            await asyncio.sleep(canned.delay_s)
+        if canned.fail_status is not None:
+            error = {"message": "canned failure", "type": "server_error"}
+            return JSONResponse({"error": error}, status_code=canned.fail_status)
         if body.get("stream"):
-            return StreamingResponse(_events(body["model"]), media_type="text/event-stream")
-        message = {"role": "assistant", "content": "Hi!"}
+            model = body["model"]
+            events = _slow_events(model) if model == SLOW_MODEL else _events(model, canned.reply)
+            return StreamingResponse(events, media_type="text/event-stream")
+        said = str(body["messages"][-1].get("content", ""))
+        reply = said.removeprefix("echo: ") if said.startswith("echo: ") else canned.reply
+        message = {"role": "assistant", "content": reply}
         choice = {"index": 0, "message": message, "finish_reason": "length"}
         answer = {"id": "c", "object": "chat.completion", "created": 0, "model": body["model"]}
         return JSONResponse({**answer, "choices": [choice], "usage": USAGE})
+
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        canned.received.append((dict(request.headers), body))
+        prompts, n, cap = _prompts(body["prompt"]), body.get("n", 1), body["max_tokens"]
+        choices = [
+            {"index": i, "text": "x" * cap, "finish_reason": "length"}
+            for i in range(len(prompts) * n)
+        ]
+        sizes = [len(p) if isinstance(p, list) else len(p.split()) for p in prompts]
+        usage = {"prompt_tokens": sum(sizes), "completion_tokens": cap * len(choices)}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        answer = {"id": "t", "object": "text_completion", "created": 0, "model": body["model"]}
+        return JSONResponse({**answer, "choices": choices, "usage": usage})
+
+    async def tokenize(request: Request) -> Response:
+        body = await request.json()
+        canned.received.append((dict(request.headers), body))
+        prompt = str(body.get("prompt", ""))
+        if prompt == "slow":
+            await asyncio.sleep(SLOW_TOKENIZE_S)
+        tokens = list(range(len(prompt.split())))
+        return JSONResponse({"count": len(tokens), "max_model_len": 2048, "tokens": tokens})
 
     async def health(_: Request) -> Response:
         return JSONResponse({})
@@ -63,6 +124,8 @@ def _app(canned: Canned) -> Starlette:
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
         Route("/health", health),
         Route("/metrics", metrics),
     ]

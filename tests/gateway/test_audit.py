@@ -46,6 +46,14 @@ def test_redactor_hides_keys_tokens_emails_and_numbers() -> None:
     assert out.count("[redacted]") == 5
 
 
+def test_redactor_hides_every_secret_it_is_given_even_without_a_pattern() -> None:
+    backend_key, pepper = "Zq8xW3vB9kLmN2pR", "4f1c2a9e8d7b6a5f"
+    redact = Redactor(secrets=[backend_key, pepper, "short"])
+    out = redact(f"k={backend_key}; p {pepper}; glued:xih-{'A' * 20} and short words")
+    assert backend_key not in out and pepper not in out and "ih-AAAA" not in out
+    assert "short words" in out  # a "secret" under 8 characters would redact ordinary text
+
+
 def test_writer_batches_rows_and_totals_add_up(db_url: str) -> None:
     db = open_database(db_url)
     writer = AuditWriter(db, AuditSettings(batch_size=2), Path(db_url[10:] + ".audit"))

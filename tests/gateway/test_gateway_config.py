@@ -101,12 +101,30 @@ def _minimal(**model: object) -> dict:
         ({"models": [{"name": "m"}]}, "at least one [[models.backends]]"),
         (_minimal(queue_max_depth=-1), ">= 0"),
         ({"gateway": {"max_request_body": 0}, **_minimal()}, "positive integer"),
+        ({"gateway": {"trusted_proxies": ["*"]}, **_minimal()}, "not an IP address or network"),
+        ({"gateway": {"trusted_proxies": "10.0.0.1"}, **_minimal()}, "must be a list"),
+        (
+            {"gateway": {"metrics_token_env": "INHOUSE_TEST_SURELY_UNSET"}, **_minimal()},
+            "$INHOUSE_TEST_SURELY_UNSET is not set",
+        ),
     ],
 )
 def test_mistakes_are_named(data: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(data)
     assert message in str(err.value)
+
+
+def test_proxies_the_metrics_token_and_every_held_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INHOUSE_TEST_TOKEN", "scrape-token-1")
+    data = _minimal()
+    data["models"][0]["backends"][0]["api_key"] = "backend-key-1"
+    gateway = {"trusted_proxies": ["10.0.0.0/8", "::1"], "metrics_token_env": "INHOUSE_TEST_TOKEN"}
+    config = parse_config({"gateway": gateway, **data})
+    assert config.trusted_proxies == ("10.0.0.0/8", "::1")
+    assert config.metrics_token == "scrape-token-1"
+    assert config.held_secrets() == ["backend-key-1", "scrape-token-1"]
+    assert parse_config(_minimal()).metrics_token is None  # /metrics public, as before
 
 
 def test_defaults_keep_a_bounded_queue() -> None:

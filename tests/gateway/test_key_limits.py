@@ -83,7 +83,27 @@ def test_quota_exceeded_waits_for_the_period_unless_it_can_never_fit(
     assert not refused.allowed and refused.reason == "insufficient_quota"
     assert refused.retry_after_s == pytest.approx(86400)
     assert "900 of 1000 used" in refused.message
-    assert quota_exceeded(key, 0, 1001, clock.now, {}).retry_after_s is None
+    assert refused.headers == {
+        "x-ratelimit-limit-quota-tokens": "1000",
+        "x-ratelimit-remaining-quota-tokens": "100",
+        "x-ratelimit-reset-quota-tokens": "24h0m0s",
+        "x-should-retry": "false",  # a day away: no client retry can pass
+    }
+    never = quota_exceeded(key, 0, 1001, clock.now, {})
+    assert never.retry_after_s is None and never.headers["x-should-retry"] == "false"
+    soon, _ = store.create("q-soon", quota_tokens=1000, quota_period_s=30)
+    assert "x-should-retry" not in quota_exceeded(soon, 900, 200, clock.now, {}).headers
+
+
+def test_a_concurrency_refusal_says_the_cap(store: KeyStore, limiter: KeyLimiter) -> None:
+    key, _ = store.create("c-headers", max_concurrent=2)
+    assert limiter.admit(key, 0).allowed and limiter.admit(key, 0).allowed
+    refused = limiter.admit(key, 0)
+    assert refused.reason == "concurrency" and refused.retry_after_s == 1.0
+    assert refused.headers == {
+        "x-ratelimit-limit-concurrency": "2",
+        "x-ratelimit-remaining-concurrency": "0",
+    }
 
 
 def test_an_unmetered_call_takes_a_slot_but_no_request_or_tokens(

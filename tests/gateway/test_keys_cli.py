@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from inhouse.cli import app
+from inhouse.launch.inhouse import inhouse_command
 
 
 def test_create_list_update_revoke(db_url: str) -> None:
@@ -30,3 +35,21 @@ def test_create_list_update_revoke(db_url: str) -> None:
     assert duplicate.exit_code != 0
     audit = runner.invoke(app, ["audit", *db])
     assert audit.exit_code == 0 and "Totals per key" in audit.stdout
+
+
+def test_a_config_the_command_cannot_use_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """A backend's `api_key_env` unset: `inhouse keys create` says so in one line, exit 2."""
+    config = tmp_path / "inhouse.toml"
+    config.write_text(
+        f'[gateway]\ndatabase = "sqlite:///{tmp_path / "gw.db"}"\n[[models]]\nname = "m"\n'
+        '[[models.backends]]\nurl = "http://127.0.0.1:9"\napi_key_env = "INHOUSE_TEST_UNSET"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "INHOUSE_TEST_UNSET"}
+    done = subprocess.run(
+        [*inhouse_command(), "keys", "create", "x", "-c", str(config)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert "$INHOUSE_TEST_UNSET is not set (or is empty)" in line

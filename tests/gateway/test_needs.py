@@ -53,6 +53,29 @@ def test_completions_with_token_ids_and_default_max_tokens() -> None:
     assert needs.reserve(5, needs.output_cap(100, None)) == 105
 
 
+@pytest.mark.parametrize(
+    ("prompt", "prompts"),
+    [("a b", 1), (["a", "b", "c"], 3), ([5, 6, 7], 1), ([[5]] * 100, 100), ([[5, 6], [7]], 2)],
+)
+def test_completions_reserve_the_output_cap_per_prompt_and_per_n(
+    prompt: object, prompts: int
+) -> None:
+    needs = read_needs("completions", {"prompt": prompt, "max_tokens": 40, "n": 2})
+    assert needs.choices == 2 * prompts
+    assert needs.reserve(needs.prompt_bound, 40) == needs.prompt_bound + 40 * 2 * prompts
+
+
+def test_the_context_must_hold_each_prompt_of_a_batch_not_their_sum() -> None:
+    upstream = _upstream("completions", context=100)
+    batch = read_needs("completions", {"prompt": [[1] * 60] * 3, "max_tokens": 30})
+    assert batch.prompt_tokens == 180 and batch.longest() == (60, 60)
+    assert missing_capability(upstream, batch) is None
+    long = read_needs("completions", {"prompt": [[1] * 5, [1] * 80], "max_tokens": 30})
+    assert missing_capability(upstream, long) == (
+        "prompt (~80 tokens) + max_tokens (30) exceeds the model's context of 100 tokens"
+    )
+
+
 def test_embeddings_reserve_only_the_input() -> None:
     needs = read_needs("embeddings", {"input": ["abcd", "efgh"]})
     assert needs.output_cap(1000, None) == 0

@@ -24,6 +24,8 @@ from sqlalchemy import create_engine, text
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
+from inhouse.gateway.releases import BackendRef, NewRelease, ReleaseStore
+from inhouse.gateway.teams import TeamStore
 from serving import Process, audit_rows, burst, free_port, inhouse_command, serve_process
 
 pgserver = pytest.importorskip("pgserver", reason="pip install -e '.[dev]' (pgserver)")
@@ -63,6 +65,10 @@ interval_s = 2
 
 [audit]
 flush_interval_s = 0.2
+
+[cost.hosted]  # a token costs 1: a team's money budget counts tokens
+input_per_million = 1e6
+output_per_million = 1e6
 
 [[models]]
 name = "smol"
@@ -250,3 +256,70 @@ def test_audit_rows_of_both_replicas_land_in_the_one_database(replicas: Replicas
             completion_tokens,
         )
         assert row["status"] == 200 and row["model"] == "smol" and row["backend"] == "b1"
+
+
+def test_promote_and_rollback_apply_on_the_next_request_of_every_replica(
+    replicas: Replicas,
+) -> None:
+    releases = ReleaseStore(open_database(replicas.db_url))
+    first = NewRelease((BackendRef("b1"),))
+    capped = NewRelease((BackendRef("b1"),), max_output=1)  # release 2: b1 capped at 1 token
+    releases.canary("smol", first, capped, 0, 0, "test", "a one-token release")
+    secret = replicas.key("release")
+
+    def ask(replica: int) -> int:
+        reply = replicas.client(replica, secret).chat.completions.create(
+            model="smol", messages=HELLO, max_tokens=4
+        )
+        assert reply.usage is not None
+        return reply.usage.completion_tokens
+
+    assert ask(0) > 1 and ask(1) > 1  # release 1: up to 4 tokens
+    releases.promote("smol", "test", None)  # through neither gateway: the database only
+    assert [ask(1), ask(0)] == [1, 1]
+    releases.rollback("smol", "test", None, to=1)
+    assert ask(1) > 1
+    rows = audit_rows(replicas.db_url, "release", 5)
+    assert [r["release"] for r in rows] == [1, 1, 2, 2, 1]
+
+
+def test_a_team_budget_is_never_oversubscribed_by_its_keys_across_replicas(
+    replicas: Replicas,
+) -> None:
+    budget = 500.0
+    TeamStore(open_database(replicas.db_url)).create("search", 86400, budget=budget)
+    secrets_ = {name: replicas.key(name, team="search") for name in ("alice-t", "bob-t")}
+    results: dict[str, list[tuple[int, int, Any]]] = {name: [] for name in secrets_}
+
+    def hammer(name: str) -> None:  # each key: bursts of 8 across both replicas until refused
+        for _ in range(10):
+            out = burst(replicas.gateway_urls, secrets_[name], 8, model="smol",
+                        messages=PADDED, max_tokens=2)  # fmt: skip
+            results[name] += [(i % 2, status, body) for i, (status, _, body) in enumerate(out)]
+            if any(status != 200 for _, status, _ in results[name]):
+                return
+
+    threads = [threading.Thread(target=hammer, args=(name,)) for name in secrets_]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [r for name in secrets_ for r in results[name]]
+    refusals = {(status, body["code"]) for _, status, body in every if status != 200}
+    assert refusals == {(429, "insufficient_quota")}, "the team budget must run out, and only it"
+    assert {replica for replica, status, _ in every if status == 200} == {0, 1}
+    rows = [
+        row
+        for name in secrets_
+        for row in audit_rows(replicas.db_url, name, len(results[name]))
+        if row["status"] == 200
+    ]
+    assert len(rows) == sum(status == 200 for _, status, _ in every)
+    assert {row["team"] for row in rows} == {"search"}
+    # As for a key's quota: every admission fitted charges + reservations in the budget, and
+    # PADDED's reservation covers its real usage, so the charged total cannot exceed it.
+    assert all(r["prompt_tokens"] + r["completion_tokens"] <= r["reserved_tokens"] for r in rows)
+    charged = sum(row["prompt_tokens"] + row["completion_tokens"] for row in rows)
+    assert budget / 2 < charged <= budget
+    team = TeamStore(open_database(replicas.db_url)).get("search")
+    assert team.used_at(time.time())[1] == pytest.approx(charged)

@@ -81,7 +81,7 @@ def _run(tmp_path: Path, canned: Canned, test: Callable[[Env], Awaitable[None]])
     async def main() -> None:
         async with httpx.AsyncClient() as health:
             checker = HealthChecker(
-                gateway.router.all_backends(), health, config.health, lambda _: None
+                gateway.router.all_backends, health, config.health, lambda _: None
             )
             await checker.check_all()
         transport = httpx.ASGITransport(create_app(gateway))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -27,14 +28,34 @@ def test_admin_key_is_created_once(tmp_path: Path) -> None:
     assert ensure_admin_key(config) is None
 
 
+COST = """
+[cost]
+currency = "CNY"
+[cost.rented]
+gpu_hourly = 2.0
+[cost.hosted]
+input_per_million = 0.3
+output_per_million = 1.2
+"""
+
+
 @pytest.mark.slow
 def test_up_serves_the_bundled_model_behind_the_gateway(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "up.log"
     env = {**os.environ, "INHOUSE_HOME": str(tmp_path / "home")}
+    (tmp_path / "cost.toml").write_text(COST)
     with open(log, "wb") as out:
         up = subprocess.Popen(
-            [*inhouse_command(), "up", "--port", str(port), "--no-embeddings"],
+            [
+                *inhouse_command(),
+                "up",
+                "--port",
+                str(port),
+                "--no-embeddings",
+                "--cost",
+                str(tmp_path / "cost.toml"),
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -50,6 +71,7 @@ def test_up_serves_the_bundled_model_behind_the_gateway(tmp_path: Path) -> None:
             max_tokens=2,
         )
         assert reply.usage.completion_tokens >= 1
+        _bench_through(f"http://127.0.0.1:{port}", secrets[0], tmp_path)
         serve_args = subprocess.run(
             ["ps", "-eo", "args"], capture_output=True, text=True, check=True
         ).stdout
@@ -65,6 +87,53 @@ def test_up_serves_the_bundled_model_behind_the_gateway(tmp_path: Path) -> None:
     assert len(pids) == 1
     with pytest.raises(ProcessLookupError):  # Ctrl-C stopped the replica too
         os.kill(pids[0], 0)
+    _check_cost(tmp_path)
+
+
+QUESTIONS = ("Say hello.", "Name a colour.", "What is 2 + 2?", "Name a fruit.")
+
+
+def _bench_through(url: str, key: str, tmp_path: Path) -> None:
+    """`inhouse bench run` of short questions (answers that stop) through the gateway."""
+    dataset = tmp_path / "questions.jsonl"
+    dataset.write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n" for q in QUESTIONS
+    ))  # fmt: skip
+    done = subprocess.run(
+        [*inhouse_command(), "bench", "run", "--base-url", url, "--model",
+         "SmolLM2-135M-Instruct", "--api-key", key, "--dataset", "jsonl", "--dataset-path",
+         str(dataset), "--num-prompts", "8", "--max-concurrency", "2", "--output-len", "96",
+         "--warmup", "0", "--no-ignore-eos", "--out", str(tmp_path / "bench")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def _check_cost(tmp_path: Path) -> None:
+    """`inhouse cost` on the run just measured: successful tasks and the hosted comparison."""
+    database = f"sqlite:///{tmp_path / 'home' / 'gateway.db'}"
+    result = CliRunner().invoke(
+        app,
+        [
+            "cost",
+            "--since",
+            "1h",
+            "--json",
+            "--cost",
+            str(tmp_path / "cost.toml"),
+            "--database",
+            database,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    traffic = report["traffic"]
+    assert traffic["requests"] >= 9  # the reply above and the bench's 8
+    # Most short questions stop on their own; a repeated question comes from the same key,
+    # but seconds apart only when the bench cycles the four: inside the 60 s retry window.
+    assert 1 <= traffic["successful_tasks"] < traffic["requests"]
+    assert report["hosted"] > 0 and report["per_successful_task"] > report["per_request"]
+    assert report["hosted_per_successful_task"] > 0
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

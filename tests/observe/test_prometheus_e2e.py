@@ -1,14 +1,17 @@
 """A real Prometheus scraping a live gateway and, through its service discovery, the
 `inhouse serve` behind it, with the generated rules (short windows) loaded.
 
-After traffic, PromQL over the HTTP API returns the request rate, TTFT p99, KV usage and
-per-key tokens; every dashboard query returns data; a long-prompt burst against a tiny KV
-cache fires the KV alert; killing the backend fires the backend-down alert.
+After traffic, PromQL over the HTTP API returns the request rate, TTFT p99, KV usage,
+per-key tokens and a team's spent budget (its alert fires); every dashboard query returns
+data; a long-prompt burst against a tiny KV cache fires the KV alert; killing the backend
+fires the backend-down alert; a canary whose candidate is down is rolled back by the
+guardrail, which fires the release alert.
 """
 
 from __future__ import annotations
 
 import secrets
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +25,7 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
+from inhouse.gateway.teams import TeamStore
 from inhouse.observe.dashboard import queries
 from inhouse.observe.rules import AlertThresholds, rules_yaml
 from inhouse.observe.scrape import prometheus_yaml
@@ -76,6 +80,9 @@ failures_to_down = 1
 [audit]
 flush_interval_s = 0.2
 
+[releases]
+guard_interval_s = 0.5
+
 [[models]]
 name = "smol"
 
@@ -126,7 +133,9 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
         base / "prometheus.log",
     )  # fmt: skip
     store = KeyStore(open_database(db_url), load_pepper(load_config(config_path)))
-    _, team = store.create("team-a")
+    # team-a's traffic overruns its team's warn-only quota: the budget alert, no refusal
+    TeamStore(open_database(db_url)).create("search", 86400, quota_tokens=500, hard_stop=False)
+    _, team = store.create("team-a", team="search")
     _, tight = store.create("tight", rpm=1)
     procs = [backend, gateway, prometheus]
     try:
@@ -146,6 +155,21 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     finally:
         for proc in procs:
             proc.stop()
+
+
+def test_a_guardrail_rollback_fires_the_release_alert(observed: Observed) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = observed.plots / "inhouse.toml"
+    canary = [*inhouse_command(), "release", "canary", "smol", "--backend", dead,
+              "--percent", "100", "--config", str(config)]  # fmt: skip
+    done = subprocess.run(canary, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    chat = {"model": "smol", "messages": [{"role": "user", "content": "Say hello."}]}
+    (reply,) = burst([observed.gateway], observed.team_secret, 1, **chat, max_tokens=1)
+    assert reply[0] == 200  # the candidate refused the connection: the stable answered
+    observed.wait_firing("InhouseReleaseRolledBack", 30)
+    (alert,) = observed.firing("InhouseReleaseRolledBack")
+    assert (alert["labels"]["model_name"], alert["labels"]["reason"]) == ("smol", "candidate_down")
 
 
 def test_metrics_alerts_and_dashboard_against_a_live_prometheus(observed: Observed) -> None:
@@ -196,6 +220,11 @@ def test_metrics_alerts_and_dashboard_against_a_live_prometheus(observed: Observ
     assert float(creep["value"][1]) == pytest.approx(mean, rel=0.05)
     rejected = observed.query("sum by (key_name, reason) (inhouse:gateway_rejections_total)")
     assert {r["metric"]["key_name"] for r in rejected} == {"tight"}
+    spent = observed.query("inhouse:gateway_team_budget_used_ratio")
+    assert [(r["metric"]["team"], r["metric"]["budget"]) for r in spent] == [("search", "tokens")]
+    assert float(spent[0]["value"][1]) > 1
+    observed.wait_firing("InhouseTeamBudgetSpent", 10)
+    assert not observed.firing("InhouseTeamBudgetNearlySpent")  # past 100 %: the other alert
 
     empty = []
     for expr in queries():

@@ -60,6 +60,20 @@ def test_client_errors_come_before_the_503(loading_client: TestClient) -> None:
     assert error_of(wrong_method)["message"]
 
 
+@pytest.mark.parametrize("raw", [b"null", b"0", b"1.5", b"true", b'"text"', b"[]", b"[{}]"])
+def test_a_body_that_is_not_an_object_is_400_on_every_post_route(
+    loading_client: TestClient, raw: bytes
+) -> None:
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize"):
+        response = loading_client.post(
+            path, content=raw, headers={"Content-Type": "application/json"}
+        )
+        assert response.status_code == 400, (path, response.text)
+        assert error_of(response)["message"] == "The request body must be a JSON object."
+    detokenize = loading_client.post("/detokenize", content=raw)
+    assert detokenize.status_code == 400, detokenize.text
+
+
 def test_missing_key_is_401_but_health_and_metrics_are_open() -> None:
     ctx = ServerContext.create(ServerConfig(api_key="k"), "m")
     client = TestClient(build_app(ctx))

@@ -44,3 +44,31 @@ def test_a_dead_engine_makes_the_server_unhealthy_and_503() -> None:
         assert response.json()["error"]["type"] == "service_unavailable"
     health = client.get("/health")
     assert health.status_code == 503 and health.json()["status"] == "dead"
+
+
+def test_a_dead_engine_ends_a_streamed_batch_with_an_error_event() -> None:
+    """A streamed /v1/completions batch merges its prompts' streams; one that failed left
+    the merge waiting for its end forever, and the client with it."""
+    ctx = ServerContext.create(ServerConfig(), "m")
+    ContextLoader(EngineConfig(max_model_len=256, kv_cache_memory=16 * 2**20))(ctx)
+    assert ctx.engine is not None
+    client = TestClient(build_app(ctx))
+    body = {"prompt": ["a", "b"], "max_tokens": 200, "ignore_eos": True, "stream": True}
+    lines: list[str] = []
+
+    def read() -> None:
+        with client.stream("POST", "/v1/completions", json=body) as sse:
+            lines.extend(sse.iter_lines())
+
+    in_flight = threading.Thread(target=read, daemon=True)
+    in_flight.start()
+    for _ in range(1200):  # bounded (60 s), as above
+        if ctx.engine.stats().num_running:
+            break
+        in_flight.join(0.05)
+    asyncio.run(ctx.engine.shutdown())
+    in_flight.join(30)
+    assert not in_flight.is_alive(), "the stream never ended"
+    events = [line for line in lines if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert '"error"' in events[-2], events[-2]

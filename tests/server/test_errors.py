@@ -154,3 +154,24 @@ def test_a_bad_prompt_in_a_batch_fails_the_batch_and_leaves_nothing_running(
 def _running_line(server: RunningServer) -> str:
     metrics = httpx.get(f"{server.base_url}/metrics").text.splitlines()
     return next(line for line in metrics if line.startswith("inhouse:num_requests_running{"))
+
+
+def test_a_client_leaving_a_streamed_batch_stops_it_without_an_error(
+    server: RunningServer,
+) -> None:
+    """The pumps of a streamed batch were still iterating their streams when the
+    disconnect closed them: "aclose(): asynchronous generator is already running", logged
+    as an error while streaming."""
+    body = {"model": MODEL, "prompt": ["a", "b", "c"], "max_tokens": 300, "ignore_eos": True}
+    log = server.served.process.log
+    logged = len(log.read_text())
+    with server.http().stream("POST", "/v1/completions", json={**body, "stream": True}) as sse:
+        lines = sse.iter_lines()
+        while not next(lines).startswith("data: {"):
+            pass
+    deadline = time.monotonic() + 5  # aborted at the next steps, not after 300 tokens
+    while (line := _running_line(server)).split()[-1] != "0.0":
+        assert time.monotonic() < deadline, line
+        time.sleep(0.1)
+    time.sleep(0.5)  # past serve's disconnect poll
+    assert "error while streaming" not in log.read_text()[logged:]

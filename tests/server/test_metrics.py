@@ -15,15 +15,18 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
+EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
 
 def scrape(server: RunningServer) -> dict[str, float]:
-    """Every sample as ``name{label=value,...}`` -> value (model_name checked and dropped)."""
+    """Every sample as ``name{label=value,...}`` -> value (model_name checked and dropped:
+    the embedding model's series carry its name)."""
     text = httpx.get(f"{server.base_url}/metrics").text
     samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            assert s.labels.get("model_name") == MODEL, s
+            embedding = s.name.startswith("inhouse:embedding_")
+            assert s.labels.get("model_name") == (EMBEDDING_MODEL if embedding else MODEL), s
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name")
             samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return samples

@@ -10,6 +10,8 @@ from typing import Any
 from inhouse.api.bounds import MAX_JSON_DEPTH
 from inhouse.api.errors import APIError, invalid_request
 
+NOT_AN_OBJECT = "The request body must be a JSON object."
+
 
 def json_object(raw: bytes) -> dict[str, Any]:
     """The body parsed as a JSON object, or a 400 saying what is wrong with it."""
@@ -20,7 +22,7 @@ def json_object(raw: bytes) -> dict[str, Any]:
     except ValueError:
         raise invalid_request("The request body is not valid JSON.") from None
     if not isinstance(body, dict):
-        raise invalid_request("The request body must be a JSON object.")
+        raise invalid_request(NOT_AN_OBJECT)
     return body
 
 
@@ -31,8 +33,9 @@ def too_deep() -> APIError:
 
 def tree_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
     """Why a parsed JSON value cannot be served (too deep, or a string that is not
-    valid Unicode, with where it is), or None. Walks level by level, without recursion."""
-    level, depth = [value], 0
+    valid Unicode, with where it is), or None; a scalar has no such problem. Walks level
+    by level, without recursion."""
+    level, depth = ([value] if isinstance(value, dict | list) else []), 0
     while level:
         depth += 1
         below: list[Any] = []

@@ -25,6 +25,13 @@ MAX_TOKEN_ID = INT32_MAX  # vocabularies are far smaller; the engine checks the 
 MAX_TOP_K = INT32_MAX  # top-k above the vocabulary keeps every token
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit, vLLM's default max_logprobs
 MAX_STOP_STRINGS = 16
+# Characters in one stop string: real ones are a few words. The engine scans the text's
+# tail for each at every step and holds back from a stream what may begin one, so the
+# cost grows with the length (1 MiB passed unchecked before).
+MAX_STOP_STRING_CHARS = 256
+# Prompts in one /v1/completions batch: each is its own engine request (times n), so a
+# batch is bounded like a batch of sequences; OpenAI sets no number, vLLM none.
+MAX_COMPLETION_PROMPTS = 256
 MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS_ENTRIES = 1024
 LOGIT_BIAS_RANGE = (-100.0, 100.0)  # OpenAI's
@@ -71,6 +78,6 @@ LogitBias = Annotated[
     ),
 ]
 StopTokenIds = Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]
-StopString = Annotated[str, Field(min_length=1)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 Dimensions = Annotated[int, Field(ge=1, le=MAX_EMBEDDING_DIMENSIONS, strict=True)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from inhouse.api.bounds import DEFAULT_CHAT_MAX_TOKENS, Logprobs, OutputTokens
 from inhouse.api.common import ProtocolModel, SamplingFields, Usage
@@ -140,6 +140,19 @@ class ChatFields(SamplingFields):
         return self.max_completion_tokens or self.max_tokens
 
 
+# What ``chat_template_kwargs`` may not set: the ``messages`` the template reads and the
+# parameters of transformers' ``apply_chat_template``, which the server sets itself or
+# which change what it returns.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages", "conversation", "tools", "documents", "chat_template",
+        "add_generation_prompt", "continue_final_message", "tokenize",
+        "sanitize_control_tokens", "padding", "truncation", "max_length", "return_tensors",
+        "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "kwargs",
+    }
+)  # fmt: skip
+
+
 class ChatCompletionRequest(ChatFields):
     """The body of ``POST /v1/chat/completions``."""
 
@@ -150,6 +163,17 @@ class ChatCompletionRequest(ChatFields):
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _check_template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(RESERVED_TEMPLATE_KWARGS.intersection(value or {}))
+        if taken:
+            raise ValueError(
+                f"cannot set {taken[0]!r}, which the server passes to the chat template"
+                " itself; use the request's messages, tools and add_generation_prompt"
+            )
+        return value
 
     @model_validator(mode="after")
     def _check_tool_choice(self) -> ChatCompletionRequest:

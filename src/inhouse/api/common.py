@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from inhouse.api.body import tree_problem
+from inhouse.api.body import NOT_AN_OBJECT, tree_problem
 from inhouse.api.bounds import (
     DEFAULT_MIN_TOKENS,
     DEFAULT_N,
@@ -26,18 +26,28 @@ from inhouse.api.bounds import (
 
 
 class ProtocolModel(BaseModel):
-    """Base of request models: unknown fields are ignored, as vLLM and OpenAI SDKs expect."""
+    """Base of request models: unknown fields are ignored, as vLLM and OpenAI SDKs expect,
+    and a field sent as ``null`` is a field left out (it gets its documented default)."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        if isinstance(data, dict) and None in data.values():
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
 
 class RequestModel(ProtocolModel):
-    """A whole request body: refused before field checks if it is nested too deep or
-    holds text that is not valid Unicode."""
+    """A whole request body: refused before field checks if it is not a JSON object, is
+    nested too deep or holds text that is not valid Unicode."""
 
     @model_validator(mode="before")
     @classmethod
     def _check_tree(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValueError(NOT_AN_OBJECT)
         problem = tree_problem(data)
         if problem is not None:
             raise ValueError(problem)

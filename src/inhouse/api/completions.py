@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from inhouse.api.bounds import (
     DEFAULT_COMPLETIONS_MAX_TOKENS,
+    MAX_COMPLETION_PROMPTS,
     Choices,
     Logprobs,
     OutputTokens,
@@ -23,9 +24,9 @@ class CompletionRequest(SamplingFields):
 
     prompt: (
         str
-        | Annotated[list[str], Field(min_length=1)]
+        | Annotated[list[str], Field(min_length=1, max_length=MAX_COMPLETION_PROMPTS)]
         | TokenIds
-        | Annotated[list[TokenIds], Field(min_length=1)]
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_COMPLETION_PROMPTS)]
     )
     max_tokens: OutputTokens | None = DEFAULT_COMPLETIONS_MAX_TOKENS
     max_completion_tokens: OutputTokens | None = None  # the chat name, taken here too

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from inhouse.api.field_errors import describe
+
 
 class ErrorDetail(BaseModel):
     """The inner object of an OpenAI error body."""
@@ -59,21 +61,9 @@ def invalid_request(message: str, param: str | None = None, code: str | None = N
 
 def invalid_fields(errors: Sequence[Mapping[str, Any]]) -> APIError:
     """A 400 naming the first field pydantic refused, in plain words without its internals
-    (``errors`` as ``ValidationError.errors()`` gives them; a leading ``body`` is dropped)."""
-    first = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    kind = first.get("type", "")
-    if kind == "json_invalid":
-        return invalid_request("The request body is not valid JSON.")
-    if kind == "missing" and not loc:
-        return invalid_request("The request needs a JSON body.")
-    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
-    param = ".".join(loc) or None
-    if kind == "missing":
-        message = f"'{param}' is a required property."
-    elif param:
-        message = f"Invalid value for '{param}': {message}"
-    return invalid_request(message, param=loc[0] if loc else None)
+    (``errors`` as ``ValidationError.errors()`` gives them)."""
+    message, param = describe(errors)
+    return invalid_request(message, param=param)
 
 
 def authentication_error(message: str = "Incorrect API key provided.") -> APIError:

@@ -1,4 +1,5 @@
-"""Engine counters and per-request timings, read by the server's /metrics."""
+"""Engine and embedding-model counters and per-request timings, read by the server's
+/metrics."""
 
 from __future__ import annotations
 
@@ -56,3 +57,12 @@ class RequestTiming:
     @property
     def e2e_latency(self) -> float:
         return self.finished_time - self.arrival_time
+
+
+@dataclass(slots=True, frozen=True)
+class EmbeddingStats:
+    """A snapshot of the embedding scheduler: its queue and what it has computed."""
+
+    unfinished: int  # requests queued or running
+    inputs: int  # inputs embedded since start
+    tokens: int  # tokens those inputs held

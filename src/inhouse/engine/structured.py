@@ -17,6 +17,7 @@ a structured request, and those that do pay it once.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -50,8 +51,13 @@ ANY_JSON_OBJECT: dict[str, Any] = {
 # repeats itself still has to close the JSON; anything within them validates.
 DEFAULT_MAX_STRING_LENGTH = 256
 DEFAULT_MAX_ITEMS = 64
+# xgrammar keeps every compiled grammar (token masks per grammar state) unless bounded:
+# 300 distinct six-key schemas held 106 MB (~0.35 MB each), so a fuzzer's thousands held
+# most of a GB. Past this, the least recently used are evicted (and compiled again).
+GRAMMAR_CACHE_BYTES = 32 * 2**20
 _LITERAL_KEYS = frozenset({"const", "enum", "default", "examples"})
 _STRING_LIMITS = ("maxLength", "enum", "const", "pattern", "format")
+_LOG_PREFIX = re.compile(r"^\[[\d:.]+\]\s*(\S+:\d+:\s*)?")
 
 
 class GrammarError(ValueError):
@@ -104,7 +110,8 @@ class CompiledGuide:
 
 
 class GrammarCompiler:
-    """Compiles JSON schemas against one tokenizer (thread-safe; compiled grammars are cached).
+    """Compiles JSON schemas against one tokenizer (thread-safe; compiled grammars are
+    cached, up to ``GRAMMAR_CACHE_BYTES``).
 
     Cheap to build: xgrammar and its view of the tokenizer are set up by the first compile.
     """
@@ -135,7 +142,9 @@ class GrammarCompiler:
                     vocab_size=self._vocab_size,
                     stop_token_ids=self._stop_token_ids,
                 )
-                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+                self._compiler = xgr.GrammarCompiler(
+                    info, max_threads=1, cache_limit_bytes=GRAMMAR_CACHE_BYTES
+                )
             return self._compiler
 
     def json_schema(self, schema: dict[str, Any], strict: bool = True) -> CompiledGuide:
@@ -152,7 +161,7 @@ class GrammarCompiler:
                 json.dumps(schema), any_whitespace=False, strict_mode=strict
             )
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise GrammarError(f"the JSON schema cannot be enforced: {_first_line(exc)}") from exc
+            raise GrammarError(f"The JSON schema cannot be enforced: {_reason(exc)}.") from exc
         return CompiledGuide(compiled, self._vocab_size)
 
     def json_object(self) -> CompiledGuide:
@@ -183,6 +192,9 @@ def bounded(schema: Any, max_string_length: int, max_items: int) -> Any:
     return out
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def _reason(exc: BaseException) -> str:
+    """xgrammar's reason, without the time and C++ source line it starts with
+    (``[14:26:17] /project/cpp/json_schema_converter.cc:5082: Unsupported type "x"``)."""
+    lines = str(exc).strip().splitlines()
+    reason = _LOG_PREFIX.sub("", lines[0]).strip().rstrip(".") if lines else ""
+    return reason or "xgrammar does not support it"

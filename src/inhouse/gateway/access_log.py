@@ -1,6 +1,7 @@
 """The gateway's access log: one line per request, written in batches.
 
-A line is `client - "METHOD /path HTTP/1.1" status 1.2ms`. It holds the path only,
+A line is `client - "METHOD /path HTTP/1.1" status 1.2ms`, then the request's extra
+fields as `name=value` (`release=smol@2`: the release that answered). It holds the path only,
 never the query string (where a careless client puts its key), and no header.
 Lines are joined and written at most every `flush_after_s`: one write per batch
 instead of a logging record and a write per request (uvicorn's access log costs
@@ -25,13 +26,16 @@ class AccessLog:
         self._lines: list[str] = []
         self._scheduled = False
 
-    def write(self, scope: Scope, status: int, seconds: float) -> None:
+    def write(
+        self, scope: Scope, status: int, seconds: float, fields: dict[str, str] | None = None
+    ) -> None:
         """Note one answered request (from the event loop)."""
         client = scope.get("client")
         who = f"{client[0]}:{client[1]}" if client else "-"
+        extra = "".join(f" {k}={v}" for k, v in fields.items()) if fields else ""
         self._lines.append(
             f'{who} - "{scope["method"]} {scope["path"]} HTTP/{scope["http_version"]}"'
-            f" {status} {seconds * 1000:.1f}ms\n"
+            f" {status} {seconds * 1000:.1f}ms{extra}\n"
         )
         if not self._scheduled:
             self._scheduled = True

@@ -7,12 +7,14 @@ import asyncio
 from dataclasses import dataclass
 
 from inhouse.api.errors import APIError
+from inhouse.cost.settings import TokenPrices
 from inhouse.gateway.call import Call
 from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.limits import Admission, KeyLimiter, LimitCalls, limit_error, quota_exceeded
 from inhouse.gateway.parse import Parsed
 from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
+from inhouse.gateway.teams import TeamStore, team_exhausted
 from inhouse.gateway.tokens import budget
 
 UNMETERED_ENDPOINTS = frozenset({"tokenize", "detokenize"})  # no model runs: no RPM, TPM, quota
@@ -36,6 +38,8 @@ class Admitter:
     limits: LimitCalls
     router: Router
     upstreams: UpstreamClients
+    teams: TeamStore
+    prices: TokenPrices
 
     async def admit(
         self, key: ApiKey, request: Parsed, ts: float, started: float, prompt_text: str | None
@@ -48,13 +52,32 @@ class Admitter:
         admission = await self.limits(self.limiter.admit, key, reserve, metered)
         if admission.allowed and metered and key.quota_tokens is not None:
             admission = await self._reserve_quota(key, reserve, ts, admission.headers)
+        hold = None
+        if admission.allowed and metered and key.team is not None:
+            hold = (reserve, self.prices.of(prompt, cap))
+            admission, held = await self._reserve_team(key, hold, ts, admission.headers)
+            hold = hold if held else None
         if not admission.allowed:
             error = limit_error(admission.reason or "requests", admission.message)
             return Refusal(error, admission.headers, admission.retry_after_s)
         return Call(
             key, route, endpoint, needs, prompt, cap, reserve, bool(body.get("stream")), ts,
-            started, admission.headers, prompt_text, metered=metered,
+            started, admission.headers, prompt_text, metered=metered, team_hold=hold,
         )  # fmt: skip
+
+    async def _reserve_team(
+        self, key: ApiKey, hold: tuple[int, float], ts: float, headers: dict[str, str]
+    ) -> tuple[Admission, bool]:
+        """Hold the request's tokens and money in its team (and whether anything is held),
+        or undo the key's admission."""
+        assert key.team is not None
+        held, refused = await asyncio.to_thread(self.teams.reserve, key.team, *hold, ts)
+        if refused is None:
+            return Admission(True, headers=headers), held
+        if key.quota_tokens is not None:
+            await asyncio.to_thread(self.keys.settle_quota, key, ts, hold[0], 0)
+        await self.limits(self.limiter.withdraw, key, hold[0])
+        return team_exhausted(refused, hold, ts, headers), False
 
     async def _reserve_quota(
         self, key: ApiKey, reserve: int, ts: float, headers: dict[str, str]

@@ -19,16 +19,21 @@ from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.audit import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
 from inhouse.gateway.config import GatewayConfig, default_state_dir
+from inhouse.gateway.console.install import install_console
 from inhouse.gateway.db import open_database, sqlite_path
 from inhouse.gateway.front import GatewayFront
 from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
+from inhouse.gateway.guardrail import Guardrail
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.limits import KeyLimiter
 from inhouse.gateway.metrics import GatewayMetrics, scrape_targets
 from inhouse.gateway.openapi import install_openapi
 from inhouse.gateway.proxy import UpstreamClients
+from inhouse.gateway.releases import ReleaseStore
 from inhouse.gateway.routing import Router
+from inhouse.gateway.scrape_auth import may_scrape, public_health, scrape_refused
+from inhouse.gateway.teams import TeamStore
 from inhouse.http_errors import install_error_handlers
 
 
@@ -47,6 +52,9 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
         GatewayMetrics(config.audit.creep_window, [m.name for m in config.models]),
         UpstreamClients(),
         limits_block=config.shared_limits,
+        releases=ReleaseStore(db, clock),
+        teams=TeamStore(db, clock),
+        db=db,
     )
 
 
@@ -73,9 +81,14 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         health_client = httpx.AsyncClient()
         checker = HealthChecker(
-            gateway.router.all_backends(), health_client, gateway.config.health, on_health_change
+            gateway.router.all_backends, health_client, gateway.config.health, on_health_change
         )
-        tasks = [asyncio.create_task(checker.run()), asyncio.create_task(gateway.audit.run())]
+        guardrail = Guardrail(
+            gateway.releases.store, gateway.release_metrics, gateway.releases.candidates,
+            gateway.config.releases.guard_interval_s,
+        )  # fmt: skip
+        loops = (checker.run(), gateway.audit.run(), guardrail.run())
+        tasks = [asyncio.create_task(loop) for loop in loops]
         try:
             yield
         finally:
@@ -92,10 +105,11 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
     app = FastAPI(title="inhouse gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     install_openapi(app)
+    install_console(app, gateway)
 
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:
-        key = await gateway.authenticate(request.headers.get("authorization", ""))
+        key = await gateway.authenticate(request.headers.getlist("authorization"))
         now = int(time.time())
         cards = [
             ModelCard(id=r.name, created=now, owned_by="inhouse")
@@ -105,20 +119,27 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
         return ModelList(data=cards)
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
         status, body = gateway.router.health()
+        if not may_scrape(gateway.config, request):
+            body = public_health(body)
         return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if not may_scrape(gateway.config, request):
+            return scrape_refused()
         gateway.metrics.observe_backends(gateway.router.all_backends())
         for name in gateway.router.routes:
             gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
+        gateway.metrics.observe_teams(await asyncio.to_thread(gateway.teams.list), time.time())
         return Response(gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     @app.get("/metrics/targets")
-    async def metrics_targets() -> JSONResponse:
+    async def metrics_targets(request: Request) -> Response:
         """The backends' /metrics for Prometheus' HTTP service discovery (no keys in it)."""
+        if not may_scrape(gateway.config, request):
+            return scrape_refused()
         return JSONResponse(scrape_targets(gateway.router.all_backends()))
 
     return BodySizeLimit(GatewayFront(gateway, app, access_log), gateway.config.max_request_body)

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Boolean, Column, Engine, Float, Integer, case, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
+from inhouse.gateway import rollup
 from inhouse.gateway.config import AuditSettings
 from inhouse.gateway.db import audit_log, audit_segments
 from inhouse.gateway.journal import REJECTED, Journal, Segment
@@ -30,7 +31,8 @@ log = logging.getLogger("inhouse.gateway.audit")
 SEGMENT_ROWS = 100_000
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 DEFAULT_REDACTIONS = (
-    r"\b(?:ih|sk)-[A-Za-z0-9_\-]{16,}",
+    r"ih-[A-Za-z0-9_\-]{16,}",  # a gateway key, even glued to the word before it
+    r"\bsk-[A-Za-z0-9_\-]{16,}",
     r"(?i)bearer\s+[A-Za-z0-9._\-]+",
     r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}",
     r"\+?\d[\d \-]{8,}\d",
@@ -58,16 +60,28 @@ class AuditRecord:
     fallback_used: bool = False
     prompt_text: str | None = None
     completion_text: str | None = None
+    release: int | None = None
+    json_valid: bool | None = None
+    team: str | None = None
+    prompt_hash: str | None = None
 
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))
 
 
-class Redactor:
-    """Replaces secrets and personal data in logged text with `[redacted]`."""
+MIN_SECRET_CHARS = 8  # a shorter "secret" would redact ordinary words, and guards nothing
 
-    def __init__(self, extra_patterns: Iterable[str] = ()) -> None:
-        self._patterns = [re.compile(p) for p in (*DEFAULT_REDACTIONS, *extra_patterns)]
+
+class Redactor:
+    """Replaces secrets and personal data in logged text with `[redacted]`: the default
+    patterns, the configured ones, and each literal secret the gateway holds (`secrets`:
+    backend keys, the pepper, the metrics token; those under `MIN_SECRET_CHARS` are left
+    out)."""
+
+    def __init__(self, extra_patterns: Iterable[str] = (), secrets: Iterable[str] = ()) -> None:
+        held = sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS}, key=len, reverse=True)
+        literal = ["|".join(map(re.escape, held))] if held else []
+        self._patterns = [re.compile(p) for p in (*literal, *DEFAULT_REDACTIONS, *extra_patterns)]
 
     def __call__(self, text: str) -> str:
         for pattern in self._patterns:
@@ -140,6 +154,7 @@ class AuditWriter:
                 conn.execute(insert(audit_segments), {"name": segment.name})
                 for start in range(0, len(rows), self._settings.batch_size):
                     conn.execute(insert(audit_log), rows[start : start + self._settings.batch_size])
+                rollup.add(conn, rows)
         except OperationalError as exc:
             if not self._outage_logged:
                 log.error("audit: database unavailable (%s); rows wait in the journal",
@@ -161,6 +176,7 @@ class AuditWriter:
             try:
                 with self._db.begin() as conn:
                     conn.execute(insert(audit_log), row)
+                    rollup.add(conn, [row])
             except OperationalError:
                 return False
             except Exception as exc:
@@ -202,7 +218,7 @@ def _cleaner(column: Column[Any]) -> Callable[[Any], Any]:
     `type(v) is int` also turns away bools; the common case costs one check."""
     missing = None if column.nullable else 0
     if isinstance(column.type, Boolean):
-        return bool
+        return (lambda v: None if v is None else bool(v)) if column.nullable else bool
     if isinstance(column.type, Integer):
         return lambda v: min(max(v, INT64_MIN), INT64_MAX) if type(v) is int else missing
     if isinstance(column.type, Float):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
-from inhouse.api.errors import authentication_error
+from inhouse.api.errors import APIError, authentication_error, invalid_request
 from inhouse.gateway.keys import ApiKey, AuthError, KeyStore
 
 AUTH_MESSAGES = {
@@ -15,12 +16,29 @@ AUTH_MESSAGES = {
 }
 
 
-async def authenticate(keys: KeyStore, header: str) -> ApiKey:
-    """The key a `Bearer` header presents, or a 401 APIError saying what is wrong with it.
+def authorization_values(headers: Sequence[tuple[bytes, bytes]]) -> list[str]:
+    """Every Authorization header of an ASGI scope's raw headers, in order."""
+    return [value.decode("latin-1") for name, value in headers if name == b"authorization"]
+
+
+def several_authorizations(count: int) -> APIError:
+    """400 for a request with more than one Authorization header: which one a proxy in
+    front, the gateway and a backend would each take is not certain, so none is taken."""
+    return invalid_request(
+        f"the request has {count} Authorization headers: send exactly one",
+        code="multiple_authorization_headers",
+    )
+
+
+async def authenticate(keys: KeyStore, headers: Sequence[str]) -> ApiKey:
+    """The key the one `Bearer` header of `headers` presents, or an APIError: 400 for several
+    headers, 401 saying what is wrong with the key.
 
     A store whose lookups stay in memory answers inline; one that may query the
     database runs in a thread, off the event loop."""
-    scheme, _, secret = header.partition(" ")
+    if len(headers) > 1:
+        raise several_authorizations(len(headers))
+    scheme, _, secret = (headers[0] if headers else "").partition(" ")
     presented = secret.strip() if scheme.lower() == "bearer" else None
     try:
         if keys.lookup_is_local:

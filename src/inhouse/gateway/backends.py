@@ -103,11 +103,12 @@ def probe_request(upstream: Upstream) -> tuple[str, dict[str, object]]:
 
 
 class HealthChecker:
-    """Checks every backend each interval and tells the router when a state changes."""
+    """Checks every backend (those `backends` returns at each round) each interval and
+    tells the router when a state changes."""
 
     def __init__(
         self,
-        backends: list[Backend],
+        backends: Callable[[], list[Backend]],
         client: httpx.AsyncClient,
         settings: HealthSettings,
         on_change: Callable[[Backend], None],
@@ -126,7 +127,7 @@ class HealthChecker:
             await asyncio.sleep(self._settings.interval_s)
 
     async def check_all(self) -> None:
-        await asyncio.gather(*(self.check(b) for b in self._backends))
+        await asyncio.gather(*(self.check(b) for b in self._backends()))
 
     async def check(self, backend: Backend) -> None:
         try:

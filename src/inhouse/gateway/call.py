@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from inhouse.gateway.canary import ReleasePick
 from inhouse.gateway.config import ModelRoute
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import Needs
 from inhouse.gateway.routing import Lease
 from inhouse.wire.openai import Usage
+
+if TYPE_CHECKING:
+    from inhouse.gateway.shadow import ShadowTicket
 
 
 @dataclass(slots=True)
@@ -23,7 +28,7 @@ class Outcome:
     content_chunks: int = 0  # chunks that carried generated text or a tool call
     finish_reason: str | None = None
     first_token_at: float | None = None
-    text: list[str] | None = None  # kept only for keys that log content
+    text: list[str] | None = None  # kept for keys that log content, and to compare shadows
 
     def read_usage(self, usage: Usage | None) -> None:
         """Take the counts the upstream reported."""
@@ -55,6 +60,20 @@ class Call:
     settled: bool = False
     client_left: bool = False
     metered: bool = True  # False: runs no model, charges no tokens (/tokenize, /detokenize)
+    release: ReleasePick | None = None  # None while the model has no releases
+    shadow: ShadowTicket | None = None  # the mirrored copy waiting for this call's outcome
+    team_hold: tuple[int, float] | None = None  # tokens and money held in the key's team
+    prompt_hash: str | None = None  # peppered hash of the prompt: tells a retry (audit)
+
+    @property
+    def checks_json(self) -> bool:
+        """Whether the answer is checked for valid JSON (json_schema, a model with releases)."""
+        return self.release is not None and "json_schema" in self.needs.features
+
+    @property
+    def keeps_text(self) -> bool:
+        """Whether the answer's text is collected (it is stored only for `log_content`)."""
+        return self.key.log_content or self.shadow is not None or self.checks_json
 
     def leave(self) -> None:
         """Note that the client disconnected before its answer."""

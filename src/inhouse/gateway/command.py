@@ -38,10 +38,9 @@ def gateway_command(
     """Run the authenticated gateway (keys, limits, audit, routing, health, fallback)."""
     import dataclasses
 
-    from inhouse.gateway.config import load_config
     from inhouse.gateway.serve import run_gateway
 
-    settings = load_config(config)
+    settings = _load_config(config)
     given = (("host", host), ("port", port), ("access_log", access_log))
     overrides = {k: v for k, v in given if v is not None}
     run_gateway(dataclasses.replace(settings, **overrides))
@@ -60,7 +59,7 @@ def audit_command(
     from inhouse.gateway.audit import recent_rows, totals_by_key
     from inhouse.gateway.db import open_database
 
-    db = open_database(_settings(config, database).database)
+    db = open_database(settings_for(config, database).database)
     console = Console()
     recent = Table(title=f"Last {limit} requests")
     columns = ("time", "key", "model", "backend", "status", "prompt", "completion", "ms", "finish")
@@ -103,11 +102,17 @@ def keys_create(
     log_content: Annotated[
         bool, typer.Option(help="Store redacted prompt/completion text.")
     ] = False,
+    team: Annotated[
+        str | None, typer.Option(help="The team whose quota and budget it shares.")
+    ] = None,
+    admin: Annotated[bool, typer.Option(help="May use the admin console and API.")] = False,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
     """Create a key; its secret is printed once and never stored."""
     store = _store(config, database)
+    if team is not None:
+        _ensure_team(config, database, team)
     values: dict[str, Any] = {
         "rpm": rpm,
         "tpm": tpm,
@@ -118,6 +123,8 @@ def keys_create(
         "models": _models(models),
         "allow_fallback": not no_fallback,
         "log_content": log_content,
+        "team": team,
+        "admin": admin,
     }
     try:
         key, secret = store.create(name, **values)
@@ -142,7 +149,7 @@ def keys_list(config: ConfigOption = None, database: DatabaseOption = None) -> N
     now = time.time()
     for key in _store(config, database).list():
         table.add_row(
-            key.name,
+            key.name + (f" @{key.team}" if key.team else "") + (" (admin)" if key.admin else ""),
             _state(key, now),
             _time(key.created_at),
             _time(key.expires_at) if key.expires_at else "never",
@@ -174,11 +181,17 @@ def keys_update(
     models: Annotated[str | None, typer.Option(help="Comma-separated models, or 'all'.")] = None,
     fallback: Annotated[bool | None, typer.Option(help="Allow fallback endpoints.")] = None,
     log_content: Annotated[bool | None, typer.Option(help="Store redacted text.")] = None,
+    team: Annotated[str | None, typer.Option(help="Move to this team ('none': no team).")] = None,
+    admin: Annotated[bool | None, typer.Option(help="May use the admin console and API.")] = None,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
     """Change a key's limits; applies from its next request."""
     changes: dict[str, Any] = {}
+    if team is not None:
+        changes["team"] = None if team == "none" else team
+        if team != "none":
+            _ensure_team(config, database, team)
     for field, value in (
         ("rpm", rpm),
         ("tpm", tpm),
@@ -197,16 +210,33 @@ def keys_update(
         changes["allow_fallback"] = fallback
     if log_content is not None:
         changes["log_content"] = log_content
+    if admin is not None:
+        changes["admin"] = admin
     if not changes:
         raise typer.BadParameter("nothing to update: pass at least one option")
     _edit(lambda store: store.update(name, **changes), config, database)
     typer.echo(f"updated key {name!r}: {', '.join(sorted(changes))}")
 
 
-def _settings(config: Path | None, database: str | None) -> Any:
-    from inhouse.gateway.config import GatewayConfig, load_config
+def _load_config(path: Path) -> Any:
+    """The gateway config at `path`; a file that cannot be read or is invalid ends the
+    command with one line on stderr (exit 2), not a traceback."""
+    import tomllib
 
-    settings = load_config(config) if config else GatewayConfig(models=())
+    from inhouse.gateway.config import ConfigError, load_config
+
+    try:
+        return load_config(path)
+    except (ConfigError, OSError, tomllib.TOMLDecodeError) as err:
+        typer.echo(f"error: {path}: {err}", err=True)
+        raise typer.Exit(2) from None
+
+
+def settings_for(config: Path | None, database: str | None) -> Any:
+    """The gateway config of `--config` (or the defaults), with `--database` over its own."""
+    from inhouse.gateway.config import GatewayConfig
+
+    settings = _load_config(config) if config else GatewayConfig(models=())
     if database:
         import dataclasses
 
@@ -214,12 +244,25 @@ def _settings(config: Path | None, database: str | None) -> Any:
     return settings
 
 
+def _ensure_team(config: Path | None, database: str | None, name: str) -> None:
+    from inhouse.gateway.db import open_database
+    from inhouse.gateway.teams import TeamStore
+
+    TeamStore(open_database(settings_for(config, database).database)).ensure(name)
+
+
 def _store(config: Path | None, database: str | None) -> KeyStore:
+    from inhouse.gateway.config import ConfigError
     from inhouse.gateway.db import open_database
     from inhouse.gateway.keys import KeyStore, load_pepper
 
-    settings = _settings(config, database)
-    return KeyStore(open_database(settings.database), load_pepper(settings))
+    settings = settings_for(config, database)
+    try:
+        pepper = load_pepper(settings)
+    except ConfigError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    return KeyStore(open_database(settings.database), pepper)
 
 
 def _edit(change: Any, config: Path | None = None, database: str | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
+from inhouse.cost.settings import CostConfigError, CostSettings, parse_cost
 
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
 BACKEND_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp", "openai"})
@@ -111,6 +113,22 @@ class AuditSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseSettings:
+    """`[releases]`: the shadow's bounds and how often the guardrail looks (see `shadow`,
+    `guardrail`)."""
+
+    shadow_max_in_flight: int = 16
+    shadow_timeout_s: float = 60.0
+    guard_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.shadow_max_in_flight < 0 or self.shadow_timeout_s <= 0:
+            raise ConfigError("releases: shadow_max_in_flight >= 0 and shadow_timeout_s > 0")
+        if self.guard_interval_s <= 0:
+            raise ConfigError("releases.guard_interval_s must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything `inhouse gateway` needs; see README "## Gateway" for each key."""
 
@@ -124,11 +142,22 @@ class GatewayConfig:
     drain_timeout_s: float = 30.0
     access_log: bool = True
     max_request_body: int = DEFAULT_MAX_BODY_BYTES
+    metrics_token: str | None = None  # from $`metrics_token_env`; None: /metrics is public
+    trusted_proxies: tuple[str, ...] = ()  # addresses/networks whose X-Forwarded-For counts
     health: HealthSettings = field(default_factory=HealthSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    releases: ReleaseSettings = field(default_factory=ReleaseSettings)
+    cost: CostSettings = field(default_factory=CostSettings)  # [cost]: see inhouse.cost
 
     def model(self, name: str) -> ModelRoute | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def held_secrets(self) -> list[str]:
+        """The secrets this config gives the gateway: every backend's and fallback's key,
+        and the metrics token (the audit's redactor hides each of them)."""
+        upstreams = [u for m in self.models for u in (*m.backends, m.fallback) if u is not None]
+        held = [u.api_key for u in upstreams if u.api_key]
+        return held + ([self.metrics_token] if self.metrics_token else [])
 
 
 def load_config(path: str | Path) -> GatewayConfig:
@@ -153,6 +182,10 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
     )
     audit = _table(data, "audit")
     _reject_unknown(audit, "audit", {f.name for f in AuditSettings.__dataclass_fields__.values()})
+    release = _table(data, "releases")
+    _reject_unknown(
+        release, "releases", {f.name for f in ReleaseSettings.__dataclass_fields__.values()}
+    )
     pepper = gw.get("pepper_file")
     return GatewayConfig(
         models=models,
@@ -167,8 +200,12 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
         max_request_body=_positive_int(
             gw.get("max_request_body", DEFAULT_MAX_BODY_BYTES), "gateway.max_request_body"
         ),
+        metrics_token=_env_secret(gw, "metrics_token_env", "gateway"),
+        trusted_proxies=_networks(gw.get("trusted_proxies", []), "gateway.trusted_proxies"),
         health=HealthSettings(**health),
         audit=_audit_settings(audit),
+        releases=ReleaseSettings(**release),
+        cost=_cost(_table(data, "cost")),
     )
 
 
@@ -182,6 +219,8 @@ GATEWAY_KEYS = {
     "drain_timeout_s",
     "access_log",
     "max_request_body",
+    "metrics_token_env",
+    "trusted_proxies",
 }
 MODEL_KEYS = {
     "name",
@@ -224,6 +263,13 @@ def _audit_settings(audit: dict[str, Any]) -> AuditSettings:
             "journal_dir": Path(journal) if journal else None,
         }
     )
+
+
+def _cost(raw: dict[str, Any]) -> CostSettings:
+    try:
+        return parse_cost(raw)
+    except CostConfigError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _reject_unknown(table: dict[str, Any], where: str, known: set[str]) -> None:
@@ -280,9 +326,7 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
         raise ConfigError(f"{where}.capabilities: unknown {bad}; known {sorted(CAPABILITIES)}")
     api_key = raw.get("api_key")
     if "api_key_env" in raw:
-        api_key = os.environ.get(raw["api_key_env"])
-        if api_key is None:
-            raise ConfigError(f"{where}.api_key_env: ${raw['api_key_env']} is not set")
+        api_key = _env_secret(raw, "api_key_env", where)
     weight = float(raw.get("weight", 1.0))
     if weight <= 0:
         raise ConfigError(f"{where}.weight must be > 0")
@@ -300,6 +344,30 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
             max_output=_optional_int(raw.get("max_output")),
         ),
     )
+
+
+def _env_secret(table: dict[str, Any], key: str, where: str) -> str | None:
+    """The value of the environment variable `table[key]` names (None when `key` is absent);
+    a named variable that is unset is a ConfigError."""
+    if key not in table:
+        return None
+    value = os.environ.get(str(table[key]))
+    if not value:
+        raise ConfigError(f"{where}.{key}: ${table[key]} is not set (or is empty)")
+    return value
+
+
+def _networks(value: Any, what: str) -> tuple[str, ...]:
+    """IP addresses or CIDR networks, each checked (no "*": trusting every client's
+    X-Forwarded-For is what the list exists to prevent)."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{what} must be a list of IP addresses or networks")
+    for item in value:
+        try:
+            ipaddress.ip_network(str(item), strict=False)
+        except ValueError:
+            raise ConfigError(f"{what}: not an IP address or network: {item!r}") from None
+    return tuple(str(item) for item in value)
 
 
 def _optional_int(value: Any) -> int | None:

@@ -12,16 +12,20 @@ from sqlalchemy import (
     Column,
     Engine,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
     Table,
     Text,
+    UniqueConstraint,
     create_engine,
     event,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+from inhouse.gateway.migrate import add_missing
 
 metadata = MetaData()
 
@@ -44,6 +48,9 @@ api_keys = Table(
     Column("models", Text),
     Column("allow_fallback", Boolean, nullable=False, default=True),
     Column("log_content", Boolean, nullable=False, default=False),
+    # Added after the first release (nullable, so `migrate` can add them to old databases):
+    Column("team", String(200), index=True),
+    Column("admin", Boolean),
 )
 
 audit_log = Table(
@@ -67,6 +74,35 @@ audit_log = Table(
     Column("fallback_used", Boolean, nullable=False, default=False),
     Column("prompt_text", Text),
     Column("completion_text", Text),
+    # Added after the first release (see `migrate`): the key's team at the time, and a
+    # peppered hash of the prompt (never its text) to tell a retry from a new task; the
+    # release number that answered (see `releases`), and whether a json_schema answer of a
+    # model with releases was valid JSON.
+    Column("team", String(200)),
+    Column("prompt_hash", String(64)),
+    Column("release", Integer),
+    Column("json_valid", Boolean),
+    # Usage reports scan a time range and group: covering indexes keep them off the table.
+    Index(
+        "ix_audit_usage",
+        *("ts", "key_name", "team", "model", "status", "prompt_tokens", "completion_tokens"),
+    ),
+    Index("ix_audit_retry", "key_name", "prompt_hash", "ts"),
+)
+
+# The audit summed per UTC day, key, team and model, kept in the transaction that inserts
+# the rows (see `rollup`): a 30-day report reads ~30 rows per group, not every request.
+usage_daily = Table(
+    "usage_daily",
+    metadata,
+    Column("day", Integer, primary_key=True),
+    Column("key_name", String(200), primary_key=True),  # "" for none, as for team
+    Column("team", String(200), primary_key=True),
+    Column("model", String(200), primary_key=True),
+    Column("requests", Integer, nullable=False),
+    Column("errors", Integer, nullable=False),
+    Column("prompt_tokens", Integer, nullable=False),
+    Column("completion_tokens", Integer, nullable=False),
 )
 
 # Journal segments whose rows are committed: a segment found on disk after a crash and
@@ -77,11 +113,105 @@ audit_segments = Table(
     Column("name", String(64), primary_key=True),
 )
 
+# A team's shared token quota and money budget, reserved like a key's quota (`teams`).
+teams = Table(
+    "teams",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("created_at", Float, nullable=False),
+    Column("period_s", Float, nullable=False),
+    Column("quota_tokens", Integer),
+    Column("budget", Float),
+    Column("hard_stop", Boolean, nullable=False, default=True),
+    Column("window", Integer, nullable=False, default=0),
+    Column("tokens_used", Integer, nullable=False, default=0),
+    Column("money_used", Float, nullable=False, default=0.0),
+)
+
+# One-off steps a database has had, by name (the usage rollup's backfill: `rollup`).
+schema_marks = Table(
+    "schema_marks",
+    metadata,
+    Column("name", String(64), primary_key=True),
+)
+
 limiter_state = Table(
     "limiter_state",
     metadata,
     Column("bucket", String(200), primary_key=True),
     Column("tat", Float, nullable=False),
+)
+
+# Releases (see `releases`): numbered, immutable units per public model; one state row per
+# model says which release is stable, which is the candidate and its shares, with a version
+# that every change bumps; every change is an event.
+releases = Table(
+    "releases",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("model", String(200), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("backends", Text, nullable=False),  # JSON: upstream references
+    Column("manifest_digest", String(64)),
+    Column("manifest", Text),  # JSON: what the manifest pins
+    Column("sampling", Text),  # JSON: defaults applied where the client sets none
+    Column("max_output", Integer),
+    Column("guardrails", Text),  # JSON: thresholds for automatic rollback
+    UniqueConstraint("model", "number"),
+)
+
+release_state = Table(
+    "release_state",
+    metadata,
+    Column("model", String(200), primary_key=True),
+    Column("version", Integer, nullable=False),
+    Column("stable", Integer, nullable=False),
+    Column("candidate", Integer),
+    Column("percent", Float, nullable=False, default=0.0),
+    Column("shadow", Float, nullable=False, default=0.0),
+    Column("since", Float, nullable=False),  # when the candidate (or stable) took its place
+)
+
+release_events = Table(
+    "release_events",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("ts", Float, nullable=False),
+    Column("model", String(200), nullable=False, index=True),
+    Column("actor", String(200), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("release", Integer),
+    Column("detail", Text),  # JSON: what changed
+    Column("reason", Text),
+)
+
+shadow_pairs = Table(
+    "shadow_pairs",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("ts", Float, nullable=False),
+    Column("model", String(200), nullable=False, index=True),
+    Column("primary_release", Integer, nullable=False),
+    Column("shadow_release", Integer, nullable=False, index=True),
+    Column("key_name", String(200)),
+    Column("endpoint", String(64)),
+    Column("primary_status", Integer, nullable=False),
+    Column("shadow_status", Integer, nullable=False),
+    Column("shadow_error", String(64)),
+    Column("primary_finish", String(32)),
+    Column("shadow_finish", String(32)),
+    Column("primary_tokens", Integer),
+    Column("shadow_tokens", Integer),
+    Column("primary_latency_ms", Float),
+    Column("shadow_latency_ms", Float),
+    Column("primary_ttft_ms", Float),
+    Column("shadow_ttft_ms", Float),
+    Column("exact_match", Boolean),
+    Column("primary_json_valid", Boolean),
+    Column("shadow_json_valid", Boolean),
+    Column("primary_text", Text),  # only for keys that log content
+    Column("shadow_text", Text),
 )
 
 
@@ -98,6 +228,10 @@ def open_database(url: str) -> Engine:
     if is_sqlite:
         event.listen(db, "connect", _sqlite_pragmas)
     _create_tables(db)
+    add_missing(db, metadata)
+    from inhouse.gateway.rollup import backfill  # it reads these tables
+
+    backfill(db)
     return db
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -14,9 +15,10 @@ from starlette.types import Receive
 
 from inhouse.api.errors import APIError, service_unavailable
 from inhouse.gateway.call import Call, Outcome
+from inhouse.gateway.canary import apply_release, capped
 from inhouse.gateway.config import HealthSettings
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.ledger import CLIENT_CLOSED, Ledger
+from inhouse.gateway.ledger import CLIENT_CLOSED, Ledger, final_status
 from inhouse.gateway.proxy import (
     Forward,
     LeaveWatch,
@@ -61,13 +63,14 @@ class Forwarder:
                     return opened
                 upstream, forward = opened
                 if outcome.status == 200 and call.stream:
-                    if call.key.log_content:
+                    if call.keeps_text:
                         outcome.text = []
                     strip = not forward.client_wants_usage
                     chunks = relay_events(upstream.iter_body(), outcome, strip)
                     return RelayResponse(
-                        chunks, stack, lambda: self.settler.settle(call, outcome), call.headers
-                    )
+                        chunks, stack, lambda: self._close_stream(call, outcome), call.headers,
+                        lambda: _shutdown_event(outcome),
+                    )  # fmt: skip
                 answer = await upstream.read()
         except (OSError, TimeoutError) as exc:
             await stack.aclose()
@@ -86,11 +89,16 @@ class Forwarder:
             if watch is not None:
                 watch.stop()
         await stack.aclose()
-        read_answer(answer, outcome, call.key.log_content)
+        read_answer(answer, outcome, call.keeps_text)
         outcome.completed = True
         self.settler.settle(call, outcome)
         media = upstream.headers.get("content-type", "application/json")
         return Response(answer, outcome.status, headers=call.headers, media_type=media)
+
+    def _close_stream(self, call: Call, outcome: Outcome) -> int:
+        """Settle a stream that ended (however it did); the status it ended with."""
+        self.settler.settle(call, outcome)
+        return final_status(call, outcome)
 
     def fail(
         self, call: Call, outcome: Outcome, error: APIError, retry_after: float | None = None
@@ -109,17 +117,27 @@ class Forwarder:
         fallback; its response, or the error response when none can take it."""
         tried: set[int] = set()
         while True:
+            pick = call.release = None if call.release is None else call.release.routable()
+            pool = None if pick is None else pick.answering.pool
+            canaried = pick if pick is not None and pick.stable is not None else None
+            may_fall_back = call.key.allow_fallback and canaried is None  # the stable's, not ours
             try:
                 call.lease = await self.router.acquire(
-                    call.route, call.needs, call.key.allow_fallback, frozenset(tried)
+                    call.route, call.needs, may_fall_back, frozenset(tried), pool
                 )
             except Overloaded as err:
+                if canaried is not None:  # the candidate's replicas are busy: the stable answers
+                    call.release, tried = canaried.on_stable(), set()
+                    continue
                 return self.fail(call, outcome, err, err.retry_after_s)
             lease = call.lease
             if lease.fallback:
                 self.ledger.fell_back(call.route.name)
             salt = self.keys.cache_salt(call.key)
-            forward = prepare(lease.upstream, call.endpoint, body, salt, call.output_cap)
+            cap, sent = call.output_cap, body
+            if pick is not None:
+                cap, sent = capped(cap, pick.answering), apply_release(body, pick.answering)
+            forward = prepare(lease.upstream, call.endpoint, sent, salt, cap)
             try:
                 upstream = await self.upstreams.open(forward, stack)
             except (ConnectionRefusedError, socket.gaierror) as exc:
@@ -133,9 +151,17 @@ class Forwarder:
                 tried.add(id(lease.backend))
                 if lease.backend.record_failure(self.health, f"proxy: {exc!r}"[:200]):
                     self.router.wake(call.route.name)
+                if canaried is not None:
+                    call.release, tried = canaried.on_stable(), set()
                 continue
             outcome.status = upstream.status
             return upstream, forward
+
+
+def _shutdown_event(outcome: Outcome) -> bytes:
+    """Note that the shutdown ended the stream; the OpenAI error event that tells the client."""
+    outcome.status, outcome.error_type, outcome.completed = 503, SHUTTING_DOWN.type, True
+    return b"data: " + json.dumps(SHUTTING_DOWN.body().model_dump()).encode() + b"\n\n"
 
 
 def _upstream_error(exc: BaseException) -> APIError:

@@ -9,13 +9,18 @@ Everything else (health, metrics, models, lifespan) goes to the FastAPI app.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inhouse.api.errors import server_error
 from inhouse.gateway.access_log import AccessLog
+from inhouse.gateway.authn import authorization_values
 from inhouse.gateway.handler import Gateway
 from inhouse.http_errors import error_response, method_not_allowed
+
+log = logging.getLogger("inhouse.gateway")
 
 PROXIED = {
     "/v1/chat/completions": "chat/completions",
@@ -40,30 +45,35 @@ class GatewayFront:
             return
         started = time.perf_counter()
         status = 500
+        fields: dict[str, str] = {}
         try:
-            status = await self._dispatch(scope, receive, send)
+            status = await self._dispatch(scope, receive, send, fields)
         finally:
             if self._access_log is not None:
-                self._access_log.write(scope, status, time.perf_counter() - started)
+                self._access_log.write(scope, status, time.perf_counter() - started, fields)
 
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> int:
+    async def _dispatch(
+        self, scope: Scope, receive: Receive, send: Send, fields: dict[str, str]
+    ) -> int:
         """Answer the request; the status it got."""
         endpoint = PROXIED.get(scope["path"])
         if endpoint is None:
             return await _answer_noting_status(self._app, scope, receive, send)
         if scope["method"] == "POST":
-            authorization = ""
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    authorization = value.decode("latin-1")
-                    break
+            authorization = authorization_values(scope["headers"])
             body = await read_body(receive)
-            response = await self._gateway.handle(authorization, body, endpoint, receive)
+            try:
+                response = await self._gateway.handle(
+                    authorization, body, endpoint, receive, fields
+                )
+            except Exception:  # a bug: still OpenAI's error body, never a plain-text 500
+                log.exception("gateway: unhandled error on %s", scope["path"])
+                response = error_response(server_error())
         else:
             refused = method_not_allowed(scope["method"], scope["path"])
             response = error_response(refused, {"allow": "POST"})
         await response(scope, receive, send)
-        return response.status_code
+        return response.status_code  # a stream's is the status it ended with (`RelayResponse`)
 
 
 async def _answer_noting_status(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import re
 import secrets
 import threading
 import time
@@ -23,6 +24,14 @@ from inhouse.gateway.db import api_keys, sqlite_path
 
 KEY_PREFIX = "ih-"
 PEPPER_ENV = "INHOUSE_GATEWAY_PEPPER"
+# Key names appear in metric labels, audit rows, logs and terminals: plain ASCII only.
+KEY_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
+KEY_NAME_RULE = "1 to 64 of the characters A-Z a-z 0-9 . _ @ -"
+
+
+def valid_key_name(name: str) -> bool:
+    """Whether `name` may name a new key (see `KEY_NAME_RULE`)."""
+    return KEY_NAME.fullmatch(name) is not None
 
 
 class UnknownKey(LookupError):
@@ -56,6 +65,8 @@ class ApiKey:
     models: frozenset[str] | None
     allow_fallback: bool
     log_content: bool
+    team: str | None  # whose shared quota and budget it draws on too (`teams`)
+    admin: bool  # may use the admin console and its API
 
     def window_at(self, now: float) -> int:
         """Index of the quota period containing `now` (periods start at key creation)."""
@@ -87,6 +98,8 @@ EDITABLE = frozenset(
         "models",
         "allow_fallback",
         "log_content",
+        "team",
+        "admin",
     }
 )
 
@@ -105,6 +118,11 @@ class KeyStore:
         self._local = threading.local()
         self._by_hash = select(api_keys).where(api_keys.c.key_hash == bindparam("digest"))
 
+    @property
+    def pepper_text(self) -> str:
+        """The pepper as text: a secret the audit's redactor must know (never logged)."""
+        return self._pepper.decode("utf-8", "replace")
+
     def hash(self, secret: str) -> str:
         return hmac.digest(self._pepper, secret.encode(), "sha256").hex()
 
@@ -119,6 +137,8 @@ class KeyStore:
     def create(self, name: str, **limits: Any) -> tuple[ApiKey, str]:
         """Store a new key; returns the record and the secret, which is never stored."""
         _check_editable(limits)
+        if not valid_key_name(name):
+            raise ValueError(f"a key name is {KEY_NAME_RULE}, got {name!r}")
         if self._find(name) is not None:
             raise ValueError(f"a key named {name!r} already exists")
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
@@ -284,4 +304,5 @@ def _decode(row: Any) -> ApiKey:
     values["models"] = frozenset(models.split(",")) if models else None
     values["allow_fallback"] = bool(values["allow_fallback"])
     values["log_content"] = bool(values["log_content"])
+    values["admin"] = bool(values["admin"])
     return ApiKey(**values)

@@ -9,18 +9,31 @@ from typing import Any
 from inhouse.api.errors import APIError
 from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.call import Call, Outcome
-from inhouse.gateway.keys import ApiKey
+from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.metrics import GatewayMetrics
+from inhouse.gateway.release_metrics import ReleaseMetrics
+from inhouse.gateway.shadow import Primary, json_valid
 
 CLIENT_CLOSED = 499  # nginx's "client closed request"
+
+
+def final_status(call: Call, outcome: Outcome) -> int:
+    """The status an admitted request ended with: the upstream's (or the error the gateway
+    answered), or 499 when the client left before its answer was complete."""
+    reached = call.lease is not None and outcome.status != 0
+    return outcome.status if outcome.completed or not reached else CLIENT_CLOSED
 
 
 class Ledger:
     """Writes what happened to each request: Prometheus metrics and one audit row."""
 
-    def __init__(self, audit: AuditWriter, metrics: GatewayMetrics, redact: Redactor) -> None:
+    def __init__(
+        self, audit: AuditWriter, metrics: GatewayMetrics, redact: Redactor,
+        releases: ReleaseMetrics,
+    ) -> None:  # fmt: skip
         self.audit = audit
         self.metrics = metrics
+        self.releases = releases
         self._redact = redact
 
     def prompt_text(self, key: ApiKey, body: dict[str, Any]) -> str | None:
@@ -30,14 +43,22 @@ class Ledger:
         content = body.get("messages", body.get("prompt", body.get("input")))
         return self._redact(content if isinstance(content, str) else json.dumps(content))
 
+    def prompt_hash(self, keys: KeyStore, body: dict[str, Any]) -> str | None:
+        """A peppered hash of what was asked (messages or prompt, and the model), so the
+        cost report can tell a retry of the same task without the text being kept."""
+        content = body.get("messages", body.get("prompt"))
+        if content is None:
+            return None
+        asked = json.dumps([body.get("model"), content], sort_keys=True, default=str)
+        return keys.hash(asked)
+
     def refused(
         self, error: APIError, key: ApiKey | None, model: str | None, endpoint: str,
         ts: float, started: float,
     ) -> None:  # fmt: skip
         """A request answered with an error before admission."""
         name = "" if key is None else key.name
-        self.metrics.rejections.labels(name, model or "", error.code or error.type).inc()
-        self.metrics.requests.labels(name, model or "", str(error.status_code)).inc()
+        self.metrics.refused(name, model, error.status_code, error.code or error.type)
         self.audit.record(
             AuditRecord(
                 ts=ts,
@@ -47,6 +68,7 @@ class Ledger:
                 status=error.status_code,
                 error_type=error.type,
                 latency_ms=(time.perf_counter() - started) * 1000,
+                team=None if key is None else key.team,
             )
         )
 
@@ -57,21 +79,29 @@ class Ledger:
     def failed(self, call: Call, error: APIError) -> None:
         """An admitted request that ended in an error the gateway answered."""
         reason = "no_backend" if error.status_code == 503 else (error.code or error.type)
-        self.metrics.rejections.labels(call.key.name, call.route.name, reason).inc()
+        self.metrics.failed(call.key.name, call.route.name, reason)
 
     def settled(self, call: Call, outcome: Outcome, prompt: int, completion: int) -> None:
         """An admitted request at its end, charged `prompt` + `completion` tokens."""
         end = time.perf_counter()
         name, model, lease = call.key.name, call.route.name, call.lease
-        reached = lease is not None and outcome.status != 0
-        status = outcome.status if outcome.completed or not reached else CLIENT_CLOSED
+        status = final_status(call, outcome)
         ttft = None if outcome.first_token_at is None else outcome.first_token_at - call.started
         self.metrics.observe_request(
             name, model, status, (prompt, completion), end - call.started, ttft
         )
         if outcome.prompt_tokens is not None:  # context creep on real tokens, not the estimate
             self.metrics.observe_prompt(model, outcome.prompt_tokens)
-        text = None if outcome.text is None else self._redact("".join(outcome.text))
+        pick = call.release
+        if pick is not None:
+            self.releases.observe(model, pick.answering.candidate, status, ttft)
+        if call.shadow is not None:
+            call.shadow.primary_settled(Primary(status, outcome, end - call.started, ttft))
+        answer = None if outcome.text is None else "".join(outcome.text)
+        checked = call.checks_json and status == 200
+        text = None  # collected for the release checks too, but kept only for `log_content`
+        if answer is not None and call.key.log_content:
+            text = self._redact(answer)
         self.audit.record(
             AuditRecord(
                 ts=call.ts,
@@ -91,5 +121,9 @@ class Ledger:
                 fallback_used=lease is not None and lease.fallback,
                 prompt_text=call.prompt_text,
                 completion_text=text,
+                release=None if pick is None else pick.answering.number,
+                json_valid=json_valid(answer) if checked else None,
+                team=call.key.team,
+                prompt_hash=call.prompt_hash,
             )
         )

@@ -22,6 +22,9 @@ from inhouse.gateway.gcra import Gcra, RateState
 from inhouse.gateway.keys import ApiKey
 
 CONCURRENCY_RETRY_S = 1.0
+# Clients (the official `openai` ones among them) retry a 429 after at most about a minute:
+# a refusal that no retry within it can pass says so with `x-should-retry: false`.
+CLIENT_RETRY_HORIZON_S = 60.0
 T = TypeVar("T")
 
 
@@ -72,7 +75,7 @@ class KeyLimiter:
                     "concurrency",
                     CONCURRENCY_RETRY_S,
                     f"too many concurrent requests for this key (limit {key.max_concurrent})",
-                    self.headers(key),
+                    {**self.headers(key), **_concurrency_headers(key.max_concurrent)},
                 )
             self._in_flight[key.id] = self._in_flight.get(key.id, 0) + 1
         if not metered:
@@ -132,17 +135,27 @@ class KeyLimiter:
 def quota_exceeded(
     key: ApiKey, used: int, reserve: int, now: float, headers: dict[str, str]
 ) -> Admission:
-    """Why a request does not fit the key's token quota, and when the period resets."""
+    """Why a request does not fit the key's token quota, and when the period resets: the
+    quota's `x-ratelimit-*-quota-tokens` headers, and `Retry-After` when the request fits a
+    fresh period (none when it can never pass: larger than the quota, or no period)."""
     assert key.quota_tokens is not None
     reset_at = key.quota_reset_at(now)
     wait = None if reset_at is None or reserve > key.quota_tokens else reset_at - now
+    quota = {
+        "x-ratelimit-limit-quota-tokens": str(key.quota_tokens),
+        "x-ratelimit-remaining-quota-tokens": str(max(0, key.quota_tokens - used)),
+    }
+    if reset_at is not None:
+        quota["x-ratelimit-reset-quota-tokens"] = format_reset(reset_at - now)
+    if wait is None or wait > CLIENT_RETRY_HORIZON_S:
+        quota["x-should-retry"] = "false"
     return Admission(
         False,
         "insufficient_quota",
         wait,
         f"token quota exhausted for this key: {used} of {key.quota_tokens} used,"
         f" this request reserves {reserve}",
-        headers,
+        {**headers, **quota},
     )
 
 
@@ -152,6 +165,11 @@ def limit_error(reason: str, message: str) -> APIError:
         return APIError(429, message, type="insufficient_quota", code="insufficient_quota")
     code = "concurrency_limit_exceeded" if reason == "concurrency" else "rate_limit_exceeded"
     return APIError(429, message, type=reason, code=code)
+
+
+def _concurrency_headers(limit: int) -> dict[str, str]:
+    """What a concurrency refusal says of the cap: its size, and that no slot is free."""
+    return {"x-ratelimit-limit-concurrency": str(limit), "x-ratelimit-remaining-concurrency": "0"}
 
 
 def _passed(state: RateState | None) -> bool:

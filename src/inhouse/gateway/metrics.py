@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -10,8 +12,22 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from inhouse.gateway.backends import Backend, BackendState
+from inhouse.gateway.keys import valid_key_name
+from inhouse.gateway.teams import Team
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_OUTSIDE_KEY_NAMES = re.compile(r"[^A-Za-z0-9._@-]")
+
+
+def key_label(name: str) -> str:
+    """A key name as a metric label: itself when it keeps to the key-name rule (every key
+    created since the rule), else its allowed characters with `_` for the others and a
+    short hash of the whole name, so that an older name holding a newline or a right-to-left
+    override shows as plain ASCII and stays apart from every other key."""
+    if not name or valid_key_name(name):  # "": no key (a refusal before authentication)
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{_OUTSIDE_KEY_NAMES.sub('_', name)[:48]}~{digest}"
 
 
 class GatewayMetrics:
@@ -80,12 +96,30 @@ class GatewayMetrics:
             ["model_name"],
             registry=r,
         )
+        self.team_budget = Gauge(
+            "inhouse:gateway_team_budget_used_ratio",
+            "Share of each team's token quota or money budget its period has used (1 = spent).",
+            ["team", "budget"],
+            registry=r,
+        )
         self._creep: dict[str, _Window] = {}
         self._creep_window = creep_window
         self._children: dict[tuple[str, str, int], tuple[Any, Any, Any, Any, Any]] = {}
-        for model in models:  # a model without fallbacks yet exports 0, not "no data"
+        self._models = frozenset(models)
+        for model in self._models:  # a model without fallbacks yet exports 0, not "no data"
             self.fallbacks.labels(model)
             self.queue_depth.labels(model)
+
+    def refused(self, key: str, model: str | None, status: int, reason: str) -> None:
+        """Count a request refused before admission. A model the gateway does not serve is
+        labelled "": a client's made-up names never become series."""
+        model_label = model if model in self._models else ""
+        self.rejections.labels(key_label(key), model_label, reason).inc()
+        self.requests.labels(key_label(key), model_label, str(status)).inc()
+
+    def failed(self, key: str, model: str, reason: str) -> None:
+        """Count an admitted request the gateway answered with an error."""
+        self.rejections.labels(key_label(key), model, reason).inc()
 
     def observe_request(
         self,
@@ -99,10 +133,11 @@ class GatewayMetrics:
         """Count one answered request: its status, prompt/completion tokens and timings."""
         children = self._children.get((key, model, status))
         if children is None:  # `labels()` costs more than the update itself: look up once
+            label = key_label(key)
             children = self._children[(key, model, status)] = (
-                self.requests.labels(key, model, str(status)),
-                self.tokens.labels(key, model, "prompt"),
-                self.tokens.labels(key, model, "completion"),
+                self.requests.labels(label, model, str(status)),
+                self.tokens.labels(label, model, "prompt"),
+                self.tokens.labels(label, model, "completion"),
                 self.latency.labels(model),
                 self.ttft.labels(model),
             )
@@ -129,6 +164,13 @@ class GatewayMetrics:
                     state is b.state
                 )
             self.backend_in_flight.labels(b.model, b.upstream.name).set(b.in_flight)
+
+    def observe_teams(self, teams: Iterable[Team], now: float) -> None:
+        """Set each team's used share of its quota ("tokens") and budget ("money")."""
+        self.team_budget.clear()
+        for team in teams:
+            for budget, ratio in team.ratios(now).items():
+                self.team_budget.labels(team.name, budget).set(ratio)
 
     def exposition(self) -> bytes:
         """The Prometheus text exposition for ``GET /metrics``."""

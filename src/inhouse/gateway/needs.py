@@ -4,7 +4,9 @@ Two prompt figures: `prompt_tokens`, an estimate (characters/4 + 4 per message) 
 context check and the prompt-size metric, and `prompt_bound`, an upper bound for token
 reservations when the backend cannot count exactly (UTF-8 bytes + `TEMPLATE_TOKENS` per
 message: byte-level BPE and byte-fallback tokenizers never make more tokens than bytes, and
-the bound leaves that many tokens per message for the chat template's markup).
+the bound leaves that many tokens per message for the chat template's markup). Both sum
+over a batch (a completions or embeddings list); the context must hold each of its prompts
+alone, so the context checks take the longest one's (`longest`).
 """
 
 from __future__ import annotations
@@ -57,13 +59,21 @@ class BadRequest(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Needs:
-    """Features, prompt estimate and bound, and the output the request asks for."""
+    """Features, prompt estimate and bound, and the output the request asks for.
+
+    `choices` counts the completions generated, each up to the output cap: `n` per prompt
+    (a completions batch of 100 prompts with `n` 2 generates 200)."""
 
     features: frozenset[str]
     prompt_tokens: int
     max_output: int | None
     choices: int
     prompt_bound: int = 0
+    batch_longest: tuple[int, int] | None = None  # a batch's longest prompt: estimate, bound
+
+    def longest(self) -> tuple[int, int]:
+        """Estimate and bound of the longest single prompt (the whole prompt unless a batch)."""
+        return self.batch_longest or (self.prompt_tokens, self.prompt_bound)
 
     def output_cap(self, default: int, limit: int | None) -> int:
         """The output cap sent upstream: the request's, else `default` within `limit`."""
@@ -80,6 +90,7 @@ def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
     """Inspect an OpenAI request body for the capabilities and tokens it needs."""
     fields = _checked_fields(endpoint, body)
     features = {ENDPOINT_FEATURE[endpoint]}
+    longest: tuple[int, int] | None = None
     if endpoint == "chat/completions":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -99,13 +110,20 @@ def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
             features.add("json_schema")
     elif endpoint in ("completions", "embeddings"):
         param = "prompt" if endpoint == "completions" else "input"
-        prompt, bound = _input_tokens(body.get(param), param)
+        parts = _input_parts(body.get(param), param)
+        prompt, bound = sum(p[0] for p in parts), sum(p[1] for p in parts)
+        if len(parts) > 1:
+            longest = (max(p[0] for p in parts), max(p[1] for p in parts))
     else:  # tokenize and detokenize run no model: nothing to reserve
         prompt = bound = 0
     output: int | None = 0  # embeddings and tokenizing generate nothing
+    choices = 1
     if isinstance(fields, ChatFields | CompletionRequest):
         output = fields.completion_limit if output_param(body)[1] is not None else None
-    return Needs(frozenset(features), prompt, output, getattr(fields, "n", 1), bound)
+        choices = fields.n
+    if isinstance(fields, CompletionRequest):  # every prompt shape: text, ids, or a batch
+        choices *= len(fields.prompts())
+    return Needs(frozenset(features), prompt, output, choices, bound, longest)
 
 
 def _checked_fields(endpoint: str, body: dict[str, Any]) -> RequestModel:
@@ -145,10 +163,10 @@ def missing_capability(upstream: Upstream, needs: Needs) -> str | None:
     out = needs.max_output
     if caps.max_output is not None and out is not None and out > caps.max_output:
         return f"max_tokens {needs.max_output} exceeds the model's output limit {caps.max_output}"
-    total = needs.prompt_tokens + (needs.max_output or 0)
-    if caps.max_context is not None and total > caps.max_context:
+    prompt = needs.longest()[0]
+    if caps.max_context is not None and prompt + (out or 0) > caps.max_context:
         return (
-            f"prompt (~{needs.prompt_tokens} tokens) + max_tokens ({needs.max_output or 0})"
+            f"prompt (~{prompt} tokens) + max_tokens ({out or 0})"
             f" exceeds the model's context of {caps.max_context} tokens"
         )
     return None
@@ -180,13 +198,13 @@ def _utf8_size(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-def _input_tokens(value: Any, param: str) -> tuple[int, int]:
-    """Estimate and upper bound of a completions prompt or an embeddings input."""
+def _input_parts(value: Any, param: str) -> list[tuple[int, int]]:
+    """Estimate and upper bound of each prompt of a completions `prompt` or embeddings
+    `input` (one for text or token ids, one per element of a batch)."""
     if isinstance(value, str):
-        return math.ceil(len(value) / CHARS_PER_TOKEN), _utf8_size(value) + TEMPLATE_TOKENS
+        return [(math.ceil(len(value) / CHARS_PER_TOKEN), _utf8_size(value) + TEMPLATE_TOKENS)]
     if isinstance(value, list) and value:
         if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return len(value), len(value)
-        parts = [_input_tokens(v, param) for v in value]
-        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+            return [(len(value), len(value))]
+        return [part for v in value for part in _input_parts(v, param)]
     raise BadRequest(f"'{param}' must be a string, a list of strings, or token ids", param)

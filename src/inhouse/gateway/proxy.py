@@ -173,18 +173,29 @@ def _note_event(
 
 class RelayResponse(Response):
     """An SSE response that stops and closes upstream the moment the client leaves,
-    then always runs `on_close` (which settles limits and writes the audit row)."""
+    then always runs `on_close` (which settles limits and writes the audit row) and takes
+    the status it returns as its `status_code`: the status the stream ended with, which the
+    access log reads, so the log and the audit row agree.
+
+    Cancelled from outside (the server shutting down past its drain deadline), it ends the
+    stream the way an upstream error does: the OpenAI error event `shutdown()` returns (it
+    also notes the end in the outcome), then `data: [DONE]` (vLLM's ending after an error;
+    the `openai` clients raise the error, others stop at [DONE]), and a clean end of the
+    body instead of a cut connection."""
 
     def __init__(
         self,
         chunks: AsyncGenerator[bytes, None],
         upstream: contextlib.AsyncExitStack,
-        on_close: Callable[[], None],
+        on_close: Callable[[], int],
         headers: dict[str, str],
+        shutdown: Callable[[], bytes],
     ) -> None:
         self._chunks = chunks
         self._upstream = upstream
         self._on_close = on_close
+        self._shutdown = shutdown
+        self._started = self._ended = False
         self.status_code = 200
         self.background = None
         self.media_type = "text/event-stream"
@@ -195,20 +206,38 @@ class RelayResponse(Response):
             async with anyio.create_task_group() as group:
                 group.start_soon(self._stream, send, group.cancel_scope)
                 group.start_soon(self._watch_disconnect, receive, group.cancel_scope)
+        except asyncio.CancelledError:
+            with anyio.CancelScope(shield=True):
+                await self._end_for_shutdown(send)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._chunks.aclose()
                 await self._upstream.aclose()
-                self._on_close()
+                self.status_code = self._on_close()
 
     async def _stream(self, send: Send, scope: anyio.CancelScope) -> None:
+        await self._start(send)
+        async for chunk in self._chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        self._ended = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        scope.cancel()
+
+    async def _start(self, send: Send) -> None:
+        self._started = True
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        async for chunk in self._chunks:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        scope.cancel()
+
+    async def _end_for_shutdown(self, send: Send) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        body = self._shutdown() + b"data: [DONE]\n\n"
+        with contextlib.suppress(OSError):  # the client may be gone too
+            if not self._started:
+                await self._start(send)
+            await send({"type": "http.response.body", "body": body, "more_body": False})
 
     @staticmethod
     async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:

@@ -57,9 +57,10 @@ class Router:
         self._clock = clock
         self._waiters: dict[str, deque[asyncio.Future[None]]] = {r: deque() for r in self.routes}
         self._picks = itertools.count(1)
+        self.extra: list[Backend] = []  # replicas only a release names (see `canary`)
 
     def all_backends(self) -> list[Backend]:
-        return [b for group in self.backends.values() for b in group]
+        return [b for group in self.backends.values() for b in group] + self.extra
 
     def queue_depth(self, model: str) -> int:
         return sum(1 for w in self._waiters[model] if not w.done())
@@ -77,13 +78,15 @@ class Router:
         needs: Needs,
         allow_fallback: bool,
         exclude: frozenset[int] = frozenset(),
+        pool: list[Backend] | None = None,
     ) -> Lease:
-        """A slot on the least-loaded capable replica, the fallback, or Overloaded."""
+        """A slot on the least-loaded capable replica (of `pool`, default the model's
+        configured ones), the fallback, or Overloaded."""
         start = self._clock()
         deadline = start + route.queue_max_wait_s
         capable = [
             b
-            for b in self.backends[route.name]
+            for b in (self.backends[route.name] if pool is None else pool)
             if id(b) not in exclude and missing_capability(b.upstream, needs) is None
         ]
         fallback = route.fallback

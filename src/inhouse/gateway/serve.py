@@ -31,6 +31,10 @@ def gateway_server(config: GatewayConfig) -> uvicorn.Server:
         log_level="info",
         access_log=False,
         timeout_graceful_shutdown=config.drain_timeout_s,
+        # X-Forwarded-For names the client only when a trusted proxy sent it; uvicorn's
+        # default would trust it from any client on loopback.
+        proxy_headers=bool(config.trusted_proxies),
+        forwarded_allow_ips=list(config.trusted_proxies),
     )
     return uvicorn.Server(settings)
 

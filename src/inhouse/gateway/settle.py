@@ -9,11 +9,13 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from inhouse.cost.settings import TokenPrices
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.ledger import Ledger
 from inhouse.gateway.limits import KeyLimiter, LimitCalls
 from inhouse.gateway.routing import Router
+from inhouse.gateway.teams import TeamStore
 
 DRAIN_SETTLE_S = 2.0
 
@@ -42,6 +44,8 @@ class Settler:
     limits: LimitCalls
     router: Router
     ledger: Ledger
+    teams: TeamStore
+    prices: TokenPrices
     active: int = field(default=0, init=False)  # admitted calls not yet settled
     _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
 
@@ -61,6 +65,8 @@ class Settler:
         prompt, completion = charge(call, outcome)
         self.ledger.settled(call, outcome, prompt, completion)
         charged = prompt + completion
+        if call.team_hold is not None:
+            self._spawn(self._settle_team(call, (charged, self.prices.of(prompt, completion))))
         if self.limits.blocking or call.key.quota_tokens is not None:
             self._spawn(self._settle_limits(call, charged))
             return
@@ -74,6 +80,10 @@ class Settler:
                 self.keys.settle_quota, call.key, call.ts, call.reserve, charged
             )
         self.limiter.release(call.key)
+
+    async def _settle_team(self, call: Call, charged: tuple[int, float]) -> None:
+        assert call.key.team is not None and call.team_hold is not None
+        await asyncio.to_thread(self.teams.settle, call.key.team, call.ts, call.team_hold, charged)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)

@@ -26,9 +26,11 @@ TOKENIZE_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True, slots=True)
 class PromptCount:
-    """Prompt tokens to reserve, and the backend's context length when it said."""
+    """Prompt tokens to reserve, those of its longest single prompt (a batch's), and the
+    backend's context length when it said."""
 
     tokens: int
+    longest: int
     max_model_len: int | None = None
 
 
@@ -44,11 +46,13 @@ async def budget(
     """
     cap = needs.output_cap(route.default_max_tokens, route.limit("max_output"))
     prompt, context = needs.prompt_tokens, route.limit("max_context")
+    longest = needs.longest()[0]
     if key.tpm is not None or key.quota_tokens is not None:
         counted = await count_prompt(upstreams, router, route.name, endpoint, body, needs)
-        prompt, context = counted.tokens, counted.max_model_len or context
+        prompt, longest = counted.tokens, counted.longest
+        context = counted.max_model_len or context
     if needs.max_output is None and context is not None and endpoint != "embeddings":
-        cap = max(1, min(cap, context - prompt))
+        cap = max(1, min(cap, context - longest))  # each prompt of a batch has its own context
     return prompt, cap
 
 
@@ -66,16 +70,18 @@ async def count_prompt(
         None,
     )
     request = _tokenize_body(endpoint, body)
+    bound = PromptCount(needs.prompt_bound, needs.longest()[1])
     if upstream is None or request is None:
-        return PromptCount(needs.prompt_bound)
+        return bound
     with contextlib.suppress(OSError, TimeoutError, ValueError):
         async with asyncio.timeout(TOKENIZE_TIMEOUT_S):
             answer = await _tokenize(upstreams, upstream, request)
         count, limit = answer.get("count"), answer.get("max_model_len")
         if isinstance(count, int) and count >= 0:
             extra = tools_bound(body) if endpoint == "chat/completions" else 0
-            return PromptCount(count + extra, limit if isinstance(limit, int) else None)
-    return PromptCount(needs.prompt_bound)
+            limit = limit if isinstance(limit, int) else None
+            return PromptCount(count + extra, count + extra, limit)  # one prompt: no batch
+    return bound
 
 
 def _tokenize_body(endpoint: str, body: dict[str, Any]) -> dict[str, Any] | None:

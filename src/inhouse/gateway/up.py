@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -66,6 +66,16 @@ def up_command(
         Path | None,
         typer.Option(help="Model manifest: verified before any replica starts; names the model."),
     ] = None,
+    canary: Annotated[
+        Path | None,
+        typer.Option(help="Manifest of a candidate: one replica of it, a canary release."),
+    ] = None,
+    percent: Annotated[float, typer.Option(help="Share of keys the --canary answers.")] = 5.0,
+    shadow: Annotated[float, typer.Option(help="Share mirrored to the --canary.")] = 0.0,
+    cost: Annotated[
+        Path | None,
+        typer.Option(help="TOML file whose [cost] section prices team budgets (inhouse cost)."),
+    ] = None,
 ) -> None:
     """Start engine replicas and the gateway in front of them on http://127.0.0.1:8000."""
     from inhouse.gateway.config import default_database_url
@@ -75,6 +85,7 @@ def up_command(
     from inhouse.launch.replicas import stop_replicas
     from inhouse.plan.errors import PlanError
 
+    cost_table = _cost_table(cost)  # checked before any replica starts
     chosen = ENGINES.get(engine)
     if chosen is None:
         _fail(f"--engine takes one of {', '.join(ENGINES)}, not {engine!r}")
@@ -106,6 +117,15 @@ def up_command(
     if embeddings and not with_embeddings:
         typer.echo(f"{chosen.name} replicas serve the chat model only (no embedding model)")
     started = start_replicas(chosen, settings, chat_name, replicas, with_embeddings)
+    candidate = None
+    if canary is not None:
+        from inhouse.gateway.up_canary import start_candidate
+
+        def candidate_settings(source: str) -> LaunchSettings:
+            return launch_settings(source, inputs, max_model_len, max_num_seqs)
+
+        candidate = start_candidate(chosen, canary, candidate_settings, replicas + 1)
+    stop_watch = threading.Event()
     try:
         config = up_config(
             chat_name,
@@ -115,6 +135,7 @@ def up_command(
             port,
             database or default_database_url(),
             with_embeddings,
+            cost_table,
         )
         secret = ensure_admin_key(config)
         if secret is not None:
@@ -126,9 +147,14 @@ def up_command(
         server = gateway_server(config)
         outcome = StartWatch(started, server)
         outcome.start()
+        if candidate is not None:
+            from inhouse.gateway.up_canary import CanaryWatch
+
+            CanaryWatch(candidate, config, chat_name, percent, shadow, stop_watch).start()
         run_gateway(config, server)
     finally:
-        stop_replicas(started)
+        stop_watch.set()
+        stop_replicas(started + ([] if candidate is None else [candidate.replica]))
     if outcome.all_failed:
         raise typer.Exit(EXIT_NO_REPLICA)
 
@@ -277,6 +303,7 @@ def up_config(
     port: int,
     database: str,
     embeddings: bool,
+    cost: dict[str, Any] | None = None,
 ) -> GatewayConfig:
     """The gateway config `inhouse up` runs with: one backend per replica, queue policy."""
     from inhouse.gateway.config import parse_config
@@ -296,9 +323,25 @@ def up_config(
     if embeddings:
         embedders = [backend(r, ["embeddings"]) for r in replicas]
         models.append({"name": EMBEDDING_MODEL_NAME, "backends": embedders})
-    return parse_config(
-        {"gateway": {"host": host, "port": port, "database": database}, "models": models}
-    )
+    gateway = {"host": host, "port": port, "database": database}
+    return parse_config({"gateway": gateway, "models": models, "cost": cost or {}})
+
+
+def _cost_table(path: Path | None) -> dict[str, Any]:
+    """The raw `[cost]` table of `--cost` (checked when the config is parsed)."""
+    if path is None:
+        return {}
+    import tomllib
+
+    from inhouse.cost.settings import CostConfigError, parse_cost
+
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f).get("cost", {})
+        parse_cost(table)
+    except (OSError, tomllib.TOMLDecodeError, CostConfigError, AttributeError) as err:
+        _fail(f"--cost {path}: {err}")
+    return table
 
 
 def ensure_admin_key(config: GatewayConfig) -> str | None:
@@ -309,9 +352,12 @@ def ensure_admin_key(config: GatewayConfig) -> str | None:
     db = open_database(config.database)
     try:
         store = KeyStore(db, load_pepper(config))
-        if any(k.name == ADMIN_KEY for k in store.list()):
+        found = next((k for k in store.list() if k.name == ADMIN_KEY), None)
+        if found is not None:
+            if not found.admin:  # made before keys had the flag: it opens the console too
+                store.update(ADMIN_KEY, admin=True)
             return None
-        _, secret = store.create(ADMIN_KEY)
+        _, secret = store.create(ADMIN_KEY, admin=True)
         return secret
     finally:
         db.dispose()

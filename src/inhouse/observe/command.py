@@ -77,11 +77,15 @@ def prometheus_command(
         str, typer.Option(help="Scrape and rule evaluation interval.")
     ] = "15s",
     out: Annotated[Path | None, typer.Option(help="File to write (default: stdout).")] = None,
+    metrics_token_file: Annotated[
+        str | None,
+        typer.Option(help="File holding the gateway's metrics token, as Prometheus sees it."),
+    ] = None,
 ) -> None:
     """A prometheus.yml scraping the gateway and every backend it routes to."""
     from inhouse.observe.scrape import prometheus_yaml
 
-    _write(prometheus_yaml(gateway, rules_file, scrape_interval), out)
+    _write(prometheus_yaml(gateway, rules_file, scrape_interval, metrics_token_file), out)
 
 
 @observe_app.command("dashboard")

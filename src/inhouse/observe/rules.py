@@ -19,6 +19,10 @@ BY_REPLICA = "job, instance, model_name"
 KV_USAGE = "(kv_cache_usage_perc|gpu_cache_usage_perc)"  # vLLM's current name and its old one
 
 
+# Every replica reports the same share (read from the shared database): one per team.
+TEAM_BUDGET = "max by (team, budget) (inhouse:gateway_team_budget_used_ratio)"
+
+
 def engine_series(name: str) -> str:
     """A selector for an engine metric under our prefix or vLLM's (``name`` may be a regex)."""
     return f'{{__name__=~"{ENGINE_PREFIX}:{name}"}}'
@@ -38,6 +42,7 @@ class AlertThresholds:
     unavailable_ratio: float = 0.01  # gateway answers 503: no replica could take it
     rate_limited_ratio: float = 0.10  # gateway answers 429
     creep_ratio: float = 1.5  # mean prompt now / over the baseline window
+    team_budget_warn: float = 0.8  # share of a team's quota or budget: warn, then at 1 spent
     rate_window: str = "5m"
     pending: str = "5m"  # `for:` of latency, KV, queueing and error alerts
     backend_down_for: str = "1m"
@@ -235,6 +240,37 @@ def alerting_rules(t: AlertThresholds) -> list[dict[str, Any]]:
             "Prompts are growing (longer histories, bigger RAG contexts): the plan's average "
             "context no longer holds. Re-plan with the new average before KV usage and TTFT "
             "follow; trim histories or retrieved context in the client.",
+        ),
+        _alert(
+            "InhouseReleaseRolledBack",
+            f"increase(inhouse:gateway_release_rollbacks_total[{t.rate_window}]) > 0",
+            "0s",
+            "warning",
+            "The guardrail rolled back the candidate release of {{ $labels.model_name }}"
+            " ({{ $labels.reason }}).",
+            "The candidate crossed a threshold and every request is back on the stable "
+            "release. `inhouse release status MODEL` shows the figures and the event; "
+            "`inhouse release compare MODEL` the shadow pairs. Fix the candidate, then start "
+            "a new canary.",
+        ),
+        _alert(
+            "InhouseTeamBudgetNearlySpent",
+            f"{TEAM_BUDGET} >= {t.team_budget_warn:g} < 1",
+            "0s",
+            "warning",
+            "Team {{ $labels.team }} has used {{ $value | humanizePercentage }} of its"
+            " {{ $labels.budget }} budget for this period.",
+            "Tell the team; raise its budget (`inhouse teams update`) if the use is expected, "
+            "or find the key that spends it (`inhouse usage --by person`, the console).",
+        ),
+        _alert(
+            "InhouseTeamBudgetSpent",
+            f"{TEAM_BUDGET} >= 1",
+            "0s",
+            "critical",
+            "Team {{ $labels.team }} has spent its {{ $labels.budget }} budget for this period.",
+            "A hard-stop team's keys now get 429 insufficient_quota until the period resets; "
+            "a warn-only team keeps being served. Raise the budget or wait for the reset.",
         ),
     ]
     if t.max_num_seqs is not None:

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from inhouse import __version__
 from inhouse.body_limit import BodySizeLimit
 from inhouse.server.context import ServerContext
-from inhouse.server.errors import install_error_handlers
+from inhouse.server.errors import ModelRefused, install_error_handlers
 from inhouse.server.routes import chat, completions, embeddings, info
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,7 @@ def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(_load(ctx, load)) if load else None
+        ctx.heap.start()
         try:
             yield
         finally:
@@ -34,6 +35,11 @@ def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
                 task.cancel()
             if ctx.engine is not None:
                 await ctx.engine.shutdown()
+            ctx.heap.close()
+            ctx.prompt_workers.shutdown()
+            ctx.grammar_workers.shutdown()
+            if ctx.embeddings.done() and ctx.embeddings.exception() is None:
+                await asyncio.to_thread(ctx.embeddings.result().close)
 
     app = FastAPI(
         title="inhouse",
@@ -53,8 +59,11 @@ def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
 
 
 async def _load(ctx: ServerContext, load: Loader) -> None:
+    """Run ``load``; a failure is kept in ``ctx.load_error`` (with a traceback in the log
+    unless the model was refused, which the error says in full)."""
     try:
         await asyncio.to_thread(load, ctx)
     except Exception as exc:
-        log.exception("loading the model failed")
+        if not isinstance(exc, ModelRefused):
+            log.exception("loading the model failed")
         ctx.load_error = f"Loading the model failed: {exc}"

@@ -64,6 +64,18 @@ class ChatRenderer:
                 f"The chat template cannot render these messages: {exc}", param="messages"
             ) from exc
 
+    def token_ids(
+        self,
+        messages: list[ChatMessage],
+        tools: list[ToolDefinition] | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """The prompt's token ids (:meth:`render`, then the tokenizer, no special tokens
+        added: the template writes them)."""
+        text = self.render(messages, tools, add_generation_prompt, template_kwargs)
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
     def _message(self, message: ChatMessage, native_tools: bool) -> dict[str, Any]:
         text = self._text(message)
         role = "system" if message.role == "developer" else message.role

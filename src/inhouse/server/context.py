@@ -11,11 +11,14 @@ from typing import TYPE_CHECKING
 
 from inhouse.api.errors import APIError, not_found, service_unavailable
 from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
+from inhouse.server.memory import HeapTrimmer
 from inhouse.server.metrics import ServerMetrics
+from inhouse.server.workers import GRAMMAR_THREADS, PROMPT_THREADS, WorkerPool
 
 if TYPE_CHECKING:
     from inhouse.engine.async_engine import AsyncEngine
-    from inhouse.engine.embedder import Embedder
+    from inhouse.engine.embedding_scheduler import EmbeddingScheduler
+    from inhouse.engine.stats import EmbeddingStats
     from inhouse.engine.structured import GrammarCompiler
     from inhouse.models.manifest import Manifest
     from inhouse.server.chat_template import ChatRenderer
@@ -73,25 +76,49 @@ def _loading() -> Future:
 @dataclass(slots=True)
 class ServerContext:
     """Shared state of one app. ``engine`` is None until the chat model is loaded; the
-    embedding model loads after it (``embedder`` completes then)."""
+    embedding model loads after it (``embeddings`` completes then). Tokenizing and
+    templates run on ``prompt_workers``, schema compiles on ``grammar_workers``; ``heap``
+    gives back what heavy requests freed."""
 
     config: ServerConfig
     metrics: ServerMetrics
     model_name: str
+    heap: HeapTrimmer
+    prompt_workers: WorkerPool
+    grammar_workers: WorkerPool
     engine: AsyncEngine | None = None
     renderer: ChatRenderer | None = None
     grammars: GrammarCompiler | None = None
-    embedder: Future[Embedder] = field(default_factory=_loading)
+    embeddings: Future[EmbeddingScheduler] = field(default_factory=_loading)
     load_error: str | None = None
     engine_error: str | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
     def create(cls, config: ServerConfig, model_name: str) -> ServerContext:
-        """A context whose metrics read the engine's stats once it is loaded."""
-        ctx = cls(config=config, metrics=None, model_name=model_name)  # type: ignore[arg-type]
-        ctx.metrics = ServerMetrics(model_name, lambda: ctx.engine.stats() if ctx.engine else None)
+        """A context whose metrics read the engine's stats once it is loaded, and whose
+        worker pools have the heap trimmed after their jobs."""
+        heap = HeapTrimmer()
+        ctx = cls(
+            config=config,
+            metrics=None,  # type: ignore[arg-type]
+            model_name=model_name,
+            heap=heap,
+            prompt_workers=WorkerPool("prompt", PROMPT_THREADS, after=heap.note),
+            grammar_workers=WorkerPool("grammar", GRAMMAR_THREADS, after=heap.note),
+        )
+        ctx.metrics = ServerMetrics(
+            model_name,
+            lambda: ctx.engine.stats() if ctx.engine else None,
+            ctx.embedding_stats,
+            config.embedding_name,
+        )
         return ctx
+
+    def embedding_stats(self) -> EmbeddingStats | None:
+        """The embedding scheduler's numbers once it is running, else None."""
+        ready = self.embeddings.done() and self.embeddings.exception() is None
+        return self.embeddings.result().stats() if ready else None
 
     def require_engine(self) -> AsyncEngine:
         """The engine, or a 503 while it is still loading, or if it failed to load or died."""
@@ -114,8 +141,9 @@ class ServerContext:
                 code="model_not_found",
             )
 
-    async def embedding_model(self, requested: str | None) -> Embedder:
-        """The embedder for ``requested`` (or the default) once loaded, or a 404/400/503."""
+    async def embedding_model(self, requested: str | None) -> EmbeddingScheduler:
+        """The embedding scheduler for ``requested`` (or the default) once loaded, or a
+        404/400/503."""
         name = self.config.embedding_name
         if name is None:
             raise APIError(
@@ -128,6 +156,6 @@ class ServerContext:
                 code="model_not_found",
             )
         try:
-            return await asyncio.shield(asyncio.wrap_future(self.embedder))
+            return await asyncio.shield(asyncio.wrap_future(self.embeddings))
         except Exception as exc:
             raise service_unavailable(f"The embedding model failed to load: {exc}") from None

@@ -14,6 +14,11 @@ class ClientDisconnected(Exception):
     """The client closed the connection before its answer was ready."""
 
 
+class ModelRefused(Exception):
+    """The chat model cannot be served as given (a refused or missing file, a bad config,
+    flags it cannot run with): no restart fixes it, so serve says why and exits."""
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """The shared handlers, and a silent 499 for a client gone."""
     install_shared_handlers(app)

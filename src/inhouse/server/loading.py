@@ -8,11 +8,19 @@ from pathlib import Path
 from inhouse.engine.async_engine import AsyncEngine
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.embedder import Embedder
+from inhouse.engine.embedding_scheduler import EmbeddingScheduler
 from inhouse.engine.structured import GrammarCompiler
 from inhouse.server.chat_template import ChatRenderer
 from inhouse.server.context import ServerContext
+from inhouse.server.errors import ModelRefused
 
 log = logging.getLogger(__name__)
+
+# What loading raises for a model that cannot be served as given: the loader's refusals
+# (pickles, a missing source, an unsupported architecture or dtype, a KV budget too small:
+# ValueErrors all), and files that cannot be read or parsed (OSError, as transformers
+# raises for a missing tokenizer or an unreadable config.json).
+UNSERVABLE = (ValueError, OSError)
 
 
 def read_chat_template(value: str | None) -> str | None:
@@ -41,14 +49,17 @@ class ContextLoader:
             ctx.grammars = GrammarCompiler(info.tokenizer, info.vocab_size, info.eos_token_ids)
             engine.start()
         except Exception as exc:
-            ctx.embedder.set_exception(RuntimeError(f"the chat model failed first ({exc})"))
+            ctx.embeddings.set_exception(RuntimeError(f"the chat model failed first ({exc})"))
+            if isinstance(exc, UNSERVABLE):
+                raise ModelRefused(" ".join(str(exc).split())) from exc  # one line
             raise
         ctx.engine = engine
         if ctx.config.embedding_model is not None:
             try:
                 embedder = Embedder(ctx.config.embedding_model, ctx.config.embedding_name)
+                scheduler = EmbeddingScheduler(embedder)
             except Exception as exc:
                 log.exception("loading the embedding model failed")
-                ctx.embedder.set_exception(exc)
+                ctx.embeddings.set_exception(exc)
             else:
-                ctx.embedder.set_result(embedder)
+                ctx.embeddings.set_result(scheduler)

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from inhouse.engine.outputs import RequestOutput
 from inhouse.engine.speculative.drafter import SpecDecodeCounters
-from inhouse.engine.stats import EngineStats, RequestTiming
+from inhouse.engine.stats import EmbeddingStats, EngineStats, RequestTiming
 
 PREFIX = "inhouse:"
 FINISH_REASONS = ("stop", "length", "abort")
@@ -89,12 +89,49 @@ class EngineStatsCollector(Collector):
         yield per_pos
 
 
-class ServerMetrics:
-    """The app's registry: engine collector plus per-request latency histograms."""
+class EmbeddingStatsCollector(Collector):
+    """The embedding model's queue and work done, read fresh on every scrape."""
 
-    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(self, stats: Callable[[], EmbeddingStats | None], model_name: str) -> None:
+        self._stats = stats
+        self._model = model_name
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        stats = self._stats()
+        if stats is None:
+            return
+        unfinished = GaugeMetricFamily(
+            PREFIX + "embedding_requests_unfinished",
+            "Embedding requests queued or running.",
+            labels=["model_name"],
+        )
+        unfinished.add_metric([self._model], stats.unfinished)
+        yield unfinished
+        counters = {
+            "embedding_inputs": ("Embedding inputs computed.", stats.inputs),
+            "embedding_tokens": ("Tokens of the embedding inputs computed.", stats.tokens),
+        }
+        for name, (doc, value) in counters.items():
+            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            family.add_metric([self._model], value)
+            yield family
+
+
+class ServerMetrics:
+    """The app's registry: engine and embedding collectors plus per-request latency
+    histograms."""
+
+    def __init__(
+        self,
+        model_name: str,
+        stats: Callable[[], EngineStats | None],
+        embedding_stats: Callable[[], EmbeddingStats | None] = lambda: None,
+        embedding_name: str | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(EngineStatsCollector(stats, model_name))
+        if embedding_name is not None:
+            self.registry.register(EmbeddingStatsCollector(embedding_stats, embedding_name))
         self._model = model_name
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:

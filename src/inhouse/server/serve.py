@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from inhouse.server.context import ServerContext
 
 DEFAULT_EMBEDDING_NAME = "all-MiniLM-L6-v2"
+EXIT_LOAD_FAILED = 1  # the chat model did not load; one line says why
+EXIT_NOT_STARTED = 3  # uvicorn's own code for a server that could not start
 
 
 def serve_command(
@@ -148,8 +150,15 @@ def serve_command(
     )
     ctx = ServerContext.create(config, name)
     app = build_app(ctx, _then_gc_on(ContextLoader(engine_config)))
-    threading.Thread(target=_announce, args=(ctx, host, port), daemon=True).start()
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    )
+    threading.Thread(target=_announce, args=(ctx, server, host, port), daemon=True).start()
+    server.run()
+    if ctx.load_error is not None:  # a server that can never be ready does not stay up
+        raise typer.Exit(EXIT_LOAD_FAILED)
+    if not server.started:  # uvicorn said why (the port is taken, say)
+        raise typer.Exit(EXIT_NOT_STARTED)
 
 
 def _then_gc_on(load: Callable[[ServerContext], None]) -> Callable[[ServerContext], None]:
@@ -182,13 +191,15 @@ def _default_model_name(model: str | None) -> str:
     return path.stem if path.suffix == ".gguf" else path.name
 
 
-def _announce(ctx, host: str, port: int) -> None:
-    """Print the capacity table and the URL once the model is loaded."""
+def _announce(ctx, server, host: str, port: int) -> None:
+    """Print the capacity table and the URL once the model is loaded; if it failed to load,
+    the reason, and stop the server."""
     typer.echo(f"inhouse serve: loading {ctx.model_name} ... (/health answers 503 until ready)")
     while ctx.engine is None and ctx.load_error is None:
         time.sleep(0.2)
     if ctx.load_error:
-        typer.echo(ctx.load_error, err=True)
+        typer.echo(f"inhouse serve: {ctx.load_error}", err=True)
+        server.should_exit = True
         return
     from inhouse.engine.models.precision import WEIGHT_FORMATS
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from inhouse.engine.attention import AttentionMetadata, paged_attention, write_kv
 from inhouse.engine.kernels import quant
+from inhouse.engine.models.row_blocks import blocked_linear, invariant_row_blocks
 
 SUPPORTED_ARCHITECTURES = frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
@@ -115,9 +116,9 @@ class Linear(nn.Module):
     product runs in float32 on it: half the bytes per weight of float32, with AVX2
     kernels. After :meth:`quantize` it lives in 32-weight blocks of int8 or 4-bit codes
     (see :mod:`inhouse.engine.kernels.quant`) multiplied by our C++ kernels. The bytes a
-    decode step streams are what decide its speed on a CPU. With a ``row_block`` set (bf16
-    on CPU, see :mod:`inhouse.engine.models.row_blocks`) rows are multiplied that many at a
-    time, so each row's bits do not depend on the batch.
+    decode step streams are what decide its speed on a CPU. With ``row_blocks`` set (bf16
+    on CPU, see :mod:`inhouse.engine.models.row_blocks`) rows are multiplied in blocks of
+    those checked sizes only, so each row's bits do not depend on the batch.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, like: dict) -> None:
@@ -126,7 +127,7 @@ class Linear(nn.Module):
         self.bias = _empty(out_features, like=like) if bias else None
         self.packed: torch.ScriptObject | None = None
         self.quantized: quant.QuantizedWeight | None = None
-        self.row_block = 0  # 0: all rows in one product
+        self.row_blocks: tuple[int, ...] = ()  # (): all rows in one product
 
     def pack_fp16(self, keep_weight: bool = False) -> None:
         """Pack the weight for float16-weight float32-compute products (CPU, fbgemm)."""
@@ -147,9 +148,8 @@ class Linear(nn.Module):
             return quant.linear(x, self.quantized, self.bias)
         if self.packed is not None:
             return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
-        if 0 < self.row_block < x.shape[0]:
-            blocks = x.split(self.row_block)
-            return torch.cat([F.linear(rows, self.weight, self.bias) for rows in blocks])
+        if self.row_blocks:
+            return blocked_linear(x, self.weight, self.bias, self.row_blocks)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -412,16 +412,17 @@ class LlamaForCausalLM(nn.Module):
         self.fused_norms = True
         self.decode_weights = _decode_weights(self.layers)
 
-    def block_rows(self, block_of: Callable[[torch.Tensor, torch.Tensor | None], int]) -> None:
-        """Give every float projection the row block ``block_of(weight, bias)`` finds for its
-        shape (probed once per shape)."""
-        blocks: dict[tuple[int, ...], int] = {}
+    def block_rows(self) -> dict[tuple[int, ...], tuple[int, ...]]:
+        """Give every float projection the row counts this CPU keeps invariant for its shape
+        (probed once per shape, see :func:`invariant_row_blocks`); returns them by shape."""
+        blocks: dict[tuple[int, ...], tuple[int, ...]] = {}
         for module in self.modules():
             if isinstance(module, Linear) and module.weight is not None:
                 shape = (*module.weight.shape, module.bias is not None)
                 if shape not in blocks:
-                    blocks[shape] = block_of(module.weight, module.bias)
-                module.row_block = blocks[shape]
+                    blocks[shape] = invariant_row_blocks(module.weight, module.bias)
+                module.row_blocks = blocks[shape]
+        return blocks
 
     def weight_keys(self) -> set[str]:
         """Keys :meth:`weight_target` hands out; a complete checkpoint covers all of them."""

@@ -21,7 +21,7 @@ from inhouse.engine.kernels.build import load_kernels
 from inhouse.engine.models.gguf_convert import convert_gguf, main_block_type
 from inhouse.engine.models.llama import LlamaArgs, LlamaForCausalLM
 from inhouse.engine.models.precision import choose_precision
-from inhouse.engine.models.row_blocks import invariant_row_block
+from inhouse.engine.models.row_blocks import describe_blocks
 from inhouse.models.hashing import CACHE_FILE, HashCache, default_cache_dir
 from inhouse.models.pickles import PickleRefused, refuse_pickle
 
@@ -274,10 +274,11 @@ def load_model(
         else:
             embedding = frozenset({"embed_tokens.weight"})
             load_weights(model, folder, _packing(model, quant), embedding)
+    reason = precision.reason
     if quant in ("q8", "q4"):
         model.fuse_cpu_ops()
     elif dev.type == "cpu" and torch_dtype == torch.bfloat16:
-        model.block_rows(invariant_row_block)
+        reason += f"; {describe_blocks(model.block_rows())}"
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return LoadedModel(
         model=model,
@@ -293,7 +294,7 @@ def load_model(
         device=dev,
         hf_folder=folder,
         quantization=quant,
-        path_reason=precision.reason,
+        path_reason=reason,
         attention_kernel=_attention_kernel(dev, torch_dtype, quant),
     )
 

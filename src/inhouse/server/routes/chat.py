@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -82,14 +81,17 @@ async def create_chat_completion(
 
 
 async def _prepare(ctx: ServerContext, body: ChatCompletionRequest) -> PreparedChat:
-    engine = ctx.require_engine()
+    ctx.require_engine()
     assert ctx.renderer is not None and ctx.grammars is not None
     use_tools = bool(body.tools) and body.tool_choice != "none"
     tools = body.tools if use_tools else None
-    prompt = ctx.renderer.render(
-        body.messages, tools, body.add_generation_prompt, body.chat_template_kwargs
+    prompt_ids = await ctx.prompt_workers.run(
+        ctx.renderer.token_ids,
+        body.messages,
+        tools,
+        body.add_generation_prompt,
+        body.chat_template_kwargs,
     )
-    prompt_ids = engine.info.tokenizer.encode(prompt, add_special_tokens=False)
     guide = await _guide(ctx, body, tools is not None)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(
@@ -114,14 +116,14 @@ async def _guide(
             schema = forced_tool_schema(
                 body.tools or [], body.tool_choice, body.parallel_tool_calls
             )  # type: ignore[arg-type]
-            return await asyncio.to_thread(ctx.grammars.json_schema, schema)
+            return await ctx.grammar_workers.run(ctx.grammars.json_schema, schema)
         fmt = body.response_format
         if fmt is None or fmt.type == "text":
             return None
         if fmt.type == "json_object":
-            return await asyncio.to_thread(ctx.grammars.json_object)
+            return await ctx.grammar_workers.run(ctx.grammars.json_object)
         assert fmt.json_schema is not None and fmt.json_schema.schema_ is not None
-        return await asyncio.to_thread(ctx.grammars.json_schema, fmt.json_schema.schema_)
+        return await ctx.grammar_workers.run(ctx.grammars.json_schema, fmt.json_schema.schema_)
     except GrammarError as exc:
         param = "tools" if forced else "response_format"
         raise invalid_request(str(exc), param=param) from exc

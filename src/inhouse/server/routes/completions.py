@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
+import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -37,16 +39,15 @@ async def create_completion(
     """OpenAI's legacy completions; a batch of prompts gives ``len(prompts) * n`` choices."""
     ctx.check_model(body.model)
     tokenizer = ctx.require_engine().info.tokenizer
-    prompts = [
-        p if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=True)
-        for p in body.prompts()
-    ]
+    prompts = await ctx.prompt_workers.run(_token_ids, tokenizer, body.prompts())
     params = sampling_params(body, max_tokens=body.completion_limit, logprobs=body.logprobs)
     rid = request_id("cmpl")
     requests = [
         EngineRequest(f"{rid}-{k}", p, params, body.cache_salt) for k, p in enumerate(prompts)
     ]
-    echoes = [tokenizer.decode(p) if body.echo else "" for p in prompts]
+    echoes = [""] * len(prompts)
+    if body.echo:
+        echoes = await ctx.prompt_workers.run(tokenizer.batch_decode, prompts)
     if body.stream:
         streams = [generate(ctx, r) for r in requests]
         try:  # bad input fails here, as a 400 before any byte is sent
@@ -84,6 +85,14 @@ async def create_completion(
     return JSONResponse(response.model_dump(exclude_none=True))
 
 
+def _token_ids(tokenizer: Any, prompts: list[str | list[int]]) -> list[list[int]]:
+    """Each prompt's token ids: a text tokenized (with the model's special tokens), ids as
+    given."""
+    return [
+        p if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=True) for p in prompts
+    ]
+
+
 async def _collect_all(ctx: ServerContext, requests: list[EngineRequest]) -> list[RequestResult]:
     """Run the prompts together; if one fails (or we are cancelled) the others are aborted."""
     tasks = [asyncio.ensure_future(collect(ctx, r)) for r in requests]
@@ -98,13 +107,17 @@ async def _merged(
     firsts: list[RequestOutput], streams: list[AsyncIterator[RequestOutput]]
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Outputs of several requests as they come, tagged with the request's position."""
-    queue: asyncio.Queue[tuple[int, RequestOutput | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
 
     async def pump(k: int, first: RequestOutput, stream: AsyncIterator[RequestOutput]) -> None:
-        await queue.put((k, first))
-        if not first.finished:
-            async for output in stream:
-                await queue.put((k, output))
+        try:
+            await queue.put((k, first))
+            if not first.finished:
+                async for output in stream:
+                    await queue.put((k, output))
+        except Exception as exc:  # the request failed: the batch fails with it, at once
+            await queue.put((k, exc))
+            return
         await queue.put((k, None))
 
     tasks = [
@@ -115,17 +128,22 @@ async def _merged(
         running = len(tasks)
         while running:
             k, output = await queue.get()
+            if isinstance(output, Exception):
+                raise output
             if output is None:
                 running -= 1
                 continue
             yield k, output
-        for task in tasks:
-            task.result()
     finally:
         for task in tasks:
             task.cancel()
-        for stream in streams:
-            await stream.aclose()
+        # A stream still iterated by its pump cannot be closed ("aclose(): asynchronous
+        # generator is already running"): wait for the pumps first, shielded from the
+        # client's disconnect that may have brought us here, then close what none ran.
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for stream in streams:
+                await stream.aclose()
 
 
 async def _chunks(

@@ -1,0 +1,116 @@
+"""CLI: `inhouse teams create|list|update`: a team's shared token quota and money budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from inhouse.gateway.command import ConfigOption, DatabaseOption, _period, settings_for
+
+teams_app = typer.Typer(
+    help="Teams: a token quota and a money budget per period, shared by their keys.",
+    no_args_is_help=True,
+)
+
+QuotaOption = Annotated[int | None, typer.Option(help="Tokens per period (0: no quota).")]
+BudgetOption = Annotated[
+    float | None, typer.Option(help="Money per period, at [cost] prices (0: no budget).")
+]
+SoftOption = Annotated[
+    bool | None,
+    typer.Option("--hard-stop/--warn-only", help="Refuse (429) when spent, or only warn."),
+]
+
+
+@teams_app.command("create")
+def teams_create(
+    name: str,
+    quota_tokens: QuotaOption = None,
+    budget: BudgetOption = None,
+    period: Annotated[str, typer.Option(help="Period, e.g. 1d, 30d.")] = "30d",
+    hard_stop: SoftOption = None,
+    config: ConfigOption = None,
+    database: DatabaseOption = None,
+) -> None:
+    """Create a team; its keys share its quota and budget."""
+    limits = _limits(quota_tokens, budget, hard_stop)
+    try:
+        _teams(config, database).create(name, _period(period), **limits)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    typer.echo(f"created team {name!r}")
+
+
+@teams_app.command("update")
+def teams_update(
+    name: str,
+    quota_tokens: QuotaOption = None,
+    budget: BudgetOption = None,
+    period: Annotated[str | None, typer.Option(help="Period, e.g. 30d.")] = None,
+    hard_stop: SoftOption = None,
+    config: ConfigOption = None,
+    database: DatabaseOption = None,
+) -> None:
+    """Change a team's quota, budget, period or hard stop; applies from its next request."""
+    from inhouse.gateway.teams import UnknownTeam
+
+    changes = _limits(quota_tokens, budget, hard_stop)
+    if period is not None:
+        changes["period_s"] = _period(period)
+    if not changes:
+        raise typer.BadParameter("nothing to update: pass at least one option")
+    try:
+        _teams(config, database).update(name, **changes)
+    except UnknownTeam as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"updated team {name!r}: {', '.join(sorted(changes))}")
+
+
+@teams_app.command("list")
+def teams_list(config: ConfigOption = None, database: DatabaseOption = None) -> None:
+    """List teams with what their current period has used of their quota and budget (a
+    team's usage in full: `inhouse usage --by team`)."""
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table()
+    for column in ("team", "period", "tokens used", "money used", "on exhaustion"):
+        table.add_column(column)
+    now = time.time()
+    for team in _teams(config, database).list():
+        tokens, money = team.used_at(now)
+        table.add_row(
+            team.name,
+            f"{team.period_s / 86400:g}d",
+            f"{tokens}/{team.quota_tokens}" if team.quota_tokens else "no quota",
+            f"{money:.2f}/{team.budget:g}" if team.budget else "no budget",
+            "429" if team.hard_stop else "warn",
+        )
+    Console().print(table)
+
+
+def _limits(quota: int | None, budget: float | None, hard_stop: bool | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if quota is not None:
+        if quota < 0:
+            raise typer.BadParameter("--quota-tokens must be >= 0")
+        out["quota_tokens"] = quota or None
+    if budget is not None:
+        if not budget >= 0:
+            raise typer.BadParameter("--budget must be >= 0")
+        out["budget"] = budget or None
+    if hard_stop is not None:
+        out["hard_stop"] = hard_stop
+    return out
+
+
+def _teams(config: Path | None, database: str | None) -> Any:
+    from inhouse.gateway.db import open_database
+    from inhouse.gateway.teams import TeamStore
+
+    return TeamStore(open_database(settings_for(config, database).database))

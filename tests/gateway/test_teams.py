@@ -1,0 +1,178 @@
+"""Teams: the shared quota and budget reserved in SQL, their periods, warn-only teams, the
+429 on the request path, and old databases brought up to the schema."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from canned_upstream import USAGE, Canned, canned_upstream
+
+from inhouse.gateway.app import build_gateway, create_app
+from inhouse.gateway.audit import recent_rows
+from inhouse.gateway.backends import HealthChecker
+from inhouse.gateway.config import parse_config
+from inhouse.gateway.db import open_database
+from inhouse.gateway.keys import KeyStore
+from inhouse.gateway.teams import TeamStore
+
+DAY = 86400.0
+ManualClock = Any  # tests/gateway/conftest.py's clock fixture: call it, advance it
+
+
+@pytest.fixture
+def teams(db_url: str, clock: ManualClock) -> TeamStore:
+    return TeamStore(open_database(db_url), clock)
+
+
+def test_a_reservation_holds_only_while_quota_and_budget_fit(
+    teams: TeamStore, clock: ManualClock
+) -> None:
+    teams.create("search", DAY, quota_tokens=100, budget=1.0)
+    assert teams.reserve("search", 60, 0.5, clock()) == (True, None)
+    held, refused = teams.reserve("search", 50, 0.1, clock())
+    assert not held and refused is not None and refused.used_at(clock()) == (60, 0.5)
+    held, refused = teams.reserve("search", 10, 0.6, clock())  # tokens fit, money does not
+    assert not held and refused is not None
+    teams.settle("search", clock(), (60, 0.5), (20, 0.1))  # the real charge was smaller
+    assert teams.get("search").used_at(clock()) == (20, pytest.approx(0.1))
+    assert teams.reserve("search", 80, 0.9, clock()) == (True, None)
+    assert teams.get("search").ratios(clock()) == {"tokens": 1.0, "money": pytest.approx(1.0)}
+
+
+def test_a_new_period_starts_empty_and_an_old_reservation_owes_it_nothing(
+    teams: TeamStore, clock: ManualClock
+) -> None:
+    teams.create("search", DAY, quota_tokens=100)
+    held_at = clock()
+    assert teams.reserve("search", 100, 0.0, held_at) == (True, None)
+    assert teams.reserve("search", 1, 0.0, clock())[1] is not None
+    clock.advance(DAY)
+    assert teams.get("search").used_at(clock()) == (0, 0.0)
+    assert teams.reserve("search", 30, 0.0, clock()) == (True, None)
+    teams.settle("search", held_at, (100, 0.0), (5, 0.0))  # yesterday's: nothing to settle
+    assert teams.get("search").used_at(clock()) == (30, 0.0)
+
+
+def test_a_warn_only_team_counts_past_its_budget_but_never_refuses(
+    teams: TeamStore, clock: ManualClock
+) -> None:
+    teams.create("ml", DAY, budget=1.0, hard_stop=False)
+    for _ in range(3):
+        assert teams.reserve("ml", 10, 0.5, clock()) == (True, None)
+    assert teams.get("ml").ratios(clock()) == {"money": 1.5}
+
+
+def test_a_team_without_quota_or_budget_holds_nothing(teams: TeamStore, clock: ManualClock) -> None:
+    teams.create("plain", DAY)
+    assert teams.reserve("plain", 10, 0.5, clock()) == (False, None)
+    assert teams.reserve("gone", 10, 0.5, clock()) == (False, None)
+    assert teams.get("plain").used_at(clock()) == (0, 0.0)  # its usage is in the audit
+
+
+def test_a_database_from_before_teams_and_releases_gains_the_new_columns(tmp_path: Path) -> None:
+    db_file = tmp_path / "old.db"
+    old = sqlite3.connect(db_file)
+    old.executescript(OLD_SCHEMA)
+    old.execute(
+        "INSERT INTO api_keys (name, key_hash, created_at, quota_window, quota_used,"
+        " allow_fallback, log_content) VALUES ('old', 'h', 1.0, 0, 0, 1, 0)"
+    )
+    old.execute("INSERT INTO audit_log (ts, key_name, status) VALUES (1.0, 'old', 200)")
+    old.commit()
+    old.close()
+    store = KeyStore(open_database(f"sqlite:///{db_file}"), b"pepper")
+    key = store.get("old")
+    assert (key.team, key.admin) == (None, False)
+    columns = {row[1] for row in sqlite3.connect(db_file).execute("PRAGMA table_info(audit_log)")}
+    assert {"team", "prompt_hash", "release", "json_valid"} <= columns
+    added = "SELECT key_name, team, prompt_hash, release, json_valid FROM audit_log"
+    assert sqlite3.connect(db_file).execute(added).fetchall() == [("old", None, None, None, None)]
+    indexes = {row[1] for row in sqlite3.connect(db_file).execute("PRAGMA index_list(audit_log)")}
+    assert {"ix_audit_usage", "ix_audit_retry"} <= indexes
+    open_database(f"sqlite:///{db_file}").dispose()  # a second start finds nothing to add
+
+
+# The two tables as the first release created them (before team, admin, prompt_hash,
+# release and json_valid).
+OLD_SCHEMA = """
+CREATE TABLE api_keys (id INTEGER PRIMARY KEY, name VARCHAR(200) NOT NULL UNIQUE,
+  key_hash VARCHAR(64) NOT NULL UNIQUE, created_at FLOAT NOT NULL, expires_at FLOAT,
+  revoked_at FLOAT, rpm INTEGER, tpm INTEGER, max_concurrent INTEGER, quota_tokens INTEGER,
+  quota_period_s FLOAT, quota_window INTEGER NOT NULL, quota_used INTEGER NOT NULL,
+  models TEXT, allow_fallback BOOLEAN NOT NULL, log_content BOOLEAN NOT NULL);
+CREATE TABLE audit_log (id INTEGER PRIMARY KEY, ts FLOAT NOT NULL, key_name VARCHAR(200),
+  model VARCHAR(200), endpoint VARCHAR(64), backend VARCHAR(200), status INTEGER NOT NULL,
+  error_type VARCHAR(64), stream BOOLEAN NOT NULL DEFAULT 0,
+  prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0,
+  reserved_tokens INTEGER NOT NULL DEFAULT 0, latency_ms FLOAT, ttft_ms FLOAT,
+  finish_reason VARCHAR(32), fallback_used BOOLEAN NOT NULL DEFAULT 0, prompt_text TEXT,
+  completion_text TEXT);
+"""
+
+
+@pytest.fixture(scope="module")
+def canned() -> Iterator[Canned]:
+    with canned_upstream() as upstream:
+        yield upstream
+
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def test_keys_of_a_team_share_its_budget_and_get_429_insufficient_quota(
+    tmp_path: Path, canned: Canned
+) -> None:
+    db_url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    backend = {"name": "r1", "url": canned.url, "model": "up", "kind": "vllm"}
+    config = parse_config(
+        {
+            "gateway": {"database": db_url},
+            "models": [{"name": "m", "backends": [backend], "default_max_tokens": 10}],
+            "cost": {"hosted": {"input_per_million": 1e5, "output_per_million": 1e5}},
+        }
+    )
+    gateway = build_gateway(config)
+    # Each call reserves (its prompt estimate + 10) tokens, 0.1 a token, and is charged
+    # USAGE (11 tokens, 1.1): a budget of 3.0 admits two calls, then refuses.
+    gateway.teams.create("search", DAY, budget=3.0)
+    alice = gateway.keys.create("alice", team="search")[1]
+    bob = gateway.keys.create("bob", team="search")[1]
+
+    async def main() -> list[int]:
+        async with httpx.AsyncClient() as health:
+            await HealthChecker(
+                gateway.router.all_backends, health, config.health, lambda _: None
+            ).check_all()
+        transport = httpx.ASGITransport(create_app(gateway))
+        statuses = []
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+            for secret in (alice, bob, alice, bob):
+                client = openai.AsyncOpenAI(
+                    base_url="http://gw/v1", api_key=secret, http_client=http, max_retries=0
+                )
+                try:
+                    await client.chat.completions.create(model="m", messages=HELLO)
+                    statuses.append(200)
+                except openai.RateLimitError as err:
+                    assert err.code == "insufficient_quota" and "team 'search'" in err.message
+                    statuses.append(429)
+                await gateway.drain()
+        await gateway.audit.flush()
+        return statuses
+
+    assert asyncio.run(main()) == [200, 200, 429, 429]
+    assert gateway.teams.get("search").used_at(gateway.teams.get("search").created_at) == (
+        2 * USAGE["total_tokens"],
+        pytest.approx(2.2),
+    )
+    rows = recent_rows(open_database(db_url), 10)
+    assert {r["team"] for r in rows} == {"search"}
+    hashes = {r["prompt_hash"] for r in rows if r["status"] == 200}
+    assert len(hashes) == 1 and len(hashes.pop()) == 64  # same prompt, same hash, no text
