@@ -33,7 +33,7 @@ def admit(sched: Scheduler, seq: Sequence) -> bool:
     prefix) and one token sampled; False if the pool could not take it."""
     sched.add([seq])
     out = sched.schedule()
-    sched.update(out, [SampledToken(0) for _ in out.sampling_rows()])
+    sched.update(out, lambda rows, _seqs: [SampledToken(0) for _ in rows])
     if seq.block_table:
         return True
     sched.finish_request(seq.request_id, "abort")

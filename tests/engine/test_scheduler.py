@@ -39,7 +39,7 @@ def make_seq(
 def step(sched: Scheduler, token: int = 1) -> SchedulerOutput:
     """One engine step, model out of the loop: every caught-up sequence samples ``token``."""
     out = sched.schedule()
-    sched.update(out, [SampledToken(token) for _ in out.sampling_rows()])
+    sched.update(out, lambda rows, _seqs: [SampledToken(token) for _ in rows])
     return out
 
 
@@ -203,7 +203,7 @@ def test_a_sequence_that_raises_in_update_fails_its_request_and_the_rest_go_on()
     news = []
     for _ in range(6):
         out = sched.schedule()
-        news += sched.update(out, [SampledToken(1) for _ in out.sampling_rows()])
+        news += sched.update(out, lambda rows, _seqs: [SampledToken(1) for _ in rows])[0]
     errors = [out for seq, out in news if out.error is not None]
     assert len(errors) == 1 and "matcher state corrupted" in errors[0].error
     assert all(seq.finish_reason == "error" for seq in bad)

@@ -49,6 +49,7 @@ class RowTables:
     context_lens: torch.Tensor  # [T] int64 keys each row attends to, itself included
     block_size: int
     row_seq: torch.Tensor | None = None  # [T] each row's sequence; None: row i is sequence i
+    decode: bool = False  # every entry decodes: one token, or one and a speculative draft
 
 
 @dataclass(slots=True)
@@ -165,6 +166,7 @@ def build_attention_metadata(
     device: torch.device,
     sliding_window: int | None = None,
     row_kernel: bool = False,
+    decode: bool = False,
 ) -> tuple[AttentionMetadata, torch.Tensor]:
     """Metadata and token positions for one step.
 
@@ -174,7 +176,8 @@ def build_attention_metadata(
     pad every decode query. ``query_group`` is query heads per KV head. With a
     ``sliding_window`` w, sliding layers let position p see keys p-w+1 .. p (HF's rule).
     With ``row_kernel``, every token is described for the C++ kernel instead
-    (:class:`RowTables`): each row takes the same arithmetic whatever runs beside it.
+    (:class:`RowTables`): each row takes the same arithmetic whatever runs beside it;
+    ``decode`` says every entry is a decode (perhaps with a draft after its token).
     """
     starts = [0]
     for n in counts[:-1]:
@@ -189,7 +192,7 @@ def build_attention_metadata(
     window = sliding_window or 0
     if row_kernel:
         row_seq = None if num_tokens == len(counts) else seq_of_token.to(device)
-        rows = RowTables(tables.to(device), (positions + 1).to(device), block_size, row_seq)
+        rows = RowTables(tables.to(device), (positions + 1).to(device), block_size, row_seq, decode)
         return AttentionMetadata(slot_mapping.to(device), [], rows, window), positions.to(device)
     decode = [i for i, n in enumerate(counts) if n == 1]
     prefill = [i for i, n in enumerate(counts) if n > 1]

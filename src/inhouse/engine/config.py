@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inhouse.engine.errors import EngineConfigError
+from inhouse.engine.speculative.config import SpeculativeConfig
 
 MAX_DEFAULT_MODEL_LEN = 8192
 QUANTIZATIONS = ("auto", "none", "fp16", "q8", "q4")
@@ -27,6 +28,7 @@ class EngineConfig:
     ``kv_reserve`` is the share of the blocks running sequences still need to reach their
     length limit that admission keeps free (1: admitted work always finishes without
     preemption; 0: admit whenever the prompt fits and let preemption sort it out).
+    ``speculative`` turns on speculative decoding (see ``speculative.config``).
     """
 
     model: str | Path | None = None
@@ -41,6 +43,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int | None = None
     kv_reserve: float = 1.0
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -23,6 +23,7 @@ from inhouse.engine.sampler import Sampler
 from inhouse.engine.sampling import SamplingParams
 from inhouse.engine.scheduler import Scheduler
 from inhouse.engine.sequence import Sequence
+from inhouse.engine.speculative.factory import make_drafter
 from inhouse.engine.stats import EngineStats
 
 MAX_CACHE_SALT_CHARS = 1024
@@ -37,7 +38,7 @@ class EngineCore:
             config.model, config.dtype, config.device, quantization=config.quantization
         )
         self.budget = plan_kv_budget(config, self.loaded)
-        self.info = EngineInfo.describe(self.loaded, self.budget)
+        self.info = EngineInfo.describe(self.loaded, self.budget, config.speculative)
         self.runner = ModelRunner(self.loaded, self.budget.num_blocks, config.block_size)
         self.kv_cache = KVCacheManager(
             self.budget.num_blocks, config.block_size, config.enable_prefix_caching
@@ -51,6 +52,7 @@ class EngineCore:
             config.kv_reserve,
         )
         self.sampler = Sampler(config.seed)
+        self.drafter = make_drafter(config.speculative, self.loaded, config, self.budget.num_blocks)
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_steps = 0
@@ -117,6 +119,8 @@ class EngineCore:
         seqs = self.scheduler.finish_request(request_id, reason)
         if not seqs:
             return None
+        if self.drafter is not None:
+            self.drafter.keep_only(self.scheduler.running)
         return CoreOutput(request_id, [SequenceOutput(s.index, finish_reason=reason) for s in seqs])
 
     def finish(self, request_id: str, index: int, reason: str, stop_reason: str | None) -> None:
@@ -124,6 +128,8 @@ class EngineCore:
         for seq in self.scheduler.sequences(request_id):
             if seq.index == index:
                 self.scheduler.finish(seq, reason, stop_reason)
+        if self.drafter is not None:
+            self.drafter.keep_only(self.scheduler.running)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -132,19 +138,24 @@ class EngineCore:
 
     def step(self) -> list[CoreOutput]:
         """Run one scheduled batch; return the news of every request that sampled a token."""
-        plan = self.scheduler.schedule()
+        drafts = {}
+        if self.drafter is not None:
+            drafts = self.drafter.propose(self.scheduler.decoding(), self._num_steps)
+        plan = self.scheduler.schedule(drafts)
         if not plan.scheduled:
             return []
-        logits = self.runner.execute(plan.scheduled)
+        logits = self.runner.execute(plan.scheduled, plan.drafts)
+        eos = self.scheduler.eos_token_ids
+
+        def sample(rows: list[int], seqs: list[Sequence]) -> list:
+            picked = logits if len(rows) == logits.shape[0] else logits[rows]
+            return self.sampler(picked, seqs, eos)
+
+        news, verified = self.scheduler.update(plan, sample)
+        if self.drafter is not None:
+            self.drafter.record(verified, self._num_steps)
+            self.drafter.keep_only(self.scheduler.running)
         self._num_steps += 1
-        rows = plan.sampling_rows()
-        sampled = []
-        if rows:
-            if len(rows) < len(plan.scheduled):
-                logits = logits[rows]
-            seqs = [plan.scheduled[row][0] for row in rows]
-            sampled = self.sampler(logits, seqs, self.scheduler.eos_token_ids)
-        news = self.scheduler.update(plan, sampled)
         self._generation_tokens += sum(1 for _, out in news if out.token_id is not None)
         outputs: dict[str, CoreOutput] = {}
         for seq, out in news:
@@ -175,4 +186,5 @@ class EngineCore:
             generation_tokens=self._generation_tokens,
             num_steps=self._num_steps,
             finished_requests=dict(self.scheduler.finished_requests),
+            spec_decode=None if self.drafter is None else self.drafter.counters.snapshot(),
         )

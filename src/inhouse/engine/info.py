@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from inhouse.engine.kv_budget import KVBudget
     from inhouse.engine.models.loader import LoadedModel
+    from inhouse.engine.speculative.config import SpeculativeConfig
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,13 +35,16 @@ class EngineInfo:
     tokenizer: Any
     chat_template: str | None
     budget: KVBudget
+    speculative: SpeculativeConfig | None = None  # None: no speculative decoding
 
     @property
     def max_model_len(self) -> int:
         return self.budget.max_model_len
 
     @classmethod
-    def describe(cls, loaded: LoadedModel, budget: KVBudget) -> EngineInfo:
+    def describe(
+        cls, loaded: LoadedModel, budget: KVBudget, speculative: SpeculativeConfig | None = None
+    ) -> EngineInfo:
         return cls(
             model_id=loaded.model_id,
             source_path=loaded.source_path,
@@ -56,4 +60,5 @@ class EngineInfo:
             tokenizer=loaded.tokenizer,
             chat_template=loaded.chat_template,
             budget=budget,
+            speculative=speculative,
         )

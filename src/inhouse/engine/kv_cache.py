@@ -89,6 +89,14 @@ class KVCacheManager:
             self.pool.cache(block, seq.block_hashes[i], self._key(seq, i))
         self._num_registered[seq.seq_id] = num_full
 
+    def release_beyond(self, seq: Sequence, num_tokens: int) -> None:
+        """Return the blocks past the first ``num_tokens`` tokens (rejected draft tokens'),
+        tail first; those blocks were never hashed, as their tokens were never final."""
+        keep = self.blocks_for_tokens(num_tokens)
+        if len(seq.block_table) > keep:
+            self.pool.free(self.pool.blocks[i] for i in reversed(seq.block_table[keep:]))
+            del seq.block_table[keep:]
+
     def free(self, seq: Sequence) -> None:
         """Return all of the sequence's blocks, tail first, and reset its table."""
         self.pool.free(self.pool.blocks[i] for i in reversed(seq.block_table))

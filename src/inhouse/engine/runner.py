@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from collections.abc import Mapping
 
 import torch
 
@@ -43,21 +44,27 @@ class ModelRunner:
         self.kv_bytes_per_block = self.kv_bytes_per_token * block_size
 
     @torch.inference_mode()
-    def execute(self, batch: list[tuple[Sequence, int]]) -> torch.Tensor:
-        """Float32 logits ``[len(batch), vocab]`` at each entry's last scheduled token.
+    def execute(
+        self, batch: list[tuple[Sequence, int]], drafts: Mapping[int, list[int]] | None = None
+    ) -> torch.Tensor:
+        """Float32 logits at each entry's last scheduled token, and at its draft tokens.
 
         Entry ``(seq, n)`` runs ``seq.token_ids[c:c+n]`` with ``c = seq.num_computed_tokens``,
         writing their K/V into ``seq.block_table`` and attending over positions ``0..c+n-1``.
-        ``seq`` is not modified.
+        An entry ``i`` with ``drafts[i]`` runs its sequence's tokens followed by the draft
+        (``n`` counts both) and gets ``1 + len(drafts[i])`` logits rows, its last ones;
+        every other entry gets one. ``seq`` is not modified.
         """
         if not batch:
             raise ValueError("execute() needs at least one (sequence, num_tokens) entry")
         if self.device.type == "cpu":
             use_cpu_threads()
-        computed, counts, tables, tokens = [], [], [], []
-        for seq, n in batch:
+        drafts = drafts or {}
+        computed, counts, tables, tokens, logit_rows = [], [], [], [], []
+        for i, (seq, n) in enumerate(batch):
             c = seq.num_computed_tokens
-            if n < 1 or c + n > len(seq.token_ids) or c + n > self.max_positions:
+            draft = drafts.get(i, [])
+            if n < 1 or c + n > len(seq.token_ids) + len(draft) or c + n > self.max_positions:
                 raise ValueError(
                     f"sequence {seq.seq_id}: cannot run {n} tokens after {c} "
                     f"of {len(seq.token_ids)} (max positions {self.max_positions})"
@@ -67,7 +74,9 @@ class ModelRunner:
             computed.append(c)
             counts.append(n)
             tables.append(seq.block_table)
-            tokens.extend(seq.token_ids[c : c + n])
+            tokens.extend((seq.token_ids[c:] + draft)[:n] if draft else seq.token_ids[c : c + n])
+            end = len(tokens)
+            logit_rows.extend(range(end - len(draft) - 1, end))
         meta, positions = build_attention_metadata(
             computed,
             counts,
@@ -77,10 +86,11 @@ class ModelRunner:
             self.device,
             self.sliding_window,
             self.attention_kernel,
+            decode=all(n == 1 or i in drafts for i, (_, n) in enumerate(batch)),
         )
         input_ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
-        last_rows = torch.tensor(counts).cumsum(0).sub_(1).to(self.device)
-        return self.model(input_ids, positions, self.kv_cache, meta, last_rows)
+        rows = torch.tensor(logit_rows).to(self.device)
+        return self.model(input_ids, positions, self.kv_cache, meta, rows)
 
 
 def _zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

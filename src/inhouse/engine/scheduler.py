@@ -14,6 +14,11 @@ the safety net: when the pool runs dry anyway (``kv_reserve`` < 1), the newest r
 sequence is preempted, its blocks freed, and it goes back to the head of the waiting
 queue to be recomputed (mostly from the prefix cache) later.
 
+Speculative decoding: a decoding sequence with a draft is scheduled for its last token
+plus the draft, and ``update`` verifies the draft position by position (see
+:meth:`Scheduler.update`); rejected tokens' blocks go back to the pool, and a block is
+hashed for the prefix cache only once every token in it was accepted.
+
 The scheduler only decides; ``KVCacheManager`` accounts; the runner computes.
 """
 
@@ -21,21 +26,31 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.outputs import SequenceOutput
 from inhouse.engine.sampler import SampledToken
 from inhouse.engine.sequence import Sequence, SequenceStatus
+from inhouse.engine.speculative.drafter import Verified
+
+# Samples one token for each (logit row, sequence): the sampler over the step's logits.
+SampleRows = Callable[[list[int], list[Sequence]], list[SampledToken | Exception]]
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """What to run this step: ``(sequence, number of tokens)`` in batch order."""
+    """What to run this step: ``(sequence, number of tokens)`` in batch order.
+
+    ``drafts`` maps a row to the draft tokens scheduled after its sequence's last token
+    (they are counted in the row's number of tokens); the runner gives such a row one
+    logits row per draft token more.
+    """
 
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    drafts: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -46,8 +61,16 @@ class SchedulerOutput:
         return [
             row
             for row, (seq, n) in enumerate(self.scheduled)
-            if seq.num_computed_tokens + n == seq.num_tokens
+            if seq.num_computed_tokens + n - len(self.drafts.get(row, ())) == seq.num_tokens
         ]
+
+    def logit_offsets(self) -> list[int]:
+        """Each row's first logits row: rows with a draft have ``1 + len(draft)``."""
+        offsets, at = [], 0
+        for row in range(len(self.scheduled)):
+            offsets.append(at)
+            at += 1 + len(self.drafts.get(row, ()))
+        return offsets
 
 
 class Scheduler:
@@ -88,19 +111,39 @@ class Scheduler:
 
     # -- deciding ---------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
+    def decoding(self) -> list[tuple[Sequence, int]]:
+        """Running sequences with one token left to compute, each with the most draft
+        tokens that still fit before its length limit (a bonus token always follows)."""
+        return [
+            (seq, self._max_tokens_total(seq) - seq.num_tokens - 1)
+            for seq in self.running
+            if seq.num_tokens - seq.num_computed_tokens == 1
+        ]
+
+    def schedule(self, drafts: Mapping[int, list[int]] | None = None) -> SchedulerOutput:
+        """The step's batch; ``drafts`` (by ``seq_id``) are scheduled after decoding
+        sequences' last token where the budget and the free blocks allow."""
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        budget = self._schedule_running(out, self.max_num_batched_tokens, drafts or {})
         if not out.preempted:
             self._schedule_waiting(out, budget)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(
+        self, out: SchedulerOutput, budget: int, drafts: Mapping[int, list[int]]
+    ) -> int:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if num_new <= 0:
+                i += 1
+                continue
+            draft = drafts.get(seq.seq_id, [])[: budget - 1] if num_new == 1 else []
+            if draft and self.kv_cache.allocate_slots(seq, 1 + len(draft)):
+                out.drafts[len(out.scheduled)] = draft
+                out.scheduled.append((seq, 1 + len(draft)))
+                budget -= 1 + len(draft)
                 i += 1
                 continue
             while not self.kv_cache.allocate_slots(seq, num_new):
@@ -176,41 +219,67 @@ class Scheduler:
     # -- the step's aftermath ---------------------------------------------------------
 
     def update(
-        self, out: SchedulerOutput, sampled: list[SampledToken | Exception]
-    ) -> list[tuple[Sequence, SequenceOutput]]:
-        """Apply a step: ``sampled`` holds, per row of ``out.sampling_rows()``, its token
-        or the exception that sampling it raised. Returns each sampling sequence's news."""
-        rows = out.sampling_rows()
-        for seq, num_tokens in out.scheduled:
-            seq.num_computed_tokens += num_tokens
+        self, out: SchedulerOutput, sample: SampleRows
+    ) -> tuple[list[tuple[Sequence, SequenceOutput]], list[Verified]]:
+        """Apply a step: ``sample(logit_rows, seqs)`` gives each listed logits row's token
+        (or the exception sampling it raised). Returns the news of every sampling sequence
+        (one entry per token it gained) and how each draft fared.
+
+        Verification runs in rounds: round ``j`` samples, for every sequence still in
+        play, the logits row after its ``j``-th draft token, with the sequence's state
+        (penalties, min_tokens, grammar) as of the tokens accepted so far, and appends
+        the token. A sequence stays in play while its sampled token equals its draft's
+        next one (that draft token's K/V is then final). So greedy outputs equal those
+        without drafts, and under sampling a draft token ``d`` is kept with probability
+        ``p(d)`` and otherwise replaced by a draw from ``p`` without ``d``: the standard
+        rejection rule (accept with ``min(1, p/q)``, else draw from ``max(0, p - q)``)
+        for a point-mass draft ``q``, which prompt lookup and greedy drafters give.
+        """
+        offsets = out.logit_offsets()
+        in_play = [(row, 0) for row in out.sampling_rows()]
+        for row, (seq, num_tokens) in enumerate(out.scheduled):
+            seq.num_computed_tokens += num_tokens - len(out.drafts.get(row, ()))
             self.kv_cache.cache_computed_blocks(seq)
-        news = []
-        for row, token in zip(rows, sampled, strict=True):
-            seq = out.scheduled[row][0]
-            if seq.is_finished:  # a sibling failed earlier in this loop
-                continue
-            if isinstance(token, Exception):
-                news.append((seq, self._fail(seq, token)))
-                continue
-            try:
-                self._append(seq, token.token_id)
-            except Exception as error:  # e.g. a grammar that rejects the token
-                news.append((seq, self._fail(seq, error)))
-                continue
-            news.append(
-                (
-                    seq,
-                    SequenceOutput(
-                        seq.index,
-                        token.token_id,
-                        token.logprob,
-                        token.top,
-                        seq.finish_reason,
-                        seq.stop_reason,
-                    ),
-                )
-            )
-        return news
+        news: list[tuple[Sequence, SequenceOutput]] = []
+        verified: list[Verified] = []
+        while in_play:
+            seqs = [out.scheduled[row][0] for row, _ in in_play]
+            tokens = sample([offsets[row] + j for row, j in in_play], seqs)
+            still = []
+            for (row, j), seq, token in zip(in_play, seqs, tokens, strict=True):
+                taken = self._take(seq, token)
+                news += taken
+                draft = out.drafts.get(row)
+                if draft is None:
+                    continue
+                matched = bool(taken) and j < len(draft) and taken[0][1].token_id == draft[j]
+                if matched and not seq.is_finished:
+                    seq.num_computed_tokens += 1
+                    self.kv_cache.cache_computed_blocks(seq)
+                    still.append((row, j + 1))
+                    continue
+                verified.append(Verified(seq, len(draft), j + matched))
+                if not seq.is_finished:
+                    self.kv_cache.release_beyond(seq, seq.num_computed_tokens)
+            in_play = still
+        return news, verified
+
+    def _take(
+        self, seq: Sequence, token: SampledToken | Exception
+    ) -> list[tuple[Sequence, SequenceOutput]]:
+        """Append a sampled token (or fail on its exception); the sequence's news."""
+        if seq.is_finished:  # a sibling failed earlier in this step
+            return []
+        if isinstance(token, Exception):
+            return [(seq, self._fail(seq, token))]
+        try:
+            self._append(seq, token.token_id)
+        except Exception as error:  # e.g. a grammar that rejects the token
+            return [(seq, self._fail(seq, error))]
+        output = SequenceOutput(
+            seq.index, token.token_id, token.logprob, token.top, seq.finish_reason, seq.stop_reason
+        )
+        return [(seq, output)]
 
     def _append(self, seq: Sequence, token_id: int) -> None:
         seq.token_ids.append(token_id)

@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inhouse.engine.speculative.drafter import SpecDecodeCounters
 
 
 @dataclass(slots=True, frozen=True)
@@ -22,6 +26,7 @@ class EngineStats:
     generation_tokens: int
     num_steps: int
     finished_requests: dict[str, int] = field(default_factory=dict)
+    spec_decode: SpecDecodeCounters | None = None  # None: speculative decoding is off
 
 
 @dataclass(slots=True, frozen=True)

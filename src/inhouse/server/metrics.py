@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from inhouse.engine.outputs import RequestOutput
+from inhouse.engine.speculative.drafter import SpecDecodeCounters
 from inhouse.engine.stats import EmbeddingStats, EngineStats, RequestTiming
 
 PREFIX = "inhouse:"
@@ -64,6 +65,28 @@ class EngineStatsCollector(Collector):
         for reason in sorted(set(FINISH_REASONS) | set(stats.finished_requests)):
             success.add_metric([self._model, reason], stats.finished_requests.get(reason, 0))
         yield success
+        if stats.spec_decode is not None:
+            yield from self._spec_decode(stats.spec_decode)
+
+    def _spec_decode(self, spec: SpecDecodeCounters) -> Iterator[CounterMetricFamily]:
+        """vLLM's speculative-decoding counters (present only with speculation on)."""
+        counters = {
+            "spec_decode_num_drafts": ("Drafts verified.", spec.num_drafts),
+            "spec_decode_num_draft_tokens": ("Draft tokens verified.", spec.num_draft_tokens),
+            "spec_decode_num_accepted_tokens": ("Draft tokens accepted.", spec.num_accepted_tokens),
+        }
+        for name, (doc, value) in counters.items():
+            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            family.add_metric([self._model], value)
+            yield family
+        per_pos = CounterMetricFamily(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft.",
+            labels=["model_name", "position"],
+        )
+        for position, value in enumerate(spec.num_accepted_tokens_per_pos):
+            per_pos.add_metric([self._model, str(position)], value)
+        yield per_pos
 
 
 class EmbeddingStatsCollector(Collector):

@@ -80,6 +80,15 @@ def serve_command(
             "admission keeps free (1: no preemption; 0: admit whenever the prompt fits).",
         ),
     ] = 1.0,
+    speculative_config: Annotated[
+        str | None,
+        typer.Option(
+            help='Speculative decoding, as JSON in vLLM\'s spelling: {"method": "ngram", '
+            '"num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1} '
+            '(prompt lookup) or {"model": PATH, "num_speculative_tokens": 4} (a draft model '
+            "with the same tokenizer).",
+        ),
+    ] = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API."""
     pinned = None  # checked before the heavy imports: a mismatch exits at once
@@ -95,6 +104,7 @@ def serve_command(
         quantization = pinned.quantization if quantization == "auto" else quantization
     from inhouse.bundled import default_embedding_model
     from inhouse.engine.config import EngineConfig
+    from inhouse.engine.speculative.config import SpeculativeConfig
     from inhouse.plan.units import parse_bytes
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -111,6 +121,7 @@ def serve_command(
             enable_prefix_caching=enable_prefix_caching,
             seed=seed,
             kv_reserve=kv_reserve,
+            speculative=SpeculativeConfig.parse(speculative_config) if speculative_config else None,
         )
     except ValueError as err:  # a bad flag (EngineConfigError too): one line, exit 2
         raise typer.BadParameter(str(err)) from None
@@ -207,6 +218,7 @@ def _announce(ctx, server, host: str, port: int) -> None:
         ("KV blocks", f"{budget.num_blocks} x {budget.block_size} tokens"),
         ("KV tokens", f"{budget.num_tokens}"),
         ("max concurrency", f"{budget.max_concurrency:.2f}x at {budget.max_model_len} tokens"),
+        ("speculative", info.speculative.describe() if info.speculative else "off"),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

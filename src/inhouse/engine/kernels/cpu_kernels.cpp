@@ -763,17 +763,20 @@ torch::Tensor linear_any(const torch::Tensor& x, const c10::List<c10::optional<t
 
 constexpr size_t kLayerWeights = 18;
 
-// A decode step (one new token for each of T sequences) through every decoder layer, calling
-// the kernels above in the order the model's fused Python path calls them, so each row gets
-// the same bits; what it saves is Python's dispatch of ~10 ops a layer. `weights` holds
+// A decode step (one new token for each of T sequences, or a few: a speculative draft's rows,
+// each row's sequence in `row_seq`) through every decoder layer, calling the kernels above in
+// the order the model's fused Python path calls them, so each row gets the same bits; what it
+// saves is Python's dispatch of ~10 ops a layer. `weights` holds
 // kLayerWeights entries a layer: input norm; qkv (q, d, mins?, bias?); o (the same four);
 // post-attention norm; gate_up; down. Adds the previous MLP output `delta` into `residual`
 // (in place) and returns the last layer's MLP output.
 torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,
                             const torch::Tensor& cos, const torch::Tensor& sin,
                             torch::Tensor kv_caches, const torch::Tensor& slots,
-                            const torch::Tensor& block_tables, const torch::Tensor& context_lens,
-                            int64_t block_size, int64_t heads, double scale,
+                            const torch::Tensor& block_tables,
+                            const c10::optional<torch::Tensor>& row_seq,
+                            const torch::Tensor& context_lens, int64_t block_size, int64_t heads,
+                            double scale,
                             at::IntArrayRef windows, double eps,
                             const c10::List<c10::optional<torch::Tensor>>& weights) {
   const int64_t layers = kv_caches.size(0), tokens = residual.size(0);
@@ -789,8 +792,8 @@ torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::T
     const torch::Tensor qkv = linear_any(x, weights, at + 1).view({tokens, heads + 2 * kv_heads, dim});
     const torch::Tensor q = rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads);
     const torch::Tensor attended = paged_attention_rows(q, k_cache, v_cache, block_tables,
-                                                        c10::nullopt, context_lens, block_size,
-                                                        scale, windows[l], false);
+                                                        row_seq, context_lens, block_size, scale,
+                                                        windows[l], false);
     const torch::Tensor o = linear_any(attended, weights, at + 5);
     const torch::Tensor h = add_rms_norm(residual, o, *weights.get(at + 9), eps);
     added = linear_any(silu_mul(linear_any(h, weights, at + 10)), weights, at + 14);
@@ -814,7 +817,8 @@ TORCH_LIBRARY(inhouse_cpu, m) {
   m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
   m.def(
       "decode_layers(Tensor(a!) residual, Tensor? delta, Tensor cos, Tensor sin, "
-      "Tensor(b!) kv_caches, Tensor slots, Tensor block_tables, Tensor context_lens, "
+      "Tensor(b!) kv_caches, Tensor slots, Tensor block_tables, Tensor? row_seq, "
+      "Tensor context_lens, "
       "int block_size, int heads, float scale, int[] windows, float eps, Tensor?[] weights) "
       "-> Tensor");
   m.def("quantize_q8(Tensor weight) -> (Tensor, Tensor)");

@@ -363,6 +363,7 @@ class LlamaForCausalLM(nn.Module):
             kv_caches,
             meta.slot_mapping,
             d.block_tables,
+            d.row_seq,
             d.context_lens,
             d.block_size,
             self.args.num_heads,
@@ -459,8 +460,9 @@ class LlamaForCausalLM(nn.Module):
 
 
 def _plain_decode(meta: AttentionMetadata) -> bool:
-    """Whether every entry of the step is one new token for the C++ decode kernel."""
-    return meta.rows is not None and meta.rows.row_seq is None
+    """Whether every entry of the step is one new token (or one and a speculative draft)
+    for the C++ decode kernel."""
+    return meta.rows is not None and (meta.rows.row_seq is None or meta.rows.decode)
 
 
 def _decode_weights(layers: nn.ModuleList) -> list[torch.Tensor | None] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import asdict
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
@@ -17,6 +18,7 @@ from inhouse.api.tokenize import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from inhouse.engine.speculative.config import SpeculativeConfig
 from inhouse.server.chat_template import template_sha256
 from inhouse.server.context import ServerContext
 from inhouse.server.routes.deps import context, require_api_key
@@ -41,6 +43,11 @@ async def health(ctx: ServerContext = Depends(context)) -> JSONResponse:
 async def metrics(ctx: ServerContext = Depends(context)) -> Response:
     """Prometheus exposition of the engine and request metrics."""
     return Response(ctx.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _speculative(config: SpeculativeConfig | None) -> dict | None:
+    """The speculative config as ``--speculative-config`` spells it (None when off)."""
+    return None if config is None else asdict(config)
 
 
 @router.get("/version")
@@ -73,6 +80,7 @@ async def version(ctx: ServerContext = Depends(context)) -> dict:
             "path_reason": described.path_reason,
             "device": described.device,
             "max_model_len": described.max_model_len,
+            "speculative_config": _speculative(described.speculative),
         }
     if ctx.config.embedding_name is not None:
         info["embedding_model"] = ctx.config.embedding_name

@@ -1,0 +1,1 @@
+"""Speculative decoding: a drafter proposes tokens, the target verifies them inside the step."""

@@ -1,0 +1,112 @@
+"""SpeculativeConfig: ``--speculative-config`` in vLLM's spelling, checked on construction.
+
+``{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N,
+"prompt_lookup_min": M}`` drafts by prompt lookup; ``{"model": PATH,
+"num_speculative_tokens": K}`` (method "draft_model", implied by ``model``) drafts with a
+smaller model that shares the target's tokenizer. As in vLLM, a missing lookup bound
+takes the other's value, and both default to 5.
+
+The adaptive off-switch (ours; vLLM has none): a sequence whose drafts had an acceptance
+rate below ``min_acceptance_rate`` over its last ``acceptance_window`` drafts stops
+drafting for ``pause_steps`` steps, then tries again from a fresh window. And, as vLLM's
+``disable_by_batch_size``: no sequence drafts while more than that many decode (None:
+always draft). Verifying drafts is nearly free while a step is bound by streaming the
+weights (one or a few users on a CPU) and costs full rows once the batch is large:
+``benchmarks/speculative.py`` measured 1.09x at c=1 and 0.70x at c=16 with drafting
+always on, hence the default of 4.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+from inhouse.engine.errors import EngineConfigError
+
+METHODS = ("ngram", "draft_model")
+DEFAULT_PROMPT_LOOKUP = 5
+MAX_SPECULATIVE_TOKENS = 16
+MAX_PROMPT_LOOKUP = 64
+
+
+@dataclass(slots=True, frozen=True)
+class SpeculativeConfig:
+    """How to draft and when to stop drafting; see the module docstring for the keys."""
+
+    num_speculative_tokens: int
+    method: str | None = None  # None: "draft_model" when ``model`` is given, else "ngram"
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+    model: str | None = None
+    min_acceptance_rate: float = 0.1
+    acceptance_window: int = 8
+    pause_steps: int = 32
+    disable_by_batch_size: int | None = 4
+
+    def __post_init__(self) -> None:
+        if self.method is None:
+            object.__setattr__(self, "method", "draft_model" if self.model else "ngram")
+        if self.method not in METHODS:
+            raise EngineConfigError(
+                f"speculative method {self.method!r} is not supported; use {' or '.join(METHODS)}"
+            )
+        _int_in("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
+        if self.method == "draft_model" and not self.model:
+            raise EngineConfigError('the "draft_model" method needs "model": a path')
+        if self.method == "ngram":
+            if self.model is not None:
+                raise EngineConfigError('"model" belongs to the draft_model method, not ngram')
+            high = self.prompt_lookup_max or self.prompt_lookup_min or DEFAULT_PROMPT_LOOKUP
+            low = self.prompt_lookup_min or self.prompt_lookup_max or DEFAULT_PROMPT_LOOKUP
+            object.__setattr__(self, "prompt_lookup_max", high)
+            object.__setattr__(self, "prompt_lookup_min", low)
+            _int_in("prompt_lookup_min", low, 1, MAX_PROMPT_LOOKUP)
+            _int_in("prompt_lookup_max", high, 1, MAX_PROMPT_LOOKUP)
+            if low > high:
+                raise EngineConfigError(
+                    f"prompt_lookup_min ({low}) must not exceed prompt_lookup_max ({high})"
+                )
+        rate = self.min_acceptance_rate
+        if not isinstance(rate, int | float) or not 0 <= rate <= 1:
+            raise EngineConfigError(f"min_acceptance_rate must be in [0, 1], got {rate!r}")
+        _int_in("acceptance_window", self.acceptance_window, 1, 1024)
+        _int_in("pause_steps", self.pause_steps, 0, 1_000_000)
+        if self.disable_by_batch_size is not None:
+            _int_in("disable_by_batch_size", self.disable_by_batch_size, 1, 1_000_000)
+
+    @classmethod
+    def parse(cls, text: str) -> SpeculativeConfig:
+        """From the JSON object ``--speculative-config`` takes; unknown keys are refused."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise EngineConfigError(f"--speculative-config is not JSON: {error}") from None
+        if not isinstance(raw, dict):
+            raise EngineConfigError("--speculative-config must be a JSON object")
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> SpeculativeConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise EngineConfigError(
+                f"unknown --speculative-config keys: {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        if "num_speculative_tokens" not in raw:
+            raise EngineConfigError("--speculative-config needs num_speculative_tokens")
+        return cls(**raw)
+
+    def describe(self) -> str:
+        """One line for the start-up table and /version."""
+        if self.method == "ngram":
+            lookup = f"n-grams {self.prompt_lookup_min}..{self.prompt_lookup_max}"
+            return f"ngram, {self.num_speculative_tokens} tokens, {lookup}"
+        return f"draft model {self.model}, {self.num_speculative_tokens} tokens"
+
+
+def _int_in(name: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise EngineConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")

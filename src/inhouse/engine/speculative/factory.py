@@ -1,0 +1,33 @@
+"""The drafter an engine config asks for: none, prompt lookup, or a draft model."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from inhouse.engine.models.loader import LoadedModel, load_model
+from inhouse.engine.speculative.config import SpeculativeConfig
+from inhouse.engine.speculative.draft_model import DraftModelProposer, check_same_vocabulary
+from inhouse.engine.speculative.drafter import Drafter
+from inhouse.engine.speculative.ngram import NgramProposer
+
+if TYPE_CHECKING:
+    from inhouse.engine.config import EngineConfig
+
+
+def make_drafter(
+    spec: SpeculativeConfig | None, target: LoadedModel, config: EngineConfig, num_blocks: int
+) -> Drafter | None:
+    """The drafter for ``spec`` beside the ``target`` model (None without speculation); a
+    draft model gets a KV cache of ``num_blocks`` blocks, as many as the target's."""
+    if spec is None:
+        return None
+    if spec.method == "ngram":
+        assert spec.prompt_lookup_min is not None and spec.prompt_lookup_max is not None
+        proposer = NgramProposer(
+            spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
+        )
+        return Drafter(spec, proposer)
+    assert spec.model is not None
+    draft = load_model(spec.model, config.dtype, config.device, quantization=config.quantization)
+    check_same_vocabulary(draft, target)
+    return Drafter(spec, DraftModelProposer(draft, num_blocks, config.block_size))
