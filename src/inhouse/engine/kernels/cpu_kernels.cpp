@@ -329,57 +329,6 @@ inline __m256 load8(const c10::BFloat16* p) {  // bf16 is a float's upper half
 }
 #endif
 
-// q . k over dim values, eight lanes at a time when dim is a multiple of 16.
-template <typename T>
-inline float dot(const float* q, const T* k, int64_t dim) {
-#ifdef INHOUSE_AVX2
-  if (dim % 16 == 0) {
-    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
-    for (int64_t i = 0; i < dim; i += 16) {
-      even = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), even);
-      odd = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8(k + i + 8), odd);
-    }
-    const __m256 both = _mm256_add_ps(even, odd);
-    __m128 sum = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));
-    sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
-    return _mm_cvtss_f32(_mm_add_ss(sum, _mm_movehdup_ps(sum)));
-  }
-#endif
-  float s = 0.f;
-  for (int64_t i = 0; i < dim; ++i) s += q[i] * static_cast<float>(k[i]);
-  return s;
-}
-
-// out = sum over n of p[n] * rows[n], dim values each; the sums stay in registers, 64
-// features at a time (eight independent chains, so the FMAs do not wait on each other),
-// then 32, each feature summed in key order either way.
-template <typename T, int C>
-inline void weighted_chunk(const T* const* rows, const float* p, int64_t n, int64_t i, float* out) {
-#ifdef INHOUSE_AVX2
-  __m256 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < n; ++t) {
-    const __m256 weight = _mm256_set1_ps(p[t]);
-    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(weight, load8(rows[t] + i + 8 * c), acc[c]);
-  }
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + i + 8 * c, acc[c]);
-#endif
-}
-
-template <typename T>
-inline void weighted_sum(const T* const* rows, const float* p, int64_t n, int64_t dim, float* out) {
-  int64_t i = 0;
-#ifdef INHOUSE_AVX2
-  for (; i + 64 <= dim; i += 64) weighted_chunk<T, 8>(rows, p, n, i, out);
-  for (; i + 32 <= dim; i += 32) weighted_chunk<T, 4>(rows, p, n, i, out);
-#endif
-  for (; i < dim; ++i) {
-    float total = 0.f;
-    for (int64_t t = 0; t < n; ++t) total += p[t] * static_cast<float>(rows[t][i]);
-    out[i] = total;
-  }
-}
-
 #ifdef INHOUSE_AVX2
 // e^x for 8 lanes of x <= 0 (softmax, the max subtracted): x = k ln2 + r, e^x = 2^k e^r,
 // e^r by Cephes' expf polynomial (within 2 ulp of std::exp). Below -87.3 (e^x under
@@ -424,23 +373,159 @@ inline float exp_and_sum(float* scores, int64_t n, float top) {
   return total;
 }
 
-// One query head over n keys: softmax(q . k * scale) weighted sum of the values into out.
-template <typename T>
-inline void attend_head(const float* qh, const T* const* keys, const T* const* values, int64_t n,
-                        int64_t dim, float scale, float* scores, float* out) {
-  float top = -INFINITY;
-  for (int64_t t = 0; t < n; ++t) {
-    scores[t] = dot(qh, keys[t], dim) * scale;
-    top = std::max(top, scores[t]);
+// Attention's register blocks. Each query's score for a key is one fixed computation: eight
+// float lanes, each an FMA chain over the key's features 8c + lane (c = 0, 1, ...), added
+// as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), times the scale; each output
+// feature is one FMA chain over the keys in position order. Neither depends on which other
+// queries or keys share a block, so blocking changes speed, never bits. A block is the
+// query heads of a GQA group (and, in a prefill, neighbouring rows) meeting kKeysAtOnce
+// keys, or kChunksAtOnce 8-feature chunks of each value, loaded and converted once.
+// AVX-512VL's 32 vector registers hold twice the queries of AVX2's 16.
+#ifdef INHOUSE_AVX2
+#ifdef __AVX512VL__
+constexpr int kQueriesAtOnce = 6;
+#else
+constexpr int kQueriesAtOnce = 3;
+#endif
+constexpr int kKeysAtOnce = 4;
+constexpr int kChunksAtOnce = 4;
+
+// Four keys' 8-lane sums (a0..a3) added up in the order above: one score per lane.
+inline __m128 sum_lanes4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// scores[i][t] = (q[i] . keys[t]) * scale for Q queries and n keys, dim a multiple of 8.
+template <typename T, int Q>
+void score_block(const float* const* q, const T* const* keys, int64_t n, int64_t dim,
+                 float scale, float* const* scores) {
+  for (int64_t t = 0; t < n; t += kKeysAtOnce) {
+    const T* k[kKeysAtOnce];  // the last block repeats its last key; only n are stored
+    for (int j = 0; j < kKeysAtOnce; ++j) k[j] = keys[std::min<int64_t>(t + j, n - 1)];
+    __m256 acc[Q][kKeysAtOnce];
+    for (int i = 0; i < Q; ++i) {
+      for (int j = 0; j < kKeysAtOnce; ++j) acc[i][j] = _mm256_setzero_ps();
+    }
+    for (int64_t c = 0; c < dim; c += 8) {
+      for (int j = 0; j < kKeysAtOnce; ++j) {
+        const __m256 kc = load8(k[j] + c);
+        for (int i = 0; i < Q; ++i) acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[i] + c), kc, acc[i][j]);
+      }
+    }
+    const int64_t stored = std::min<int64_t>(kKeysAtOnce, n - t);
+    for (int i = 0; i < Q; ++i) {
+      alignas(16) float s[kKeysAtOnce];
+      _mm_store_ps(s, _mm_mul_ps(sum_lanes4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]),
+                                 _mm_set1_ps(scale)));
+      for (int64_t j = 0; j < stored; ++j) scores[i][t + j] = s[j];
+    }
   }
-  const float inv = 1.f / exp_and_sum(scores, n, top);
-  for (int64_t t = 0; t < n; ++t) scores[t] *= inv;
-  weighted_sum(values, scores, n, dim, out);
+}
+
+// out[i][from + f] = sum over t of p[i][t] * values[t][from + f], f < 8C: C chunks of Q
+// queries' sums in registers while the n values stream past once.
+template <typename T, int Q, int C>
+void weigh_block(const T* const* values, const float* const* p, int64_t n, int64_t from,
+                 float* const* out) {
+  __m256 acc[Q][C];
+  for (int i = 0; i < Q; ++i) {
+    for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    __m256 w[Q];
+    for (int i = 0; i < Q; ++i) w[i] = _mm256_broadcast_ss(p[i] + t);
+    for (int c = 0; c < C; ++c) {
+      const __m256 v = load8(values[t] + from + 8 * c);
+      for (int i = 0; i < Q; ++i) acc[i][c] = _mm256_fmadd_ps(w[i], v, acc[i][c]);
+    }
+  }
+  for (int i = 0; i < Q; ++i) {
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out[i] + from + 8 * c, acc[i][c]);
+  }
+}
+
+template <typename T, int Q>
+void weigh_values(const T* const* values, const float* const* p, int64_t n, int64_t dim,
+                  float* const* out) {
+  int64_t from = 0;
+  for (; from + 8 * kChunksAtOnce <= dim; from += 8 * kChunksAtOnce) {
+    weigh_block<T, Q, kChunksAtOnce>(values, p, n, from, out);
+  }
+  for (; from < dim; from += 8) weigh_block<T, Q, 1>(values, p, n, from, out);
+}
+
+#else
+constexpr int kQueriesAtOnce = 1;
+#endif
+
+// e^(s - top) for each score, then scaled to sum to one; the scores before `from` and from
+// from + count on (keys another query of the block needs) become 0, which adds nothing to
+// the weighted sum's chains: a query's bits are its own keys' alone.
+inline void softmax_range(float* s, int64_t n, int64_t from, int64_t count) {
+  float* own = s + from;
+  float top = -INFINITY;
+  for (int64_t t = 0; t < count; ++t) top = std::max(top, own[t]);
+  const float inv = 1.f / exp_and_sum(own, count, top);
+  for (int64_t t = 0; t < count; ++t) own[t] *= inv;
+  std::fill(s, own, 0.f);
+  std::fill(own + count, s + n, 0.f);
+}
+
+// Q queries over their share of n keys (query i: keys from[i] .. from[i] + count[i] - 1):
+// softmax(q . k * scale) weighted sum of the values into out[i], dim values each. Without
+// AVX2 (or with dim not a multiple of 8) the same sums one at a time, in their own order.
+template <typename T, int Q>
+void attend(const float* const* q, const T* const* keys, const T* const* values, int64_t n,
+            int64_t dim, float scale, float* const* scores, float* const* out,
+            const int64_t* from, const int64_t* count) {
+#ifdef INHOUSE_AVX2
+  if (dim % 8 == 0) {
+    score_block<T, Q>(q, keys, n, dim, scale, scores);
+    for (int i = 0; i < Q; ++i) softmax_range(scores[i], n, from[i], count[i]);
+    weigh_values<T, Q>(values, scores, n, dim, out);
+    return;
+  }
+#endif
+  for (int i = 0; i < Q; ++i) {
+    for (int64_t t = 0; t < n; ++t) {
+      float s = 0.f;
+      for (int64_t f = 0; f < dim; ++f) s += q[i][f] * static_cast<float>(keys[t][f]);
+      scores[i][t] = s * scale;
+    }
+    softmax_range(scores[i], n, from[i], count[i]);
+    for (int64_t f = 0; f < dim; ++f) {
+      float total = 0.f;
+      for (int64_t t = 0; t < n; ++t) total += scores[i][t] * static_cast<float>(values[t][f]);
+      out[i][f] = total;
+    }
+  }
+}
+
+// attend for a block of 1 .. kQueriesAtOnce queries.
+template <typename T>
+void attend_any(int queries, const float* const* q, const T* const* keys, const T* const* values,
+                int64_t n, int64_t dim, float scale, float* const* scores, float* const* out,
+                const int64_t* from, const int64_t* count) {
+  switch (queries) {
+#define INHOUSE_ATTEND(Q)                                                          \
+  case Q:                                                                          \
+    if constexpr (Q <= kQueriesAtOnce) {                                           \
+      return attend<T, Q>(q, keys, values, n, dim, scale, scores, out, from, count); \
+    }                                                                              \
+    break;
+    INHOUSE_ATTEND(1)
+    INHOUSE_ATTEND(2)
+    INHOUSE_ATTEND(3)
+    INHOUSE_ATTEND(4)
+    INHOUSE_ATTEND(5)
+    INHOUSE_ATTEND(6)
+#undef INHOUSE_ATTEND
+  }
+  TORCH_CHECK(false, "a block of at most kQueriesAtOnce queries");
 }
 
 // Consecutive rows of one sequence (a prefill) that share one gathering of their cache rows.
-// (Converting the tile's K/V to float once for its rows was twice as slow: scalar float16
-// conversions cost more than the vcvtph2ps inside the dot products.)
 constexpr int64_t kTileRows = 16;
 
 template <typename T>
@@ -484,18 +569,38 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
       const int64_t n = hi - lo;
       keys.resize(n);
       values.resize(n);
-      scores.resize(n);
+      scores.resize(kQueriesAtOnce * n);
       for (int64_t t = lo; t < hi; ++t) {
         const int64_t at = (table[t / block_size] * block_size + t % block_size) * slot_values;
         keys[t - lo] = kp + at + kvh * dim;
         values[t - lo] = vp + at + kvh * dim;
       }
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t from = first_key(r) - lo, count = lp[r] - first_key(r);
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          attend_head(qp + (r * heads + h) * dim, keys.data() + from, values.data() + from, count,
-                      dim, scale, scores.data(), op + (r * heads + h) * dim);
+      // The tile's query heads of this KV head, row by row, kQueriesAtOnce at a time, each
+      // block over the keys any of its queries needs.
+      const int64_t queries = (r1 - r0) * group;
+      for (int64_t b0 = 0; b0 < queries; b0 += kQueriesAtOnce) {
+        const int in_block = static_cast<int>(std::min<int64_t>(kQueriesAtOnce, queries - b0));
+        const float* qs[kQueriesAtOnce];
+        float* outs[kQueriesAtOnce];
+        float* rows_scores[kQueriesAtOnce];
+        int64_t from[kQueriesAtOnce], count[kQueriesAtOnce];
+        int64_t block_lo = hi, block_hi = lo;
+        for (int i = 0; i < in_block; ++i) {
+          const int64_t r = r0 + (b0 + i) / group, h = kvh * group + (b0 + i) % group;
+          qs[i] = qp + (r * heads + h) * dim;
+          outs[i] = op + (r * heads + h) * dim;
+          from[i] = first_key(r);
+          count[i] = lp[r] - from[i];
+          block_lo = std::min(block_lo, from[i]);
+          block_hi = std::max(block_hi, lp[r]);
         }
+        const int64_t span = block_hi - block_lo;
+        for (int i = 0; i < in_block; ++i) {
+          from[i] -= block_lo;
+          rows_scores[i] = scores.data() + i * span;
+        }
+        attend_any<T>(in_block, qs, keys.data() + block_lo - lo, values.data() + block_lo - lo,
+                      span, dim, scale, rows_scores, outs, from, count);
       }
     }
   };
