@@ -32,6 +32,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define INHOUSE_VNNI 1  // 64-byte int8 dot products (vpdpbusd) in the quantized linears
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define INHOUSE_AVX512 1  // 16-lane attention blocks
+#endif
 #endif
 
 namespace {
@@ -327,6 +330,32 @@ inline __m256 load8(const c10::BFloat16* p) {  // bf16 is a float's upper half
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
+#ifdef INHOUSE_AVX512
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// Eight values at a in lanes 0-7 and eight at b in lanes 8-15.
+inline __m512 load8x2(const float* a, const float* b) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(load8(a))),
+                                             _mm256_castps_pd(load8(b)), 1));
+}
+template <typename T>
+inline __m256i halves(const T* a, const T* b) {
+  return _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+}
+inline __m512 load8x2(const c10::Half* a, const c10::Half* b) { return _mm512_cvtph_ps(halves(a, b)); }
+inline __m512 load8x2(const c10::BFloat16* a, const c10::BFloat16* b) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves(a, b)), 16));
+}
+#endif
 #endif
 
 #ifdef INHOUSE_AVX2
@@ -373,88 +402,180 @@ inline float exp_and_sum(float* scores, int64_t n, float top) {
   return total;
 }
 
-// Attention's register blocks. Each query's score for a key is one fixed computation: eight
-// float lanes, each an FMA chain over the key's features 8c + lane (c = 0, 1, ...), added
-// as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), times the scale; each output
-// feature is one FMA chain over the keys in position order. Neither depends on which other
-// queries or keys share a block, so blocking changes speed, never bits. A block is the
-// query heads of a GQA group (and, in a prefill, neighbouring rows) meeting kKeysAtOnce
-// keys, or kChunksAtOnce 8-feature chunks of each value, loaded and converted once.
-// AVX-512VL's 32 vector registers hold twice the queries of AVX2's 16.
+// Attention's register blocks. Each query's score for a key is one fixed computation, with
+// dim a multiple of 16: eight float lanes, lane l the FMA chain e_l over features 16c + l
+// plus the chain o_l over 16c + 8 + l (c = 0, 1, ...); then b_l = e_l + o_l,
+// c_l = b_l + b_(l+4), score = ((c0 + c2) + (c1 + c3)) * scale. Each output feature is one
+// FMA chain over the keys in position order. Neither depends on which other queries or
+// keys share a block, nor on the vector width (AVX-512 holds two keys' eight lanes in one
+// register, and 16 features of a value), so blocking changes speed, never bits. A block is
+// the query heads of a GQA group (and, in a prefill, neighbouring rows) meeting
+// kKeysAtOnce keys, or kChunksAtOnce chunks of each value, loaded and converted once.
+// AVX-512's 32 vector registers hold twice the queries of AVX2's 16.
 #ifdef INHOUSE_AVX2
-#ifdef __AVX512VL__
+#define INHOUSE_UNROLL _Pragma("GCC unroll 8")
+#ifdef INHOUSE_AVX512
 constexpr int kQueriesAtOnce = 6;
-#else
-constexpr int kQueriesAtOnce = 3;
-#endif
 constexpr int kKeysAtOnce = 4;
-constexpr int kChunksAtOnce = 4;
+// Keys 2j and 2j + 1 share register j: their eight lanes in its two halves.
+using KeyLanes = __m512;
+constexpr int kKeyRegisters = kKeysAtOnce / 2;
 
-// Four keys' 8-lane sums (a0..a3) added up in the order above: one score per lane.
-inline __m128 sum_lanes4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+// vhaddps within each 128-bit lane, as AVX's 256-bit hadd does in each of its two.
+inline __m512 hadd16(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// scores[i][t] = (q[i] . keys[t]) * scale for Q queries and n keys, dim a multiple of 8.
+// c_l = b_l + b_(l+4) of two keys, the first's in 128-bit lane 0 and the second's in lane 2.
+inline __m512 fold_halves(__m512 even, __m512 odd) {
+  const __m512 b = _mm512_add_ps(even, odd);
+  return _mm512_add_ps(b, _mm512_shuffle_f32x4(b, b, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+// Four keys' scores (before the scale) from their chains, keys 2j, 2j + 1 in even[j], odd[j].
+inline __m128 key_scores(const __m512* even, const __m512* odd) {
+  const __m512 c01 = fold_halves(even[0], odd[0]), c23 = fold_halves(even[1], odd[1]);
+  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(c01, c23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(c01, c23, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 r = hadd16(s, s);  // lane 0: keys 0, 2; lane 2: keys 1, 3
+  const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(order, r));
+}
+#else
+constexpr int kQueriesAtOnce = 3;
+constexpr int kKeysAtOnce = 2;
+using KeyLanes = __m256;
+constexpr int kKeyRegisters = kKeysAtOnce;
+
+// Two keys' scores (before the scale), in lanes 0 and 4.
+inline __m256 key_scores(const __m256* even, const __m256* odd) {
+  const __m256 b0 = _mm256_add_ps(even[0], odd[0]), b1 = _mm256_add_ps(even[1], odd[1]);
+  const __m256 c = _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20),
+                                 _mm256_permute2f128_ps(b0, b1, 0x31));
+  const __m256 s = _mm256_add_ps(c, _mm256_permute_ps(c, _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_add_ps(s, _mm256_movehdup_ps(s));
+}
+#endif
+constexpr int kChunksAtOnce = 4;
+
+// Eight features of key j (AVX2) or of keys 2j and 2j + 1 (AVX-512) from feature f.
+template <typename T>
+inline KeyLanes key_chunk(const T* const* k, int j, int64_t f) {
+#ifdef INHOUSE_AVX512
+  return load8x2(k[2 * j] + f, k[2 * j + 1] + f);
+#else
+  return load8(k[j] + f);
+#endif
+}
+
+// Eight query features from f, for every key of a register.
+inline KeyLanes query_chunk(const float* q, int64_t f) {
+#ifdef INHOUSE_AVX512
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q + f))));
+#else
+  return _mm256_loadu_ps(q + f);
+#endif
+}
+
+inline KeyLanes fma_lanes(KeyLanes a, KeyLanes b, KeyLanes c) {
+#ifdef INHOUSE_AVX512
+  return _mm512_fmadd_ps(a, b, c);
+#else
+  return _mm256_fmadd_ps(a, b, c);
+#endif
+}
+
+// scores[i][t] = (q[i] . keys[t]) * scale for Q queries and n keys, dim a multiple of 16.
 template <typename T, int Q>
 void score_block(const float* const* q, const T* const* keys, int64_t n, int64_t dim,
                  float scale, float* const* scores) {
   for (int64_t t = 0; t < n; t += kKeysAtOnce) {
     const T* k[kKeysAtOnce];  // the last block repeats its last key; only n are stored
-    for (int j = 0; j < kKeysAtOnce; ++j) k[j] = keys[std::min<int64_t>(t + j, n - 1)];
-    __m256 acc[Q][kKeysAtOnce];
-    for (int i = 0; i < Q; ++i) {
-      for (int j = 0; j < kKeysAtOnce; ++j) acc[i][j] = _mm256_setzero_ps();
+    INHOUSE_UNROLL for (int j = 0; j < kKeysAtOnce; ++j) k[j] = keys[std::min<int64_t>(t + j, n - 1)];
+    KeyLanes even[Q][kKeyRegisters], odd[Q][kKeyRegisters];
+    INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
+      INHOUSE_UNROLL for (int j = 0; j < kKeyRegisters; ++j) even[i][j] = odd[i][j] = KeyLanes{};
     }
-    for (int64_t c = 0; c < dim; c += 8) {
-      for (int j = 0; j < kKeysAtOnce; ++j) {
-        const __m256 kc = load8(k[j] + c);
-        for (int i = 0; i < Q; ++i) acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[i] + c), kc, acc[i][j]);
+    for (int64_t f = 0; f < dim; f += 16) {
+      KeyLanes ke[kKeyRegisters], ko[kKeyRegisters];
+      INHOUSE_UNROLL for (int j = 0; j < kKeyRegisters; ++j) {
+        ke[j] = key_chunk(k, j, f);
+        ko[j] = key_chunk(k, j, f + 8);
+      }
+      INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
+        const KeyLanes qe = query_chunk(q[i], f), qo = query_chunk(q[i], f + 8);
+        INHOUSE_UNROLL for (int j = 0; j < kKeyRegisters; ++j) {
+          even[i][j] = fma_lanes(qe, ke[j], even[i][j]);
+          odd[i][j] = fma_lanes(qo, ko[j], odd[i][j]);
+        }
       }
     }
     const int64_t stored = std::min<int64_t>(kKeysAtOnce, n - t);
-    for (int i = 0; i < Q; ++i) {
-      alignas(16) float s[kKeysAtOnce];
-      _mm_store_ps(s, _mm_mul_ps(sum_lanes4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]),
-                                 _mm_set1_ps(scale)));
-      for (int64_t j = 0; j < stored; ++j) scores[i][t + j] = s[j];
+    INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
+      float* out = scores[i] + t;
+#ifdef INHOUSE_AVX512
+      const __m128 s = _mm_mul_ps(key_scores(even[i], odd[i]), _mm_set1_ps(scale));
+      _mm_mask_storeu_ps(out, static_cast<__mmask8>((1u << stored) - 1), s);
+#else
+      const __m256 s = _mm256_mul_ps(key_scores(even[i], odd[i]), _mm256_set1_ps(scale));
+      out[0] = _mm256_cvtss_f32(s);
+      if (stored > 1) out[1] = _mm_cvtss_f32(_mm256_extractf128_ps(s, 1));
+#endif
     }
   }
 }
 
-// out[i][from + f] = sum over t of p[i][t] * values[t][from + f], f < 8C: C chunks of Q
-// queries' sums in registers while the n values stream past once.
-template <typename T, int Q, int C>
+// out[i][from + f] = sum over t of p[i][t] * values[t][from + f], f < C chunks of the
+// vector width: Q queries' sums in registers while the n values stream past once.
+template <typename T, int Q, int C, typename Vec, Vec (*load)(const T*), Vec (*fma)(Vec, Vec, Vec)>
 void weigh_block(const T* const* values, const float* const* p, int64_t n, int64_t from,
                  float* const* out) {
-  __m256 acc[Q][C];
-  for (int i = 0; i < Q; ++i) {
-    for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
+  constexpr int lanes = sizeof(Vec) / sizeof(float);
+  Vec acc[Q][C];
+  INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
+    INHOUSE_UNROLL for (int c = 0; c < C; ++c) acc[i][c] = Vec{};
   }
   for (int64_t t = 0; t < n; ++t) {
-    __m256 w[Q];
-    for (int i = 0; i < Q; ++i) w[i] = _mm256_broadcast_ss(p[i] + t);
-    for (int c = 0; c < C; ++c) {
-      const __m256 v = load8(values[t] + from + 8 * c);
-      for (int i = 0; i < Q; ++i) acc[i][c] = _mm256_fmadd_ps(w[i], v, acc[i][c]);
+    Vec w[Q];
+    INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
+      if constexpr (lanes == 8) {
+        w[i] = _mm256_broadcast_ss(p[i] + t);
+      } else {
+        w[i] = _mm512_set1_ps(p[i][t]);
+      }
+    }
+    INHOUSE_UNROLL for (int c = 0; c < C; ++c) {
+      const Vec v = load(values[t] + from + lanes * c);
+      INHOUSE_UNROLL for (int i = 0; i < Q; ++i) acc[i][c] = fma(w[i], v, acc[i][c]);
     }
   }
-  for (int i = 0; i < Q; ++i) {
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out[i] + from + 8 * c, acc[i][c]);
+  INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
+    INHOUSE_UNROLL for (int c = 0; c < C; ++c) {
+      std::memcpy(out[i] + from + lanes * c, &acc[i][c], sizeof(Vec));
+    }
   }
 }
+
+inline __m256 fma8(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
+#ifdef INHOUSE_AVX512
+inline __m512 fma16(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+#endif
 
 template <typename T, int Q>
 void weigh_values(const T* const* values, const float* const* p, int64_t n, int64_t dim,
                   float* const* out) {
   int64_t from = 0;
-  for (; from + 8 * kChunksAtOnce <= dim; from += 8 * kChunksAtOnce) {
-    weigh_block<T, Q, kChunksAtOnce>(values, p, n, from, out);
+#ifdef INHOUSE_AVX512
+  for (; from + 16 * kChunksAtOnce <= dim; from += 16 * kChunksAtOnce) {
+    weigh_block<T, Q, kChunksAtOnce, __m512, load16, fma16>(values, p, n, from, out);
   }
-  for (; from < dim; from += 8) weigh_block<T, Q, 1>(values, p, n, from, out);
+#endif
+  for (; from + 8 * kChunksAtOnce <= dim; from += 8 * kChunksAtOnce) {
+    weigh_block<T, Q, kChunksAtOnce, __m256, load8, fma8>(values, p, n, from, out);
+  }
+  for (; from < dim; from += 8) weigh_block<T, Q, 1, __m256, load8, fma8>(values, p, n, from, out);
 }
-
 #else
 constexpr int kQueriesAtOnce = 1;
 #endif
@@ -465,7 +586,15 @@ constexpr int kQueriesAtOnce = 1;
 inline void softmax_range(float* s, int64_t n, int64_t from, int64_t count) {
   float* own = s + from;
   float top = -INFINITY;
-  for (int64_t t = 0; t < count; ++t) top = std::max(top, own[t]);
+  int64_t t = 0;
+#ifdef INHOUSE_AVX2
+  __m256 tops = _mm256_set1_ps(-INFINITY);  // a max is the same in any order
+  for (; t + 8 <= count; t += 8) tops = _mm256_max_ps(tops, _mm256_loadu_ps(own + t));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, tops);
+  for (const float lane : lanes) top = std::max(top, lane);
+#endif
+  for (; t < count; ++t) top = std::max(top, own[t]);
   const float inv = 1.f / exp_and_sum(own, count, top);
   for (int64_t t = 0; t < count; ++t) own[t] *= inv;
   std::fill(s, own, 0.f);
@@ -480,7 +609,7 @@ void attend(const float* const* q, const T* const* keys, const T* const* values,
             int64_t dim, float scale, float* const* scores, float* const* out,
             const int64_t* from, const int64_t* count) {
 #ifdef INHOUSE_AVX2
-  if (dim % 8 == 0) {
+  if (dim % 16 == 0) {
     score_block<T, Q>(q, keys, n, dim, scale, scores);
     for (int i = 0; i < Q; ++i) softmax_range(scores[i], n, from[i], count[i]);
     weigh_values<T, Q>(values, scores, n, dim, out);
