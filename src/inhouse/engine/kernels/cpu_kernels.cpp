@@ -39,6 +39,8 @@
 
 namespace {
 
+#define INHOUSE_UNROLL _Pragma("GCC unroll 8")
+
 constexpr int64_t kGroup = 32;
 
 // Activations are quantized per group of 32 to int8 (as llama.cpp's Q8 activations):
@@ -234,6 +236,101 @@ void tile_rows(const uint8_t* wq, const float* wd, const float* wm, const Quanti
 }
 #endif
 
+#ifdef INHOUSE_VNNI
+// Two neighbouring tiles at once, for several activation rows: a register holds one 32-byte
+// piece (q8 quad, q4 nibbles of a pair) of tile t in lanes 0-7 and of tile t + 1 in lanes
+// 8-15, one output row a lane, so vpdpbusd meets all 16 with one broadcast activation dword
+// ({1to16}): no per-row permutes or folds, and the 8 pieces are loaded once for all rows.
+// Each lane's integer sum is exact and its float steps are tile_rows' own, so the bits are.
+constexpr int kPairRows = 8;
+
+inline __m512i two_tiles(const uint8_t* a, const uint8_t* b) {
+  return _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+
+inline __m512 two_tiles(const float* a, const float* b) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(a))),
+                                             _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+}
+
+inline __m512i dword_of(const int8_t* x) {
+  int32_t four;
+  std::memcpy(&four, x, sizeof four);
+  return _mm512_set1_epi32(four);
+}
+
+// The 16 outputs of tiles t (w0, ...) and t + 1 (w1, ...) for R activation rows from row0.
+template <bool kQ4, int R>
+void tile_pair_rows(const uint8_t* w0, const uint8_t* w1, const float* d0, const float* d1,
+                    const float* m0, const float* m1, const QuantizedActivations& a, int64_t row0,
+                    int64_t groups, __m512* out) {
+  const int64_t k = groups * kGroup;
+  const int64_t group_bytes = kQ4 ? kQ4TileGroupBytes : kQ8TileGroupBytes;
+  __m512 acc[R];
+  INHOUSE_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* g0 = w0 + g * group_bytes;
+    const uint8_t* g1 = w1 + g * group_bytes;
+    __m512i w[8];  // w[j] meets activation dword j (k = 4j .. 4j + 3)
+    if constexpr (kQ4) {
+      const __m512i low4 = _mm512_set1_epi8(0x0F);
+      INHOUSE_UNROLL for (int p = 0; p < 4; ++p) {
+        const __m512i raw = two_tiles(g0 + p * 32, g1 + p * 32);
+        w[2 * p] = _mm512_and_si512(raw, low4);
+        w[2 * p + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      }
+    } else {
+      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+      INHOUSE_UNROLL for (int j = 0; j < 8; ++j) w[j] = _mm512_xor_si512(two_tiles(g0 + j * 32, g1 + j * 32), flip);
+    }
+    const __m512 d = two_tiles(d0 + g * kTile, d1 + g * kTile);
+    INHOUSE_UNROLL for (int r = 0; r < R; ++r) {
+      const int64_t at = (row0 + r) * groups + g;
+      const int8_t* x = a.q.data() + (row0 + r) * k + g * kGroup;
+      __m512i sum = _mm512_setzero_si512();
+      INHOUSE_UNROLL for (int j = 0; j < 8; ++j) sum = _mm512_dpbusd_epi32(sum, w[j], dword_of(x + 4 * j));
+      if constexpr (!kQ4) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * a.sum[at]));
+      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a.d[at]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r]);
+      if constexpr (kQ4) {
+        acc[r] = _mm512_fmadd_ps(two_tiles(m0 + g * kTile, m1 + g * kTile), _mm512_set1_ps(a.s[at]), acc[r]);
+      }
+    }
+  }
+  INHOUSE_UNROLL for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+// tile_dot for tiles t and t + 1 (weights w, scales wd, mins wm and bias from tile t's).
+template <bool kQ4>
+void tile_pair_dot(const uint8_t* wq, const float* wd, const float* wm, const float* bias,
+                   const QuantizedActivations& a, int64_t row0, int rows, int64_t groups, float* out,
+                   int64_t stride) {
+  const int64_t bytes = groups * (kQ4 ? kQ4TileGroupBytes : kQ8TileGroupBytes), scales = groups * kTile;
+  const float* m1 = wm ? wm + scales : nullptr;
+  __m512 sums[kPairRows];
+  switch (rows) {
+#define INHOUSE_PAIR(R)                                                                          \
+  case R:                                                                                        \
+    tile_pair_rows<kQ4, R>(wq, wq + bytes, wd, wd + scales, wm, m1, a, row0, groups, sums); \
+    break;
+    INHOUSE_PAIR(1)
+    INHOUSE_PAIR(2)
+    INHOUSE_PAIR(3)
+    INHOUSE_PAIR(4)
+    INHOUSE_PAIR(5)
+    INHOUSE_PAIR(6)
+    INHOUSE_PAIR(7)
+    default:
+      tile_pair_rows<kQ4, kPairRows>(wq, wq + bytes, wd, wd + scales, wm, m1, a, row0, groups, sums);
+#undef INHOUSE_PAIR
+  }
+  const __m512 b = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+  for (int r = 0; r < rows; ++r) _mm512_storeu_ps(out + r * stride, _mm512_add_ps(sums[r], b));
+}
+#endif
+
 // out[r * stride + i] = row0 + r's product with the tile's row i (+ bias[i]), r < rows.
 template <bool kQ4>
 void tile_dot(const uint8_t* wq, const float* wd, const float* wm, const float* bias,
@@ -291,14 +388,28 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const 
   for (int64_t block = 0; block < m; block += kRowBlock) {
     const int64_t block_end = std::min(m, block + kRowBlock);
     inhouse::parallel_for(0, tiles, 2, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
+      for (int64_t t = begin; t < end;) {
         const int64_t scale_at = t * groups * kTile;
+        const uint8_t* wq = qp + t * groups * group_bytes;
+        const float* wm = mp ? mp + scale_at : nullptr;
+        const float* tile_bias = bp ? bp + t * kTile : nullptr;
+#ifdef INHOUSE_VNNI
+        if (t + 1 < end && block_end - block >= kRowsAtOnce) {  // a batch or a prompt
+          for (int64_t r = block; r < block_end; r += kPairRows) {
+            const int rows = static_cast<int>(std::min<int64_t>(kPairRows, block_end - r));
+            tile_pair_dot<kQ4>(wq, dp + scale_at, wm, tile_bias, a, r, rows, groups,
+                               op + r * n_out + t * kTile, n_out);
+          }
+          t += 2;
+          continue;
+        }
+#endif
         for (int64_t r = block; r < block_end; r += kRowsAtOnce) {
           const int rows = static_cast<int>(std::min<int64_t>(kRowsAtOnce, block_end - r));
-          tile_dot<kQ4>(qp + t * groups * group_bytes, dp + scale_at,
-                        mp ? mp + scale_at : nullptr, bp ? bp + t * kTile : nullptr, a, r, rows,
-                        groups, op + r * n_out + t * kTile, n_out);
+          tile_dot<kQ4>(wq, dp + scale_at, wm, tile_bias, a, r, rows, groups,
+                        op + r * n_out + t * kTile, n_out);
         }
+        ++t;
       }
     });
   }
@@ -413,7 +524,6 @@ inline float exp_and_sum(float* scores, int64_t n, float top) {
 // kKeysAtOnce keys, or kChunksAtOnce chunks of each value, loaded and converted once.
 // AVX-512's 32 vector registers hold twice the queries of AVX2's 16.
 #ifdef INHOUSE_AVX2
-#define INHOUSE_UNROLL _Pragma("GCC unroll 8")
 #ifdef INHOUSE_AVX512
 constexpr int kQueriesAtOnce = 6;
 constexpr int kKeysAtOnce = 4;
