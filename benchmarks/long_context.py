@@ -1,6 +1,6 @@
 """Long-context engine timings, A/B between source trees in one run: TPOT (median decode
 step) at a short context and at ~2.5k tokens of context, c=1 and c=4, and the TTFT of one
-~2.5k-token prompt alone (its prefill steps, nothing else running).
+~2.5k-token prompt alone (the c=1 run's prefill steps, nothing else running).
 
 Each tree is measured in its own child process (``PYTHONPATH=<tree>/src``), the trees
 alternating round by round, so a noisy shared host slows both alike; it prints each
@@ -8,7 +8,7 @@ round's figures and, per figure, the median over rounds and the ratio of the las
 the first. The prompts are unique documents (no prefix shared between them).
 
     .venv/bin/python benchmarks/long_context.py --trees /work/main /work/wt/mine --rounds 3
-    .venv/bin/python benchmarks/long_context.py   # this tree alone, one round
+    .venv/bin/python benchmarks/long_context.py --concurrency 1   # this tree, one round
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def document(seed: int, words: int = 2400) -> str:
     return " ".join(" ".join(picks[i : i + 10]) + "." for i in range(0, words, 10))
 
 
-def measure() -> dict[str, float]:
+def measure(concurrency: list[int]) -> dict[str, float]:
     """This process's tree: the figures in ms."""
     import time
 
@@ -69,26 +69,27 @@ def measure() -> dict[str, float]:
         assert all(len(p) >= LONG_TOKENS for p in ids), "documents shorter than asked"
         return [p[:LONG_TOKENS] for p in ids]
 
-    def tpot(prompts: list[list[int]]) -> float:
+    def prefill_and_tpot(prompts: list[list[int]]) -> tuple[float, float]:
+        """The steps before the first decode step, and the median decode step, in ms."""
         times = steps(prompts, DECODE_STEPS)
         prefill_steps = len(times) - (DECODE_STEPS - 1)
-        return statistics.median(times[prefill_steps:]) * 1e3
+        decode = times[prefill_steps:]
+        return sum(times[:prefill_steps]) * 1e3, statistics.median(decode) * 1e3
 
     figures = {}
     steps(chat_prompts(loaded, 1), 4)  # warm-up
-    for c in (1, 4):
-        figures[f"tpot_short_c{c}"] = tpot(chat_prompts(loaded, c))
-        figures[f"tpot_long_c{c}"] = tpot(long_prompts(c))
-    one = long_prompts(1)
-    figures["ttft_long"] = min(sum(steps(one, 1)) for _ in range(2)) * 1e3
+    for c in concurrency:
+        figures[f"tpot_short_c{c}"] = prefill_and_tpot(chat_prompts(loaded, c))[1]
+        prefill, figures[f"tpot_long_c{c}"] = prefill_and_tpot(long_prompts(c))
+        if c == 1:
+            figures["ttft_long"] = prefill
     return figures
 
 
-def child(tree: Path) -> dict[str, float]:
+def child(tree: Path, concurrency: str) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}{os.pathsep}{Path(__file__).parent}")
-    out = subprocess.run(
-        [sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=True
-    )
+    command = [sys.executable, __file__, "--child", "--concurrency", concurrency]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -96,15 +97,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trees", nargs="+", type=Path, default=[Path(__file__).parents[1]])
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--concurrency", default="1,4", help="sequences at once, e.g. 1,4")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.child:
-        print(json.dumps(measure()))
+        print(json.dumps(measure(concurrency)))
         return
     results: dict[Path, list[dict[str, float]]] = {tree: [] for tree in args.trees}
     for r in range(args.rounds):
         for tree in args.trees:
-            figures = child(tree)
+            figures = child(tree, args.concurrency)
             results[tree].append(figures)
             load = os.getloadavg()[0]
             shown = " ".join(f"{k} {v:.1f}" for k, v in figures.items())
@@ -116,7 +119,7 @@ def main() -> None:
     for tree, figures in medians.items():
         long_vs_short = " ".join(
             f"c={c} long/short {figures[f'tpot_long_c{c}'] / figures[f'tpot_short_c{c}']:.2f}x"
-            for c in (1, 4)
+            for c in concurrency
         )
         print(f"median {tree}: " + " ".join(f"{k} {v:.1f} ms" for k, v in figures.items()))
         print(f"  {long_vs_short}")
