@@ -1,9 +1,10 @@
-// CPU kernels for the decode path: weight-only quantized linears and paged decode attention.
+// CPU kernels: weight-only quantized linears and paged attention for decodes and prefills.
 //
 // Built on the machine that runs them (-march=native, see build.py), so the same source
 // becomes AVX2 or AVX-512 code; the explicit intrinsics below are AVX2/FMA/F16C, with
-// AVX-512 VNNI's 64-byte int8 dot products for the quantized linears' integer sums where
-// the CPU has them, and a plain loop for CPUs without any.
+// AVX-512 VNNI's 64-byte int8 dot products for the quantized linears' integer sums and
+// AVX-512's wider attention blocks where the CPU has them (the same bits either way), and
+// a plain loop for CPUs without any.
 //
 // Weight formats, 32 weights a group along the input dimension K (activations are
 // quantized the same way on the fly, see quantize_activations):
