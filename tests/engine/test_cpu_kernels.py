@@ -95,7 +95,7 @@ def test_quantizing_gguf_blocks_gives_them_back() -> None:
 
 @needs_kernels
 @pytest.mark.parametrize("kind", ["q8", "q4"])
-@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("rows", [1, 3, 9, 16])
 def test_linear_kernels_match_torch_on_the_same_numbers(kind: str, rows: int) -> None:
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(72, 96, generator=gen) * 0.05
@@ -345,6 +345,21 @@ def test_isa_follows_the_cpu_flags() -> None:
     assert isa_of(zen4 | {"avx512_vnni"}) == "avx512-vnni"
     assert isa_of(frozenset({"avx2", "fma"})) == "avx2"
     assert isa_of(frozenset()) == "scalar"
+
+
+def test_the_isa_can_be_capped_to_avx2_for_testing_that_path(monkeypatch) -> None:
+    monkeypatch.delenv("INHOUSE_KERNELS_ISA", raising=False)
+    assert kernel_build.build_flags() == (kernel_build.cpu_flags(), ())
+    monkeypatch.setenv("INHOUSE_KERNELS_ISA", "avx2")
+    flags, caps = kernel_build.build_flags()
+    assert caps == ("-mno-avx512f",)
+    assert not any(f.startswith(("avx512", "amx")) for f in flags)
+    assert flags <= kernel_build.cpu_flags()
+    if {"avx2", "fma"} <= kernel_build.cpu_flags():
+        assert isa_of(flags) == "avx2"
+    monkeypatch.setenv("INHOUSE_KERNELS_ISA", "avx1024")
+    with pytest.raises(RuntimeError, match="native or avx2"):
+        kernel_build.build_flags()
 
 
 @needs_kernels

@@ -3,7 +3,9 @@
 The library is compiled with the system C++ compiler for this CPU (``-march=native``:
 AVX2 code on an AVX2 host, AVX-512 code where the CPU has it) and cached under
 ``$INHOUSE_CACHE/kernels/<digest>``, the digest covering the source, torch's version,
-the compiler and the CPU's flags, so a warm start only loads it. Without a compiler,
+the compiler and the CPU's flags, so a warm start only loads it. ``INHOUSE_KERNELS_ISA=avx2``
+builds the AVX2 code an AVX2-only host gets (``-mno-avx512f``) on an AVX-512 one, to test
+that path here. Without a compiler,
 or when the build fails, :func:`load_kernels` returns None and says why once; the
 engine then keeps its eager torch path.
 
@@ -56,6 +58,18 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset(w for w in words if w in _SIMD_FLAGS)
 
 
+def build_flags() -> tuple[frozenset[str], tuple[str, ...]]:
+    """The CPU flags the build targets and the compiler options that cap it there:
+    ``INHOUSE_KERNELS_ISA`` ``native`` (the default) or ``avx2``."""
+    wanted = os.environ.get("INHOUSE_KERNELS_ISA", "native")
+    flags = cpu_flags()
+    if wanted == "native":
+        return flags, ()
+    if wanted == "avx2":
+        return frozenset(f for f in flags if not f.startswith(("avx512", "amx"))), ("-mno-avx512f",)
+    raise RuntimeError(f"INHOUSE_KERNELS_ISA must be native or avx2, not {wanted!r}")
+
+
 def isa_of(flags: frozenset[str]) -> str:
     """The instruction set the kernels compile to with ``-march=native`` on these flags."""
     if {"avx512f", "avx512bw", "avx512vl", "fma"} <= flags:
@@ -69,7 +83,7 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
-def _command(compiler: str, out: Path) -> list[str]:
+def _command(compiler: str, out: Path, caps: tuple[str, ...]) -> list[str]:
     from torch.utils.cpp_extension import include_paths
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
@@ -78,6 +92,7 @@ def _command(compiler: str, out: Path) -> list[str]:
         compiler,
         "-O3",
         "-march=native",
+        *caps,
         "-fopenmp",
         "-std=c++17",
         "-shared",
@@ -109,13 +124,13 @@ def build(cache_dir: Path) -> Kernels:
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++ or $CXX) found")
-    flags = cpu_flags()
+    flags, caps = build_flags()
     folder = cache_dir / "kernels" / _digest(compiler, flags)
     library = folder / "inhouse_cpu_kernels.so"
     if not library.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"build-{os.getpid()}.so"
-        result = subprocess.run(_command(compiler, tmp), capture_output=True, text=True)
+        result = subprocess.run(_command(compiler, tmp, caps), capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"compiling {SOURCE.name} failed:\n{result.stderr[-2000:]}")
         tmp.rename(library)

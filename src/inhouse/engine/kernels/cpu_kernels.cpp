@@ -1,9 +1,10 @@
-// CPU kernels for the decode path: weight-only quantized linears and paged decode attention.
+// CPU kernels: weight-only quantized linears and paged attention for decodes and prefills.
 //
 // Built on the machine that runs them (-march=native, see build.py), so the same source
 // becomes AVX2 or AVX-512 code; the explicit intrinsics below are AVX2/FMA/F16C, with
-// AVX-512 VNNI's 64-byte int8 dot products for the quantized linears' integer sums where
-// the CPU has them, and a plain loop for CPUs without any.
+// AVX-512 VNNI's 64-byte int8 dot products for the quantized linears' integer sums and
+// AVX-512's wider attention blocks where the CPU has them (the same bits either way), and
+// a plain loop for CPUs without any.
 //
 // Weight formats, 32 weights a group along the input dimension K (activations are
 // quantized the same way on the fly, see quantize_activations):
@@ -32,9 +33,14 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define INHOUSE_VNNI 1  // 64-byte int8 dot products (vpdpbusd) in the quantized linears
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define INHOUSE_AVX512 1  // 16-lane attention blocks
+#endif
 #endif
 
 namespace {
+
+#define INHOUSE_UNROLL _Pragma("GCC unroll 8")
 
 constexpr int64_t kGroup = 32;
 
@@ -231,6 +237,101 @@ void tile_rows(const uint8_t* wq, const float* wd, const float* wm, const Quanti
 }
 #endif
 
+#ifdef INHOUSE_VNNI
+// Two neighbouring tiles at once, for several activation rows: a register holds one 32-byte
+// piece (q8 quad, q4 nibbles of a pair) of tile t in lanes 0-7 and of tile t + 1 in lanes
+// 8-15, one output row a lane, so vpdpbusd meets all 16 with one broadcast activation dword
+// ({1to16}): no per-row permutes or folds, and the 8 pieces are loaded once for all rows.
+// Each lane's integer sum is exact and its float steps are tile_rows' own, so the bits are.
+constexpr int kPairRows = 8;
+
+inline __m512i two_tiles(const uint8_t* a, const uint8_t* b) {
+  return _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+
+inline __m512 two_tiles(const float* a, const float* b) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(a))),
+                                             _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+}
+
+inline __m512i dword_of(const int8_t* x) {
+  int32_t four;
+  std::memcpy(&four, x, sizeof four);
+  return _mm512_set1_epi32(four);
+}
+
+// The 16 outputs of tiles t (w0, ...) and t + 1 (w1, ...) for R activation rows from row0.
+template <bool kQ4, int R>
+void tile_pair_rows(const uint8_t* w0, const uint8_t* w1, const float* d0, const float* d1,
+                    const float* m0, const float* m1, const QuantizedActivations& a, int64_t row0,
+                    int64_t groups, __m512* out) {
+  const int64_t k = groups * kGroup;
+  const int64_t group_bytes = kQ4 ? kQ4TileGroupBytes : kQ8TileGroupBytes;
+  __m512 acc[R];
+  INHOUSE_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* g0 = w0 + g * group_bytes;
+    const uint8_t* g1 = w1 + g * group_bytes;
+    __m512i w[8];  // w[j] meets activation dword j (k = 4j .. 4j + 3)
+    if constexpr (kQ4) {
+      const __m512i low4 = _mm512_set1_epi8(0x0F);
+      INHOUSE_UNROLL for (int p = 0; p < 4; ++p) {
+        const __m512i raw = two_tiles(g0 + p * 32, g1 + p * 32);
+        w[2 * p] = _mm512_and_si512(raw, low4);
+        w[2 * p + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      }
+    } else {
+      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+      INHOUSE_UNROLL for (int j = 0; j < 8; ++j) w[j] = _mm512_xor_si512(two_tiles(g0 + j * 32, g1 + j * 32), flip);
+    }
+    const __m512 d = two_tiles(d0 + g * kTile, d1 + g * kTile);
+    INHOUSE_UNROLL for (int r = 0; r < R; ++r) {
+      const int64_t at = (row0 + r) * groups + g;
+      const int8_t* x = a.q.data() + (row0 + r) * k + g * kGroup;
+      __m512i sum = _mm512_setzero_si512();
+      INHOUSE_UNROLL for (int j = 0; j < 8; ++j) sum = _mm512_dpbusd_epi32(sum, w[j], dword_of(x + 4 * j));
+      if constexpr (!kQ4) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * a.sum[at]));
+      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a.d[at]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r]);
+      if constexpr (kQ4) {
+        acc[r] = _mm512_fmadd_ps(two_tiles(m0 + g * kTile, m1 + g * kTile), _mm512_set1_ps(a.s[at]), acc[r]);
+      }
+    }
+  }
+  INHOUSE_UNROLL for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+// tile_dot for tiles t and t + 1 (weights w, scales wd, mins wm and bias from tile t's).
+template <bool kQ4>
+void tile_pair_dot(const uint8_t* wq, const float* wd, const float* wm, const float* bias,
+                   const QuantizedActivations& a, int64_t row0, int rows, int64_t groups, float* out,
+                   int64_t stride) {
+  const int64_t bytes = groups * (kQ4 ? kQ4TileGroupBytes : kQ8TileGroupBytes), scales = groups * kTile;
+  const float* m1 = wm ? wm + scales : nullptr;
+  __m512 sums[kPairRows];
+  switch (rows) {
+#define INHOUSE_PAIR(R)                                                                          \
+  case R:                                                                                        \
+    tile_pair_rows<kQ4, R>(wq, wq + bytes, wd, wd + scales, wm, m1, a, row0, groups, sums); \
+    break;
+    INHOUSE_PAIR(1)
+    INHOUSE_PAIR(2)
+    INHOUSE_PAIR(3)
+    INHOUSE_PAIR(4)
+    INHOUSE_PAIR(5)
+    INHOUSE_PAIR(6)
+    INHOUSE_PAIR(7)
+    default:
+      tile_pair_rows<kQ4, kPairRows>(wq, wq + bytes, wd, wd + scales, wm, m1, a, row0, groups, sums);
+#undef INHOUSE_PAIR
+  }
+  const __m512 b = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+  for (int r = 0; r < rows; ++r) _mm512_storeu_ps(out + r * stride, _mm512_add_ps(sums[r], b));
+}
+#endif
+
 // out[r * stride + i] = row0 + r's product with the tile's row i (+ bias[i]), r < rows.
 template <bool kQ4>
 void tile_dot(const uint8_t* wq, const float* wd, const float* wm, const float* bias,
@@ -288,14 +389,28 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const 
   for (int64_t block = 0; block < m; block += kRowBlock) {
     const int64_t block_end = std::min(m, block + kRowBlock);
     inhouse::parallel_for(0, tiles, 2, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
+      for (int64_t t = begin; t < end;) {
         const int64_t scale_at = t * groups * kTile;
+        const uint8_t* wq = qp + t * groups * group_bytes;
+        const float* wm = mp ? mp + scale_at : nullptr;
+        const float* tile_bias = bp ? bp + t * kTile : nullptr;
+#ifdef INHOUSE_VNNI
+        if (t + 1 < end && block_end - block >= kRowsAtOnce) {  // a batch or a prompt
+          for (int64_t r = block; r < block_end; r += kPairRows) {
+            const int rows = static_cast<int>(std::min<int64_t>(kPairRows, block_end - r));
+            tile_pair_dot<kQ4>(wq, dp + scale_at, wm, tile_bias, a, r, rows, groups,
+                               op + r * n_out + t * kTile, n_out);
+          }
+          t += 2;
+          continue;
+        }
+#endif
         for (int64_t r = block; r < block_end; r += kRowsAtOnce) {
           const int rows = static_cast<int>(std::min<int64_t>(kRowsAtOnce, block_end - r));
-          tile_dot<kQ4>(qp + t * groups * group_bytes, dp + scale_at,
-                        mp ? mp + scale_at : nullptr, bp ? bp + t * kTile : nullptr, a, r, rows,
-                        groups, op + r * n_out + t * kTile, n_out);
+          tile_dot<kQ4>(wq, dp + scale_at, wm, tile_bias, a, r, rows, groups,
+                        op + r * n_out + t * kTile, n_out);
         }
+        ++t;
       }
     });
   }
@@ -327,58 +442,33 @@ inline __m256 load8(const c10::BFloat16* p) {  // bf16 is a float's upper half
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
-#endif
+#ifdef INHOUSE_AVX512
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
 
-// q . k over dim values, eight lanes at a time when dim is a multiple of 16.
+// Eight values at a in lanes 0-7 and eight at b in lanes 8-15.
+inline __m512 load8x2(const float* a, const float* b) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(load8(a))),
+                                             _mm256_castps_pd(load8(b)), 1));
+}
 template <typename T>
-inline float dot(const float* q, const T* k, int64_t dim) {
-#ifdef INHOUSE_AVX2
-  if (dim % 16 == 0) {
-    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
-    for (int64_t i = 0; i < dim; i += 16) {
-      even = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), even);
-      odd = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8(k + i + 8), odd);
-    }
-    const __m256 both = _mm256_add_ps(even, odd);
-    __m128 sum = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));
-    sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
-    return _mm_cvtss_f32(_mm_add_ss(sum, _mm_movehdup_ps(sum)));
-  }
-#endif
-  float s = 0.f;
-  for (int64_t i = 0; i < dim; ++i) s += q[i] * static_cast<float>(k[i]);
-  return s;
+inline __m256i halves(const T* a, const T* b) {
+  return _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
 }
-
-// out = sum over n of p[n] * rows[n], dim values each; the sums stay in registers, 64
-// features at a time (eight independent chains, so the FMAs do not wait on each other),
-// then 32, each feature summed in key order either way.
-template <typename T, int C>
-inline void weighted_chunk(const T* const* rows, const float* p, int64_t n, int64_t i, float* out) {
-#ifdef INHOUSE_AVX2
-  __m256 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < n; ++t) {
-    const __m256 weight = _mm256_set1_ps(p[t]);
-    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(weight, load8(rows[t] + i + 8 * c), acc[c]);
-  }
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + i + 8 * c, acc[c]);
-#endif
+inline __m512 load8x2(const c10::Half* a, const c10::Half* b) { return _mm512_cvtph_ps(halves(a, b)); }
+inline __m512 load8x2(const c10::BFloat16* a, const c10::BFloat16* b) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves(a, b)), 16));
 }
-
-template <typename T>
-inline void weighted_sum(const T* const* rows, const float* p, int64_t n, int64_t dim, float* out) {
-  int64_t i = 0;
-#ifdef INHOUSE_AVX2
-  for (; i + 64 <= dim; i += 64) weighted_chunk<T, 8>(rows, p, n, i, out);
-  for (; i + 32 <= dim; i += 32) weighted_chunk<T, 4>(rows, p, n, i, out);
 #endif
-  for (; i < dim; ++i) {
-    float total = 0.f;
-    for (int64_t t = 0; t < n; ++t) total += p[t] * static_cast<float>(rows[t][i]);
-    out[i] = total;
-  }
-}
+#endif
 
 #ifdef INHOUSE_AVX2
 // e^x for 8 lanes of x <= 0 (softmax, the max subtracted): x = k ln2 + r, e^x = 2^k e^r,
@@ -424,23 +514,258 @@ inline float exp_and_sum(float* scores, int64_t n, float top) {
   return total;
 }
 
-// One query head over n keys: softmax(q . k * scale) weighted sum of the values into out.
+// Attention's register blocks. Each query's score for a key is one fixed computation, with
+// dim a multiple of 16: eight float lanes, lane l the FMA chain e_l over features 16c + l
+// plus the chain o_l over 16c + 8 + l (c = 0, 1, ...); then b_l = e_l + o_l,
+// c_l = b_l + b_(l+4), score = ((c0 + c2) + (c1 + c3)) * scale. Each output feature is one
+// FMA chain over the keys in position order. Neither depends on which other queries or
+// keys share a block, nor on the vector width (AVX-512 holds two keys' eight lanes in one
+// register, and 16 features of a value), so blocking changes speed, never bits. A block is
+// the query heads of a GQA group (and, in a prefill, neighbouring rows) meeting
+// kKeysAtOnce keys, or kChunksAtOnce chunks of each value, loaded and converted once.
+// AVX-512's 32 vector registers hold twice the queries of AVX2's 16.
+#ifdef INHOUSE_AVX2
+#ifdef INHOUSE_AVX512
+constexpr int kQueriesAtOnce = 6;
+constexpr int kKeysAtOnce = 4;
+// Keys 2j and 2j + 1 share register j: their eight lanes in its two halves.
+using KeyLanes = __m512;
+constexpr int kKeyRegisters = kKeysAtOnce / 2;
+
+// vhaddps within each 128-bit lane, as AVX's 256-bit hadd does in each of its two.
+inline __m512 hadd16(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// c_l = b_l + b_(l+4) of two keys, the first's in 128-bit lane 0 and the second's in lane 2.
+inline __m512 fold_halves(__m512 even, __m512 odd) {
+  const __m512 b = _mm512_add_ps(even, odd);
+  return _mm512_add_ps(b, _mm512_shuffle_f32x4(b, b, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+// Four keys' scores (before the scale) from their chains, keys 2j, 2j + 1 in even[j], odd[j].
+inline __m128 key_scores(const __m512* even, const __m512* odd) {
+  const __m512 c01 = fold_halves(even[0], odd[0]), c23 = fold_halves(even[1], odd[1]);
+  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(c01, c23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(c01, c23, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 r = hadd16(s, s);  // lane 0: keys 0, 2; lane 2: keys 1, 3
+  const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(order, r));
+}
+#else
+constexpr int kQueriesAtOnce = 3;
+constexpr int kKeysAtOnce = 2;
+using KeyLanes = __m256;
+constexpr int kKeyRegisters = kKeysAtOnce;
+
+// Two keys' scores (before the scale), in lanes 0 and 4.
+inline __m256 key_scores(const __m256* even, const __m256* odd) {
+  const __m256 b0 = _mm256_add_ps(even[0], odd[0]), b1 = _mm256_add_ps(even[1], odd[1]);
+  const __m256 c = _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20),
+                                 _mm256_permute2f128_ps(b0, b1, 0x31));
+  const __m256 s = _mm256_add_ps(c, _mm256_permute_ps(c, _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_add_ps(s, _mm256_movehdup_ps(s));
+}
+#endif
+constexpr int kChunksAtOnce = 4;
+
+// Eight features of key j (AVX2) or of keys 2j and 2j + 1 (AVX-512) from feature f.
 template <typename T>
-inline void attend_head(const float* qh, const T* const* keys, const T* const* values, int64_t n,
-                        int64_t dim, float scale, float* scores, float* out) {
-  float top = -INFINITY;
-  for (int64_t t = 0; t < n; ++t) {
-    scores[t] = dot(qh, keys[t], dim) * scale;
-    top = std::max(top, scores[t]);
+inline KeyLanes key_chunk(const T* const* k, int j, int64_t f) {
+#ifdef INHOUSE_AVX512
+  return load8x2(k[2 * j] + f, k[2 * j + 1] + f);
+#else
+  return load8(k[j] + f);
+#endif
+}
+
+// Eight query features from f, for every key of a register.
+inline KeyLanes query_chunk(const float* q, int64_t f) {
+#ifdef INHOUSE_AVX512
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q + f))));
+#else
+  return _mm256_loadu_ps(q + f);
+#endif
+}
+
+inline KeyLanes fma_lanes(KeyLanes a, KeyLanes b, KeyLanes c) {
+#ifdef INHOUSE_AVX512
+  return _mm512_fmadd_ps(a, b, c);
+#else
+  return _mm256_fmadd_ps(a, b, c);
+#endif
+}
+
+// scores[i][t] = (q[i] . keys[t]) * scale for Q queries and n keys, dim a multiple of 16.
+template <typename T, int Q>
+void score_block(const float* const* q, const T* const* keys, int64_t n, int64_t dim,
+                 float scale, float* const* scores) {
+  for (int64_t t = 0; t < n; t += kKeysAtOnce) {
+    const T* k[kKeysAtOnce];  // the last block repeats its last key; only n are stored
+    INHOUSE_UNROLL for (int j = 0; j < kKeysAtOnce; ++j) k[j] = keys[std::min<int64_t>(t + j, n - 1)];
+    KeyLanes even[Q][kKeyRegisters], odd[Q][kKeyRegisters];
+    INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
+      INHOUSE_UNROLL for (int j = 0; j < kKeyRegisters; ++j) even[i][j] = odd[i][j] = KeyLanes{};
+    }
+    for (int64_t f = 0; f < dim; f += 16) {
+      KeyLanes ke[kKeyRegisters], ko[kKeyRegisters];
+      INHOUSE_UNROLL for (int j = 0; j < kKeyRegisters; ++j) {
+        ke[j] = key_chunk(k, j, f);
+        ko[j] = key_chunk(k, j, f + 8);
+      }
+      INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
+        const KeyLanes qe = query_chunk(q[i], f), qo = query_chunk(q[i], f + 8);
+        INHOUSE_UNROLL for (int j = 0; j < kKeyRegisters; ++j) {
+          even[i][j] = fma_lanes(qe, ke[j], even[i][j]);
+          odd[i][j] = fma_lanes(qo, ko[j], odd[i][j]);
+        }
+      }
+    }
+    const int64_t stored = std::min<int64_t>(kKeysAtOnce, n - t);
+    INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
+      float* out = scores[i] + t;
+#ifdef INHOUSE_AVX512
+      const __m128 s = _mm_mul_ps(key_scores(even[i], odd[i]), _mm_set1_ps(scale));
+      _mm_mask_storeu_ps(out, static_cast<__mmask8>((1u << stored) - 1), s);
+#else
+      const __m256 s = _mm256_mul_ps(key_scores(even[i], odd[i]), _mm256_set1_ps(scale));
+      out[0] = _mm256_cvtss_f32(s);
+      if (stored > 1) out[1] = _mm_cvtss_f32(_mm256_extractf128_ps(s, 1));
+#endif
+    }
   }
-  const float inv = 1.f / exp_and_sum(scores, n, top);
-  for (int64_t t = 0; t < n; ++t) scores[t] *= inv;
-  weighted_sum(values, scores, n, dim, out);
+}
+
+// out[i][from + f] = sum over t of p[i][t] * values[t][from + f], f < C chunks of the
+// vector width: Q queries' sums in registers while the n values stream past once.
+template <typename T, int Q, int C, typename Vec, Vec (*load)(const T*), Vec (*fma)(Vec, Vec, Vec)>
+void weigh_block(const T* const* values, const float* const* p, int64_t n, int64_t from,
+                 float* const* out) {
+  constexpr int lanes = sizeof(Vec) / sizeof(float);
+  Vec acc[Q][C];
+  INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
+    INHOUSE_UNROLL for (int c = 0; c < C; ++c) acc[i][c] = Vec{};
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    Vec w[Q];
+    INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
+      if constexpr (lanes == 8) {
+        w[i] = _mm256_broadcast_ss(p[i] + t);
+      } else {
+        w[i] = _mm512_set1_ps(p[i][t]);
+      }
+    }
+    INHOUSE_UNROLL for (int c = 0; c < C; ++c) {
+      const Vec v = load(values[t] + from + lanes * c);
+      INHOUSE_UNROLL for (int i = 0; i < Q; ++i) acc[i][c] = fma(w[i], v, acc[i][c]);
+    }
+  }
+  INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
+    INHOUSE_UNROLL for (int c = 0; c < C; ++c) {
+      std::memcpy(out[i] + from + lanes * c, &acc[i][c], sizeof(Vec));
+    }
+  }
+}
+
+inline __m256 fma8(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
+#ifdef INHOUSE_AVX512
+inline __m512 fma16(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+#endif
+
+template <typename T, int Q>
+void weigh_values(const T* const* values, const float* const* p, int64_t n, int64_t dim,
+                  float* const* out) {
+  int64_t from = 0;
+#ifdef INHOUSE_AVX512
+  for (; from + 16 * kChunksAtOnce <= dim; from += 16 * kChunksAtOnce) {
+    weigh_block<T, Q, kChunksAtOnce, __m512, load16, fma16>(values, p, n, from, out);
+  }
+#endif
+  for (; from + 8 * kChunksAtOnce <= dim; from += 8 * kChunksAtOnce) {
+    weigh_block<T, Q, kChunksAtOnce, __m256, load8, fma8>(values, p, n, from, out);
+  }
+  for (; from < dim; from += 8) weigh_block<T, Q, 1, __m256, load8, fma8>(values, p, n, from, out);
+}
+#else
+constexpr int kQueriesAtOnce = 1;
+#endif
+
+// e^(s - top) for each score, then scaled to sum to one; the scores before `from` and from
+// from + count on (keys another query of the block needs) become 0, which adds nothing to
+// the weighted sum's chains: a query's bits are its own keys' alone.
+inline void softmax_range(float* s, int64_t n, int64_t from, int64_t count) {
+  float* own = s + from;
+  float top = -INFINITY;
+  int64_t t = 0;
+#ifdef INHOUSE_AVX2
+  __m256 tops = _mm256_set1_ps(-INFINITY);  // a max is the same in any order
+  for (; t + 8 <= count; t += 8) tops = _mm256_max_ps(tops, _mm256_loadu_ps(own + t));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, tops);
+  for (const float lane : lanes) top = std::max(top, lane);
+#endif
+  for (; t < count; ++t) top = std::max(top, own[t]);
+  const float inv = 1.f / exp_and_sum(own, count, top);
+  for (int64_t t = 0; t < count; ++t) own[t] *= inv;
+  std::fill(s, own, 0.f);
+  std::fill(own + count, s + n, 0.f);
+}
+
+// Q queries over their share of n keys (query i: keys from[i] .. from[i] + count[i] - 1):
+// softmax(q . k * scale) weighted sum of the values into out[i], dim values each. Without
+// AVX2 (or with dim not a multiple of 8) the same sums one at a time, in their own order.
+template <typename T, int Q>
+void attend(const float* const* q, const T* const* keys, const T* const* values, int64_t n,
+            int64_t dim, float scale, float* const* scores, float* const* out,
+            const int64_t* from, const int64_t* count) {
+#ifdef INHOUSE_AVX2
+  if (dim % 16 == 0) {
+    score_block<T, Q>(q, keys, n, dim, scale, scores);
+    for (int i = 0; i < Q; ++i) softmax_range(scores[i], n, from[i], count[i]);
+    weigh_values<T, Q>(values, scores, n, dim, out);
+    return;
+  }
+#endif
+  for (int i = 0; i < Q; ++i) {
+    for (int64_t t = 0; t < n; ++t) {
+      float s = 0.f;
+      for (int64_t f = 0; f < dim; ++f) s += q[i][f] * static_cast<float>(keys[t][f]);
+      scores[i][t] = s * scale;
+    }
+    softmax_range(scores[i], n, from[i], count[i]);
+    for (int64_t f = 0; f < dim; ++f) {
+      float total = 0.f;
+      for (int64_t t = 0; t < n; ++t) total += scores[i][t] * static_cast<float>(values[t][f]);
+      out[i][f] = total;
+    }
+  }
+}
+
+// attend for a block of 1 .. kQueriesAtOnce queries.
+template <typename T>
+void attend_any(int queries, const float* const* q, const T* const* keys, const T* const* values,
+                int64_t n, int64_t dim, float scale, float* const* scores, float* const* out,
+                const int64_t* from, const int64_t* count) {
+  switch (queries) {
+#define INHOUSE_ATTEND(Q)                                                          \
+  case Q:                                                                          \
+    if constexpr (Q <= kQueriesAtOnce) {                                           \
+      return attend<T, Q>(q, keys, values, n, dim, scale, scores, out, from, count); \
+    }                                                                              \
+    break;
+    INHOUSE_ATTEND(1)
+    INHOUSE_ATTEND(2)
+    INHOUSE_ATTEND(3)
+    INHOUSE_ATTEND(4)
+    INHOUSE_ATTEND(5)
+    INHOUSE_ATTEND(6)
+#undef INHOUSE_ATTEND
+  }
+  TORCH_CHECK(false, "a block of at most kQueriesAtOnce queries");
 }
 
 // Consecutive rows of one sequence (a prefill) that share one gathering of their cache rows.
-// (Converting the tile's K/V to float once for its rows was twice as slow: scalar float16
-// conversions cost more than the vcvtph2ps inside the dot products.)
 constexpr int64_t kTileRows = 16;
 
 template <typename T>
@@ -484,18 +809,38 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
       const int64_t n = hi - lo;
       keys.resize(n);
       values.resize(n);
-      scores.resize(n);
+      scores.resize(kQueriesAtOnce * n);
       for (int64_t t = lo; t < hi; ++t) {
         const int64_t at = (table[t / block_size] * block_size + t % block_size) * slot_values;
         keys[t - lo] = kp + at + kvh * dim;
         values[t - lo] = vp + at + kvh * dim;
       }
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t from = first_key(r) - lo, count = lp[r] - first_key(r);
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          attend_head(qp + (r * heads + h) * dim, keys.data() + from, values.data() + from, count,
-                      dim, scale, scores.data(), op + (r * heads + h) * dim);
+      // The tile's query heads of this KV head, row by row, kQueriesAtOnce at a time, each
+      // block over the keys any of its queries needs.
+      const int64_t queries = (r1 - r0) * group;
+      for (int64_t b0 = 0; b0 < queries; b0 += kQueriesAtOnce) {
+        const int in_block = static_cast<int>(std::min<int64_t>(kQueriesAtOnce, queries - b0));
+        const float* qs[kQueriesAtOnce];
+        float* outs[kQueriesAtOnce];
+        float* rows_scores[kQueriesAtOnce];
+        int64_t from[kQueriesAtOnce], count[kQueriesAtOnce];
+        int64_t block_lo = hi, block_hi = lo;
+        for (int i = 0; i < in_block; ++i) {
+          const int64_t r = r0 + (b0 + i) / group, h = kvh * group + (b0 + i) % group;
+          qs[i] = qp + (r * heads + h) * dim;
+          outs[i] = op + (r * heads + h) * dim;
+          from[i] = first_key(r);
+          count[i] = lp[r] - from[i];
+          block_lo = std::min(block_lo, from[i]);
+          block_hi = std::max(block_hi, lp[r]);
         }
+        const int64_t span = block_hi - block_lo;
+        for (int i = 0; i < in_block; ++i) {
+          from[i] -= block_lo;
+          rows_scores[i] = scores.data() + i * span;
+        }
+        attend_any<T>(in_block, qs, keys.data() + block_lo - lo, values.data() + block_lo - lo,
+                      span, dim, scale, rows_scores, outs, from, count);
       }
     }
   };

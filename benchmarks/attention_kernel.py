@@ -1,0 +1,85 @@
+"""One layer's paged attention on the C++ kernel at SmolLM2-135M's shapes (9 query heads
+over 3 KV heads of 64 features, a float16 cache): a decode row at several context lengths
+and a whole prompt's prefill, in ms and GFLOP/s (2 flops a multiply-add, q.k and p.v).
+
+Prints one line per case, to compare two commits run alternately on the same host:
+
+    for i in 1 2 3; do for t in A B; do PYTHONPATH=$t/src .venv/bin/python \\
+        benchmarks/attention_kernel.py; done; done
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from inhouse.engine.kernels.build import load_kernels
+
+HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
+
+
+def _cache(tokens: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(tokens)
+    blocks = -(-tokens // BLOCK)
+    k = torch.randn(blocks * BLOCK, KV_HEADS, DIM, generator=gen).to(dtype)
+    v = torch.randn(blocks * BLOCK, KV_HEADS, DIM, generator=gen).to(dtype)
+    table = torch.randperm(blocks, generator=gen)[None]
+    return k, v, table
+
+
+def best_ms(call, repeats: int) -> float:
+    """The fastest of `repeats` calls, after one warm-up."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def decode_ms(context: int, dtype: torch.dtype, repeats: int) -> float:
+    """One decode row attending `context` keys."""
+    k, v, table = _cache(context, dtype)
+    q = torch.randn(1, HEADS, DIM)
+    lens = torch.tensor([context])
+    op = torch.ops.inhouse_cpu.paged_attention_rows
+    return best_ms(lambda: op(q, k, v, table, None, lens, BLOCK, 0.125, 0), repeats)
+
+
+def prefill_ms(tokens: int, dtype: torch.dtype, repeats: int) -> float:
+    """A whole prompt of `tokens` rows, each attending its causal prefix."""
+    k, v, table = _cache(tokens, dtype)
+    q = torch.randn(tokens, HEADS, DIM)
+    seq = torch.zeros(tokens, dtype=torch.long)
+    lens = torch.arange(1, tokens + 1)
+    op = torch.ops.inhouse_cpu.paged_attention_rows
+    return best_ms(lambda: op(q, k, v, table, seq, lens, BLOCK, 0.125, 0), repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--contexts", default="128,2500", help="decode context lengths")
+    parser.add_argument("--prompts", default="512,2500", help="prefill lengths")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    args = parser.parse_args()
+    built = load_kernels()
+    if built is None:
+        raise SystemExit("the C++ kernels do not build here")
+    dtype = getattr(torch, args.dtype)
+    print(f"kernels {built.isa}, {args.dtype} cache, {torch.get_num_threads()} threads")
+    for n in map(int, args.contexts.split(",")):
+        ms = decode_ms(n, dtype, args.repeats * 20)
+        flops = 4 * HEADS * DIM * n
+        print(f"decode  ctx {n:5d}: {ms:8.3f} ms  {flops / ms / 1e6:6.1f} GFLOP/s")
+    for n in map(int, args.prompts.split(",")):
+        ms = prefill_ms(n, dtype, args.repeats)
+        flops = 4 * HEADS * DIM * n * (n + 1) / 2
+        print(f"prefill {n:5d}: {ms:8.1f} ms  {flops / ms / 1e6:6.1f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
