@@ -64,21 +64,21 @@ KV_CACHE_MEMORY = f"{KV_CACHE_MIB}MiB"
 def rss_mb(pid: int) -> tuple[float, float]:
     """Resident set size of a process and of its KV cache's mapping, in MB.
 
-    serve maps its KV cache anonymously and zero pages become resident only as tokens are
-    first written to a block, so RSS grows by up to the KV budget as traffic first fills
-    it: reserved memory, not a leak. The cache is the one mapping of 80-100 % of the KV
-    budget (``/proc/<pid>/smaps``); what grows outside it is what the issue bounds."""
+    serve maps its KV cache anonymously (``mmap(-1, n)``: a shared ``/dev/zero`` mapping)
+    and zero pages become resident only as tokens are first written to a block, so RSS
+    grows by up to the KV budget as traffic first fills it: reserved memory, not a leak.
+    What grows outside that mapping is what the issue bounds."""
     total = kv = 0
-    size_kb = 0
+    in_kv = False
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         field, _, rest = line.partition(":")
-        if field == "Size":
-            size_kb = int(rest.split()[0])
+        if " " in field:  # a mapping's header: address range, perms, ..., path
+            in_kv = line.rstrip().endswith("/dev/zero (deleted)")
+        elif field == "Size":
+            in_kv = in_kv and int(rest.split()[0]) <= KV_CACHE_MIB * 1024
         elif field == "Rss":
-            rss_kb = int(rest.split()[0])
-            total += rss_kb
-            if 0.8 * KV_CACHE_MIB * 1024 <= size_kb <= KV_CACHE_MIB * 1024:
-                kv += rss_kb
+            total += int(rest.split()[0])
+            kv += int(rest.split()[0]) if in_kv else 0
     return total / 1024, kv / 1024
 
 
