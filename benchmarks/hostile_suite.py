@@ -49,6 +49,7 @@ from hostile_bodies import Attack, hostile_attacks  # noqa: E402
 MAX_MODEL_LEN = 2048
 POLL_S = 0.2
 SLOW_HEALTH_S = 1.0
+SETTLE_S = 5.0  # before the last RSS reading: past serve's heap trim after heavy work
 RSS_GROWTH_MB = 300  # issue 24: serve's RSS after the suite within 300 MB of after warm-up
 STREAM_TOKENS = 24
 STREAM_PROMPT = [{"role": "user", "content": "Count from one to twenty."}]
@@ -314,6 +315,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stop.set()
             polls = receive.recv()
             poller.join(timeout=30)
+        time.sleep(SETTLE_S)  # serve gives freed heap back 2 s after heavy work
         rss_after = rss_mb(edges.serve_pid)
         healthy = httpx.get(f"{edges.serve.url}/health", timeout=30).status_code
     report = summary(attacked, polls, streams, (rss_warm, rss_after))

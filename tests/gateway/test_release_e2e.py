@@ -2,7 +2,7 @@
 (q4 stable, q8 candidate), a real `inhouse gateway` process with a SQLite file, the
 `inhouse release` CLI, and the official client.
 
-The tests run in file order on one stack: a 10 % canary, then shadow traffic and the
+One test runs three phases on one stack: a 10 % canary, then shadow traffic and the
 comparison, then the candidate killed and rolled back by the guardrail.
 """
 
@@ -176,7 +176,7 @@ def _binomial_99(n: int, p: float) -> tuple[float, float]:
     return n * p - half, n * p + half
 
 
-def test_a_10_percent_canary_takes_its_share_sticky_per_key_and_audited(stack: Stack) -> None:
+def _a_10_percent_canary_takes_its_share_sticky_per_key_and_audited(stack: Stack) -> None:
     out = stack.release(
         "canary", "smol", "--backend", stack.candidate_url, "--api-key-env", "Q8_KEY",
         "--percent", "10", "--by", "e2e", "--reason", "q8 weights",
@@ -207,7 +207,7 @@ def test_a_10_percent_canary_takes_its_share_sticky_per_key_and_audited(stack: S
     assert status["candidate"]["errors"]["k"] == 0 and status["candidate"]["errors"]["high"] < 0.1
 
 
-def test_shadow_pairs_are_compared_with_intervals_and_a_png(stack: Stack) -> None:
+def _shadow_pairs_are_compared_with_intervals_and_a_png(stack: Stack) -> None:
     stack.release("canary", "smol", "--percent", "0", "--shadow", "100", "--by", "e2e")
     names = list(stack.secrets)
     calls = [(names[i % KEYS], PROMPTS[i % len(PROMPTS)]) for i in range(60)]
@@ -232,7 +232,7 @@ def test_shadow_pairs_are_compared_with_intervals_and_a_png(stack: Stack) -> Non
     assert "agreement (identical answers):" in text and "McNemar" in text
 
 
-def test_a_killed_candidate_is_rolled_back_with_an_event_and_a_metric(stack: Stack) -> None:
+def _a_killed_candidate_is_rolled_back_with_an_event_and_a_metric(stack: Stack) -> None:
     stack.release("canary", "smol", "--percent", "10", "--shadow", "0", "--by", "e2e")
     stack.candidate.kill()
     killed = time.monotonic()
@@ -247,3 +247,11 @@ def test_a_killed_candidate_is_rolled_back_with_an_event_and_a_metric(stack: Sta
     metrics = httpx.get(f"{stack.gateway_url}/metrics").text
     line = 'inhouse:gateway_release_rollbacks_total{model_name="smol",reason="candidate_down"} 1.0'
     assert line in metrics
+
+
+def test_canary_then_shadow_then_a_killed_candidate_rolled_back(stack: Stack) -> None:
+    """One test, since each phase starts from the state the one before left and the suite
+    shuffles test functions (pytest-randomly)."""
+    _a_10_percent_canary_takes_its_share_sticky_per_key_and_audited(stack)
+    _shadow_pairs_are_compared_with_intervals_and_a_png(stack)
+    _a_killed_candidate_is_rolled_back_with_an_event_and_a_metric(stack)
