@@ -81,6 +81,7 @@ def test_prometheus_scrapes_with_the_token_file(gateway: Gateway, tmp_path: Path
     )  # fmt: skip
     prometheus.start()
     try:
+        prometheus.wait_healthy(f"http://127.0.0.1:{port}/-/ready", 60)  # 503 until ready
         deadline, health = time.monotonic() + 60, {}
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
