@@ -26,6 +26,16 @@ LATENCY_BUCKETS = (
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
+def _model_counters(
+    counters: dict[str, tuple[str, float]], model: str
+) -> Iterator[CounterMetricFamily]:
+    """One counter family per ``name: (doc, value)``, labelled with the model's name."""
+    for name, (doc, value) in counters.items():
+        family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        family.add_metric([model], value)
+        yield family
+
+
 class EngineStatsCollector(Collector):
     """Engine gauges and counters, read fresh on every scrape."""
 
@@ -53,10 +63,7 @@ class EngineStatsCollector(Collector):
             "prompt_tokens": ("Prompt tokens processed.", stats.prompt_tokens),
             "generation_tokens": ("Tokens generated.", stats.generation_tokens),
         }
-        for name, (doc, value) in counters.items():
-            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
-            family.add_metric([self._model], value)
-            yield family
+        yield from _model_counters(counters, self._model)
         success = CounterMetricFamily(
             PREFIX + "request_success",
             "Finished requests by finish reason.",
@@ -75,10 +82,7 @@ class EngineStatsCollector(Collector):
             "spec_decode_num_draft_tokens": ("Draft tokens verified.", spec.num_draft_tokens),
             "spec_decode_num_accepted_tokens": ("Draft tokens accepted.", spec.num_accepted_tokens),
         }
-        for name, (doc, value) in counters.items():
-            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
-            family.add_metric([self._model], value)
-            yield family
+        yield from _model_counters(counters, self._model)
         per_pos = CounterMetricFamily(
             PREFIX + "spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens accepted, by position in the draft.",
@@ -111,10 +115,7 @@ class EmbeddingStatsCollector(Collector):
             "embedding_inputs": ("Embedding inputs computed.", stats.inputs),
             "embedding_tokens": ("Tokens of the embedding inputs computed.", stats.tokens),
         }
-        for name, (doc, value) in counters.items():
-            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
-            family.add_metric([self._model], value)
-            yield family
+        yield from _model_counters(counters, self._model)
 
 
 class ServerMetrics:
