@@ -127,8 +127,8 @@ def test_eval_compares_the_server_with_the_gateway_and_the_audit_counts_it(
     eval_set, out = _subset(tmp_path / "subset.jsonl"), tmp_path / "out"
     n = len(load_eval_set(eval_set))
     command = [*inhouse_command(), "eval", str(eval_set), "--out", str(out)]
-    command += ["--url", stack.serve_url, "--name", "direct"]
-    command += ["--vs-url", stack.gateway_url, "--vs-model", "smol", "--vs-name", "gateway"]
+    command += ["--base-url", f"{stack.serve_url}/v1", "--name", "direct"]
+    command += ["--vs-base-url", stack.gateway_url, "--vs-model", "smol", "--vs-name", "gateway"]
     command += ["--vs-api-key", stack.secret, "--concurrency", "4"]
     env = {**os.environ, "OPENAI_API_KEY": stack.serve_key}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
