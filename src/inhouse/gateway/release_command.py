@@ -6,6 +6,7 @@ gateway replica sharing the database applies it from its next request.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import hashlib
 import json
@@ -159,25 +160,26 @@ def compare_command(
     optionally the answers graded with an eval set; and a PNG."""
     from inhouse.gateway.release_compare import compare, compare_text
 
-    settings = settings_for(config, database)
+    items = None if grade is None else _eval_set(grade)  # checked before anything is opened
     store = _store(config, database)
-    grader = None if grade is None else _grader(settings, store, model, grade)
+    grader = None
+    if items is not None:
+        from inhouse.gateway.keys import KeyStore, load_pepper
+        from inhouse.gateway.release_grade import grade_pairs
+
+        keys = KeyStore(store.db, load_pepper(settings_for(config, database)))
+        grader = functools.partial(grade_pairs, store.db, keys.hash, model, items=items)
     report = _or_exit(lambda: compare(store, model, release, png, grader))
     typer.echo(json.dumps(report, indent=2) if as_json else compare_text(report))
 
 
-def _grader(settings: GatewayConfig, store: ReleaseStore, model: str, path: Path) -> Any:
-    """Grades a release's stored pairs with the eval set at `path` (read and checked now)."""
+def _eval_set(path: Path) -> list[Any]:
     from inhouse.eval.items import EvalSetError, load_eval_set
-    from inhouse.gateway.keys import KeyStore, load_pepper
-    from inhouse.gateway.release_grade import grade_pairs
 
     try:
-        items = load_eval_set(path)
+        return load_eval_set(path)
     except (OSError, EvalSetError) as err:
         raise _fail(f"--grade: {err}") from None
-    keys = KeyStore(store.db, load_pepper(settings))
-    return lambda release: grade_pairs(store.db, keys.hash, model, release, items)
 
 
 def _store(config: Path | None, database: str | None) -> ReleaseStore:

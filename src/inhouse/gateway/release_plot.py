@@ -36,11 +36,12 @@ def _bars(
             axis.annotate(f"{p.value:.0%}\nn={p.n}", (x, p.high), ha="center", va="bottom",
                           fontsize="x-small")  # fmt: skip
     for i, (_, _, _, note) in enumerate(groups):
-        axis.annotate(note, (i, 1.2), ha="center", fontsize="x-small", color="dimgray")
+        axis.annotate(note, (i, 1.14), ha="center", fontsize="x-small", color="dimgray")
     axis.set_xticks(range(len(groups)), [g[0] for g in groups])
-    axis.set_ylim(0, 1.3)
+    axis.set_ylim(0, 1.45)
+    axis.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     axis.set_ylabel("share (95% Wilson interval)")
-    axis.legend(fontsize="x-small", loc="upper left")
+    axis.legend(fontsize="x-small", loc="upper center", ncol=2)
 
 
 def _p(p_value: float, n: int) -> str:
