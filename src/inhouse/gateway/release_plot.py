@@ -21,20 +21,21 @@ STABLE, CANDIDATE = "tab:blue", "tab:orange"
 def _bars(
     axis: Axes, groups: list[tuple[str, Proportion, Proportion, str]], labels: tuple[str, str]
 ) -> None:
-    """Two bars per group (stable, candidate) with intervals, `n` on each, a note above."""
+    """Two bars per group (stable, candidate) with intervals, `n` on each, a note above; a
+    side without samples gets no bar and no interval, only "n=0"."""
     for side, (offset, colour, label) in enumerate(
         ((-0.2, STABLE, labels[0]), (0.2, CANDIDATE, labels[1]))
     ):
         shares = [g[1 + side] for g in groups]
         values = [p.value for p in shares]
         # max(0, …): Wilson bounds at 0 % or 100 % sit a rounding error inside the value
-        errors = [[max(0.0, p.value - p.low) for p in shares],
-                  [max(0.0, p.high - p.value) for p in shares]]  # fmt: skip
+        errors = [[max(0.0, p.value - p.low) if p.n else 0.0 for p in shares],
+                  [max(0.0, p.high - p.value) if p.n else 0.0 for p in shares]]  # fmt: skip
         positions = [i + offset for i in range(len(groups))]
         axis.bar(positions, values, 0.4, yerr=errors, capsize=3, color=colour, label=label)
         for x, p in zip(positions, shares, strict=True):
-            axis.annotate(f"{p.value:.0%}\nn={p.n}", (x, p.high), ha="center", va="bottom",
-                          fontsize="x-small")  # fmt: skip
+            note, top = (f"{p.value:.0%}\nn={p.n}", p.high) if p.n else ("n=0", 0.0)
+            axis.annotate(note, (x, top), ha="center", va="bottom", fontsize="x-small")
     for i, (_, _, _, note) in enumerate(groups):
         axis.annotate(note, (i, 1.14), ha="center", fontsize="x-small", color="dimgray")
     axis.set_xticks(range(len(groups)), [g[0] for g in groups])
