@@ -31,8 +31,8 @@ class Outcome:
     finish_reason: str | None = None
     first_token_at: float | None = None
     text: list[str] | None = None  # kept for keys that log content, and to compare shadows
-    tool_calls: dict[int, tuple[str, str]] = field(default_factory=dict)  # with text: index
-    # -> (name, arguments) of the first choice's calls
+    # collected with the text: the first choice's tool calls, index -> (name, arguments)
+    tool_calls: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     def add_tool_calls(self, fragments: Iterable[ToolCallFragment]) -> None:
         """Join tool-call fragments: the name comes once, the arguments in pieces."""
