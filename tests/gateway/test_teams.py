@@ -91,16 +91,23 @@ def test_a_database_from_before_teams_and_releases_gains_the_new_columns(tmp_pat
     key = store.get("old")
     assert (key.team, key.admin) == (None, False)
     columns = {row[1] for row in sqlite3.connect(db_file).execute("PRAGMA table_info(audit_log)")}
-    assert {"team", "prompt_hash", "release", "json_valid"} <= columns
-    added = "SELECT key_name, team, prompt_hash, release, json_valid FROM audit_log"
-    assert sqlite3.connect(db_file).execute(added).fetchall() == [("old", None, None, None, None)]
+    assert {
+        "team",
+        "prompt_hash",
+        "release",
+        "json_valid",
+        "refusal",
+        "tool_calls_valid",
+    } <= columns
+    added = "SELECT key_name, team, prompt_hash, release, json_valid, refusal FROM audit_log"
+    assert sqlite3.connect(db_file).execute(added).fetchall() == [("old", *[None] * 5)]
     indexes = {row[1] for row in sqlite3.connect(db_file).execute("PRAGMA index_list(audit_log)")}
     assert {"ix_audit_usage", "ix_audit_retry"} <= indexes
     open_database(f"sqlite:///{db_file}").dispose()  # a second start finds nothing to add
 
 
 # The two tables as the first release created them (before team, admin, prompt_hash,
-# release and json_valid).
+# release and the answer checks).
 OLD_SCHEMA = """
 CREATE TABLE api_keys (id INTEGER PRIMARY KEY, name VARCHAR(200) NOT NULL UNIQUE,
   key_hash VARCHAR(64) NOT NULL UNIQUE, created_at FLOAT NOT NULL, expires_at FLOAT,

@@ -62,6 +62,8 @@ class AuditRecord:
     completion_text: str | None = None
     release: int | None = None
     json_valid: bool | None = None
+    refusal: bool | None = None
+    tool_calls_valid: bool | None = None
     team: str | None = None
     prompt_hash: str | None = None
 

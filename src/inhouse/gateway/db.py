@@ -82,6 +82,8 @@ audit_log = Table(
     Column("prompt_hash", String(64)),
     Column("release", Integer),
     Column("json_valid", Boolean),
+    Column("refusal", Boolean),  # the answer checks (answer_checks), for models with releases
+    Column("tool_calls_valid", Boolean),
     # Usage reports scan a time range and group: covering indexes keep them off the table.
     Index(
         "ix_audit_usage",
@@ -210,6 +212,11 @@ shadow_pairs = Table(
     Column("exact_match", Boolean),
     Column("primary_json_valid", Boolean),
     Column("shadow_json_valid", Boolean),
+    Column("primary_refusal", Boolean),
+    Column("shadow_refusal", Boolean),
+    Column("primary_tool_calls_valid", Boolean),
+    Column("shadow_tool_calls_valid", Boolean),
+    Column("prompt_hash", String(64)),  # the audit's peppered hash: matches eval items
     Column("primary_text", Text),  # only for keys that log content
     Column("shadow_text", Text),
 )

@@ -14,6 +14,7 @@ from starlette.types import Receive
 from inhouse.api.body import json_object
 from inhouse.api.errors import APIError, server_error
 from inhouse.gateway.admit import Admitter, Refusal
+from inhouse.gateway.answer_checks import Expectations
 from inhouse.gateway.audit import AuditWriter, Redactor
 from inhouse.gateway.authn import authenticate
 from inhouse.gateway.call import Outcome
@@ -25,7 +26,7 @@ from inhouse.gateway.ledger import Ledger
 from inhouse.gateway.limits import KeyLimiter, LimitCalls
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.parse import model_name, parse
-from inhouse.gateway.proxy import UpstreamClients
+from inhouse.gateway.proxy import GENERATING_ENDPOINTS, UpstreamClients
 from inhouse.gateway.release_metrics import ReleaseMetrics
 from inhouse.gateway.releases import ReleaseStore
 from inhouse.gateway.routing import Router
@@ -111,6 +112,8 @@ class Gateway:
         self.settler.opened()
         try:
             call.release = await self.releases.pick(key, call.route)
+            if call.release is not None and endpoint in GENERATING_ENDPOINTS:
+                call.expects = Expectations.of(body)
             self.shadow.start(call, body)
             response = await self.forwarder.forward(call, body, receive)
             if log_fields is not None and call.release is not None:

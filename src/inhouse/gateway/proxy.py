@@ -116,6 +116,7 @@ def read_answer(body: bytes, outcome: Outcome, keep_text: bool) -> None:
         outcome.finish_reason = answer.choices[0].finish_reason
     if keep_text:
         outcome.text = [c.content for c in answer.choices]
+        outcome.add_tool_calls(answer.choices[0].tool_calls if answer.choices else ())
 
 
 async def relay_events(
@@ -166,6 +167,8 @@ def _note_event(
             outcome.content_chunks += 1
             if outcome.text is not None:
                 outcome.text.append(choice.content)
+                if choice.index == 0:
+                    outcome.add_tool_calls(choice.tool_calls)
         if choice.finish_reason:
             outcome.finish_reason = choice.finish_reason
     return True
