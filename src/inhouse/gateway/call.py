@@ -9,6 +9,7 @@ from inhouse.gateway.canary import ReleasePick
 from inhouse.gateway.config import ModelRoute
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import Needs
+from inhouse.gateway.priority import DEFAULT_CLASS
 from inhouse.gateway.routing import Lease
 from inhouse.wire.openai import Usage
 
@@ -64,6 +65,8 @@ class Call:
     shadow: ShadowTicket | None = None  # the mirrored copy waiting for this call's outcome
     team_hold: tuple[int, float] | None = None  # tokens and money held in the key's team
     prompt_hash: str | None = None  # peppered hash of the prompt: tells a retry (audit)
+    priority: str = DEFAULT_CLASS  # the class it runs at, after the clamp (`priority`)
+    degraded_from: str | None = None  # the model asked for, when a smaller one answers
 
     @property
     def checks_json(self) -> bool:

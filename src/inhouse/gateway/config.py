@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
 from inhouse.cost.settings import CostConfigError, CostSettings, parse_cost
+from inhouse.gateway.priority import CLASSES
 
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
 BACKEND_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp", "openai"})
@@ -21,6 +22,11 @@ SALTABLE_KINDS = frozenset({"inhouse", "vllm", "sglang"})
 TOKENIZING_KINDS = frozenset({"inhouse", "vllm", "sglang"})
 # Backends whose `/metrics` the router reads for load (see backends.LOAD_METRICS).
 SCRAPED_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp"})
+# Backends that take vLLM's per-request `priority` integer (see `priority`).
+PRIORITIZED_KINDS = frozenset({"inhouse", "vllm"})
+POLICIES = ("queue", "fallback", "degrade")
+DEFAULT_QUEUE_WAIT_S = 30.0
+MAX_WAIT_S = 86_400.0  # a day: longer waits are a mistake, and asyncio timers need finite ones
 
 
 class ConfigError(ValueError):
@@ -61,6 +67,7 @@ class Upstream:
     weight: float = 1.0
     max_in_flight: int = 64
     capabilities: Capabilities = field(default_factory=Capabilities)
+    send_priority: bool = True  # vLLM refuses priority != 0 without --scheduling-policy priority
 
     @property
     def saltable(self) -> bool:
@@ -74,6 +81,10 @@ class Upstream:
     def scraped(self) -> bool:
         return self.kind in SCRAPED_KINDS
 
+    @property
+    def prioritized(self) -> bool:
+        return self.send_priority and self.kind in PRIORITIZED_KINDS
+
 
 @dataclass(frozen=True, slots=True)
 class ModelRoute:
@@ -82,11 +93,18 @@ class ModelRoute:
     name: str
     backends: tuple[Upstream, ...]
     fallback: Upstream | None = None
-    policy: Literal["queue", "fallback"] = "queue"
+    policy: Literal["queue", "fallback", "degrade"] = "queue"
     allow_fallback: bool = True
     queue_max_depth: int = 64
-    queue_max_wait_s: float = 30.0
+    queue_max_wait_s: float = DEFAULT_QUEUE_WAIT_S  # the default class's (and unnamed ones')
     default_max_tokens: int = 1024
+    class_max_wait_s: tuple[tuple[str, float], ...] = ()  # per priority class, where set
+    degrade_to: str | None = None  # policy "degrade": the smaller model interactive work takes
+    degrade_after_s: float = 1.0  # ... when the expected wait here exceeds this
+
+    def max_wait(self, priority: str) -> float:
+        """How long a request of class `priority` may wait in this model's queue."""
+        return dict(self.class_max_wait_s).get(priority, self.queue_max_wait_s)
 
     def limit(self, name: Literal["max_context", "max_output"]) -> int | None:
         """The smallest context or output limit its replicas declare, if any declares one."""
@@ -176,6 +194,12 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise ConfigError(f"model names must be unique, got {names}")
+    for m in models:
+        if m.degrade_to is not None and (m.degrade_to not in names or m.degrade_to == m.name):
+            raise ConfigError(
+                f"model {m.name!r}: degrade_to must name another [[models]] entry,"
+                f" got {m.degrade_to!r}"
+            )
     health = _table(data, "health")
     _reject_unknown(
         health, "health", {f.name for f in HealthSettings.__dataclass_fields__.values()}
@@ -231,6 +255,8 @@ MODEL_KEYS = {
     "queue_max_depth",
     "queue_max_wait_s",
     "default_max_tokens",
+    "degrade_to",
+    "degrade_after_s",
 }
 UPSTREAM_KEYS = {
     "name",
@@ -244,6 +270,7 @@ UPSTREAM_KEYS = {
     "capabilities",
     "max_context",
     "max_output",
+    "send_priority",
 }
 
 
@@ -291,14 +318,17 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
         raise ConfigError(f"{where} ({name}) needs at least one [[models.backends]]")
     fallback = _upstream(raw["fallback"], f"{where}.fallback", name) if "fallback" in raw else None
     policy = raw.get("policy", "queue")
-    if policy not in ("queue", "fallback"):
-        raise ConfigError(f"{where}.policy must be 'queue' or 'fallback', got {policy!r}")
+    if policy not in POLICIES:
+        raise ConfigError(f"{where}.policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     if policy == "fallback" and fallback is None:
         raise ConfigError(f"{where}.policy = 'fallback' needs a [models.fallback] table")
+    degrade_to = raw.get("degrade_to")
+    if (policy == "degrade") != (degrade_to is not None) or not isinstance(degrade_to, str | None):
+        raise ConfigError(f"{where}: policy = 'degrade' and degrade_to = '<model>' go together")
     depth = int(raw.get("queue_max_depth", 64))
-    wait = float(raw.get("queue_max_wait_s", 30.0))
-    if depth < 0 or wait < 0:
-        raise ConfigError(f"{where}: queue_max_depth and queue_max_wait_s must be >= 0")
+    if depth < 0:
+        raise ConfigError(f"{where}: queue_max_depth must be >= 0")
+    wait, by_class = _queue_waits(raw.get("queue_max_wait_s", DEFAULT_QUEUE_WAIT_S), where)
     return ModelRoute(
         name=name,
         backends=backends,
@@ -308,7 +338,33 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
         queue_max_depth=depth,
         queue_max_wait_s=wait,
         default_max_tokens=int(raw.get("default_max_tokens", 1024)),
+        class_max_wait_s=by_class,
+        degrade_to=degrade_to,
+        degrade_after_s=_seconds(raw.get("degrade_after_s", 1.0), f"{where}.degrade_after_s"),
     )
+
+
+def _queue_waits(value: Any, where: str) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """`queue_max_wait_s`: seconds for every class, or a table of seconds per class
+    (`{interactive = 5, batch = 120}`; classes it does not name wait its `default`, else
+    `DEFAULT_QUEUE_WAIT_S`). The default class's wait and the per-class ones."""
+    what = f"{where}.queue_max_wait_s"
+    if not isinstance(value, dict):
+        return _seconds(value, what), ()
+    unknown = sorted(set(value) - set(CLASSES))
+    if unknown:
+        raise ConfigError(f"{what}: unknown class(es) {unknown}; classes are {list(CLASSES)}")
+    waits = {name: _seconds(v, f"{what}.{name}") for name, v in value.items()}
+    return waits.get("default", DEFAULT_QUEUE_WAIT_S), tuple(sorted(waits.items()))
+
+
+def _seconds(value: Any, what: str) -> float:
+    """A number of seconds from 0 to `MAX_WAIT_S`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{what} must be a number of seconds, got {value!r}")
+    if not 0 <= value <= MAX_WAIT_S:  # NaN fails this too
+        raise ConfigError(f"{what} must be from 0 to {MAX_WAIT_S:g} seconds, got {value!r}")
+    return float(value)
 
 
 def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
@@ -330,6 +386,9 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
     weight = float(raw.get("weight", 1.0))
     if weight <= 0:
         raise ConfigError(f"{where}.weight must be > 0")
+    send_priority = raw.get("send_priority", True)
+    if not isinstance(send_priority, bool):
+        raise ConfigError(f"{where}.send_priority must be true or false")
     return Upstream(
         name=str(raw.get("name") or parts.netloc),
         url=url,
@@ -343,6 +402,7 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
             max_context=_optional_int(raw.get("max_context")),
             max_output=_optional_int(raw.get("max_output")),
         ),
+        send_priority=send_priority,
     )
 
 

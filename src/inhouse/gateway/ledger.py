@@ -125,5 +125,7 @@ class Ledger:
                 json_valid=json_valid(answer) if checked else None,
                 team=call.key.team,
                 prompt_hash=call.prompt_hash,
+                priority=call.priority,
+                degraded_from=call.degraded_from,
             )
         )
