@@ -160,7 +160,7 @@ def keys_list(config: ConfigOption = None, database: DatabaseOption = None) -> N
             key.name
             + (f" @{key.team}" if key.team else "")
             + (" (admin)" if key.admin else "")
-            + f" [{key.priority}{'' if key.allow_degrade else ', no degrade'}]",
+            + f" ({key.priority}{'' if key.allow_degrade else ', no degrade'})",
             _state(key, now),
             _time(key.created_at),
             _time(key.expires_at) if key.expires_at else "never",
