@@ -12,11 +12,13 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import ManualClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
+from test_console_security import _run, csrf_of, sign_in
 from test_teams import OLD_SCHEMA
 from typer.testing import CliRunner
 
@@ -25,6 +27,7 @@ from inhouse.gateway.backends import BackendState
 from inhouse.gateway.config import ConfigError, ModelRoute, Upstream, parse_config
 from inhouse.gateway.db import metadata, open_database
 from inhouse.gateway.degrade import expected_wait_s
+from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.needs import read_needs
 from inhouse.gateway.proxy import prepare
@@ -287,3 +290,24 @@ def test_a_postgresql_database_from_before_classes_gains_their_columns(
         assert (key.priority, key.allow_degrade) == ("default", True)
     finally:
         server.cleanup()
+
+
+def test_the_console_sets_and_changes_a_keys_class(tmp_path: Path) -> None:
+    async def test(gateway: Gateway, client: httpx.AsyncClient) -> None:
+        await sign_in(client, gateway.keys.create("ops", admin=True)[1])
+        token = await csrf_of(client)
+        form = {"name": "etl", "priority": "batch", "no_degrade": "on", "csrf": token}
+        made = await client.post("/admin/keys", data=form)
+        assert made.status_code == 201
+        key = gateway.keys.get("etl")
+        assert (key.priority, key.allow_degrade) == ("batch", False)
+        page = (await client.get("/admin/keys")).text
+        assert '<option value="batch" selected>' in page and "no degrade" in page
+        form = {"name": "etl", "csrf": token, "priority": "interactive"}
+        saved = await client.post("/admin/keys/limits", data=form)
+        assert saved.status_code == 303 and gateway.keys.get("etl").priority == "interactive"
+        wrong = await client.post("/admin/keys", data={"name": "x", "priority": "urgent",
+                                                       "csrf": token})  # fmt: skip
+        assert wrong.status_code == 400 and "priority" in wrong.text
+
+    _run(tmp_path, test)
