@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -12,7 +11,17 @@ from urllib.parse import urlsplit
 
 from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
 from inhouse.cost.settings import CostConfigError, CostSettings, parse_cost
-from inhouse.gateway.priority import CLASSES
+from inhouse.gateway.config_values import (
+    DEFAULT_QUEUE_WAIT_S,
+    ConfigError,
+    env_secret,
+    networks,
+    optional_int,
+    positive_int,
+    queue_waits,
+    reject_unknown,
+    seconds,
+)
 
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
 BACKEND_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp", "openai"})
@@ -25,12 +34,6 @@ SCRAPED_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp"})
 # Backends that take vLLM's per-request `priority` integer (see `priority`).
 PRIORITIZED_KINDS = frozenset({"inhouse", "vllm"})
 POLICIES = ("queue", "fallback", "degrade")
-DEFAULT_QUEUE_WAIT_S = 30.0
-MAX_WAIT_S = 86_400.0  # a day: longer waits are a mistake, and asyncio timers need finite ones
-
-
-class ConfigError(ValueError):
-    """The gateway configuration is invalid; the message says which key and why."""
 
 
 def default_state_dir() -> Path:
@@ -187,7 +190,7 @@ def load_config(path: str | Path) -> GatewayConfig:
 def parse_config(data: dict[str, Any]) -> GatewayConfig:
     """Validate a parsed TOML document into a GatewayConfig."""
     gw = _table(data, "gateway")
-    _reject_unknown(gw, "gateway", GATEWAY_KEYS)
+    reject_unknown(gw, "gateway", GATEWAY_KEYS)
     models = tuple(_model(m, i) for i, m in enumerate(data.get("models", [])))
     if not models:
         raise ConfigError("at least one [[models]] entry is required")
@@ -201,13 +204,11 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
                 f" got {m.degrade_to!r}"
             )
     health = _table(data, "health")
-    _reject_unknown(
-        health, "health", {f.name for f in HealthSettings.__dataclass_fields__.values()}
-    )
+    reject_unknown(health, "health", {f.name for f in HealthSettings.__dataclass_fields__.values()})
     audit = _table(data, "audit")
-    _reject_unknown(audit, "audit", {f.name for f in AuditSettings.__dataclass_fields__.values()})
+    reject_unknown(audit, "audit", {f.name for f in AuditSettings.__dataclass_fields__.values()})
     release = _table(data, "releases")
-    _reject_unknown(
+    reject_unknown(
         release, "releases", {f.name for f in ReleaseSettings.__dataclass_fields__.values()}
     )
     pepper = gw.get("pepper_file")
@@ -221,11 +222,11 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
         request_timeout_s=float(gw.get("request_timeout_s", 600.0)),
         drain_timeout_s=float(gw.get("drain_timeout_s", 30.0)),
         access_log=bool(gw.get("access_log", True)),
-        max_request_body=_positive_int(
+        max_request_body=positive_int(
             gw.get("max_request_body", DEFAULT_MAX_BODY_BYTES), "gateway.max_request_body"
         ),
-        metrics_token=_env_secret(gw, "metrics_token_env", "gateway"),
-        trusted_proxies=_networks(gw.get("trusted_proxies", []), "gateway.trusted_proxies"),
+        metrics_token=env_secret(gw, "metrics_token_env", "gateway"),
+        trusted_proxies=networks(gw.get("trusted_proxies", []), "gateway.trusted_proxies"),
         health=HealthSettings(**health),
         audit=_audit_settings(audit),
         releases=ReleaseSettings(**release),
@@ -299,15 +300,9 @@ def _cost(raw: dict[str, Any]) -> CostSettings:
         raise ConfigError(str(err)) from None
 
 
-def _reject_unknown(table: dict[str, Any], where: str, known: set[str]) -> None:
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"unknown key(s) in {where}: {', '.join(unknown)}")
-
-
 def _model(raw: dict[str, Any], index: int) -> ModelRoute:
     where = f"models[{index}]"
-    _reject_unknown(raw, where, MODEL_KEYS)
+    reject_unknown(raw, where, MODEL_KEYS)
     name = raw.get("name")
     if not name:
         raise ConfigError(f"{where}.name is required")
@@ -328,7 +323,7 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
     depth = int(raw.get("queue_max_depth", 64))
     if depth < 0:
         raise ConfigError(f"{where}: queue_max_depth must be >= 0")
-    wait, by_class = _queue_waits(raw.get("queue_max_wait_s", DEFAULT_QUEUE_WAIT_S), where)
+    wait, by_class = queue_waits(raw.get("queue_max_wait_s", DEFAULT_QUEUE_WAIT_S), where)
     return ModelRoute(
         name=name,
         backends=backends,
@@ -340,35 +335,12 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
         default_max_tokens=int(raw.get("default_max_tokens", 1024)),
         class_max_wait_s=by_class,
         degrade_to=degrade_to,
-        degrade_after_s=_seconds(raw.get("degrade_after_s", 1.0), f"{where}.degrade_after_s"),
+        degrade_after_s=seconds(raw.get("degrade_after_s", 1.0), f"{where}.degrade_after_s"),
     )
 
 
-def _queue_waits(value: Any, where: str) -> tuple[float, tuple[tuple[str, float], ...]]:
-    """`queue_max_wait_s`: seconds for every class, or a table of seconds per class
-    (`{interactive = 5, batch = 120}`; classes it does not name wait its `default`, else
-    `DEFAULT_QUEUE_WAIT_S`). The default class's wait and the per-class ones."""
-    what = f"{where}.queue_max_wait_s"
-    if not isinstance(value, dict):
-        return _seconds(value, what), ()
-    unknown = sorted(set(value) - set(CLASSES))
-    if unknown:
-        raise ConfigError(f"{what}: unknown class(es) {unknown}; classes are {list(CLASSES)}")
-    waits = {name: _seconds(v, f"{what}.{name}") for name, v in value.items()}
-    return waits.get("default", DEFAULT_QUEUE_WAIT_S), tuple(sorted(waits.items()))
-
-
-def _seconds(value: Any, what: str) -> float:
-    """A number of seconds from 0 to `MAX_WAIT_S`."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{what} must be a number of seconds, got {value!r}")
-    if not 0 <= value <= MAX_WAIT_S:  # NaN fails this too
-        raise ConfigError(f"{what} must be from 0 to {MAX_WAIT_S:g} seconds, got {value!r}")
-    return float(value)
-
-
 def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
-    _reject_unknown(raw, where, UPSTREAM_KEYS)
+    reject_unknown(raw, where, UPSTREAM_KEYS)
     url = str(raw.get("url", "")).rstrip("/")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -382,7 +354,7 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
         raise ConfigError(f"{where}.capabilities: unknown {bad}; known {sorted(CAPABILITIES)}")
     api_key = raw.get("api_key")
     if "api_key_env" in raw:
-        api_key = _env_secret(raw, "api_key_env", where)
+        api_key = env_secret(raw, "api_key_env", where)
     weight = float(raw.get("weight", 1.0))
     if weight <= 0:
         raise ConfigError(f"{where}.weight must be > 0")
@@ -399,42 +371,8 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
         max_in_flight=int(raw.get("max_in_flight", 64)),
         capabilities=Capabilities(
             features=features,
-            max_context=_optional_int(raw.get("max_context")),
-            max_output=_optional_int(raw.get("max_output")),
+            max_context=optional_int(raw.get("max_context")),
+            max_output=optional_int(raw.get("max_output")),
         ),
         send_priority=send_priority,
     )
-
-
-def _env_secret(table: dict[str, Any], key: str, where: str) -> str | None:
-    """The value of the environment variable `table[key]` names (None when `key` is absent);
-    a named variable that is unset is a ConfigError."""
-    if key not in table:
-        return None
-    value = os.environ.get(str(table[key]))
-    if not value:
-        raise ConfigError(f"{where}.{key}: ${table[key]} is not set (or is empty)")
-    return value
-
-
-def _networks(value: Any, what: str) -> tuple[str, ...]:
-    """IP addresses or CIDR networks, each checked (no "*": trusting every client's
-    X-Forwarded-For is what the list exists to prevent)."""
-    if not isinstance(value, list):
-        raise ConfigError(f"{what} must be a list of IP addresses or networks")
-    for item in value:
-        try:
-            ipaddress.ip_network(str(item), strict=False)
-        except ValueError:
-            raise ConfigError(f"{what}: not an IP address or network: {item!r}") from None
-    return tuple(str(item) for item in value)
-
-
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{what} must be a positive integer, got {value!r}")
-    return value
