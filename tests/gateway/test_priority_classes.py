@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import sqlite3
 from pathlib import Path
@@ -311,3 +312,28 @@ def test_the_console_sets_and_changes_a_keys_class(tmp_path: Path) -> None:
         assert wrong.status_code == 400 and "priority" in wrong.text
 
     _run(tmp_path, test)
+
+
+def test_in_a_full_queue_a_sooner_class_takes_the_place_of_the_last_later_one() -> None:
+    async def scenario() -> None:
+        route = dataclasses.replace(_route(), queue_max_depth=2)
+        router = _router(route)
+        held = await router.acquire(route, NEEDS, True)
+        first, last = (
+            asyncio.create_task(router.acquire(route, NEEDS, True, priority="batch"))
+            for _ in range(2)
+        )
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded):  # a batch request finds the queue full
+            await router.acquire(route, NEEDS, True, priority="batch")
+        chat = asyncio.create_task(router.acquire(route, NEEDS, True, priority="interactive"))
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded) as refused:
+            await last
+        assert refused.value.status_code == 429 and "sooner class" in refused.value.message
+        assert router.queue_depth("m") == 2 and not first.done()
+        router.release(held)
+        router.release(await chat)
+        await first
+
+    asyncio.run(scenario())

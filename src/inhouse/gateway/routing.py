@@ -3,7 +3,8 @@
 
 The queue is ordered by priority class (`priority`), then arrival; a request woken that
 finds no slot after all (another took it) goes back to its place, not to the end. Each
-class waits at most its `queue_max_wait_s`."""
+class waits at most its `queue_max_wait_s`; when the queue is full, a request of a sooner
+class takes the place of the last one of a later class, which gets the 429."""
 
 from __future__ import annotations
 
@@ -133,7 +134,11 @@ class Router:
                     assert fallback is not None
                     return Lease(fallback, None, True, self._clock() - start)
                 remaining = deadline - self._clock()
-                if waiter is None and self.queue_depth(route.name) >= route.queue_max_depth:
+                if (
+                    waiter is None
+                    and self.queue_depth(route.name) >= route.queue_max_depth
+                    and not self._make_room(route, place[0], capable)
+                ):
                     raise self._overloaded(route, capable, "queue is full")
                 if remaining <= 0:
                     raise self._overloaded(route, capable, "no replica freed up in time")
@@ -144,6 +149,16 @@ class Router:
         finally:
             if waiter is not None and not waiter.done():
                 waiter.cancel()
+
+    def _make_room(self, route: ModelRoute, place: int, capable: list[Backend]) -> bool:
+        """In a full queue, refuse the last waiter of a later class than `place` (its
+        request gets the 429 this one would have had); whether there was one."""
+        later = [w for w in self._waiters[route.name] if w[0] > place and not w[2].done()]
+        if not later:
+            return False
+        last = max(later, key=lambda w: (w[0], w[1]))
+        last[2].set_exception(self._overloaded(route, capable, "a sooner class took its place"))
+        return True
 
     def release(self, lease: Lease) -> None:
         """Give back a replica slot, note how long it was held, and wake the first waiter
