@@ -66,6 +66,8 @@ class AuditRecord:
     tool_calls_valid: bool | None = None
     team: str | None = None
     prompt_hash: str | None = None
+    priority: str | None = None  # the class it ran at (None: refused before admission)
+    degraded_from: str | None = None  # the model asked for, when a smaller one answered
 
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))

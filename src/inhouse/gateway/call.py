@@ -11,6 +11,7 @@ from inhouse.gateway.canary import ReleasePick
 from inhouse.gateway.config import ModelRoute
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import Needs
+from inhouse.gateway.priority import DEFAULT_CLASS
 from inhouse.gateway.routing import Lease
 from inhouse.wire.openai import ToolCallFragment, Usage
 
@@ -79,6 +80,8 @@ class Call:
     team_hold: tuple[int, float] | None = None  # tokens and money held in the key's team
     prompt_hash: str | None = None  # peppered hash of the prompt: tells a retry (audit)
     expects: Expectations | None = None  # set when the answer is checked (answer_checks)
+    priority: str = DEFAULT_CLASS  # the class it runs at, after the clamp (`priority`)
+    degraded_from: str | None = None  # the model asked for, when a smaller one answers
 
     @property
     def keeps_text(self) -> bool:

@@ -20,6 +20,7 @@ from inhouse.gateway.authn import authenticate
 from inhouse.gateway.call import Outcome
 from inhouse.gateway.canary import ReleaseRouter
 from inhouse.gateway.config import GatewayConfig
+from inhouse.gateway.degrade import Degrader
 from inhouse.gateway.forward import Forwarder
 from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.ledger import Ledger
@@ -76,6 +77,7 @@ class Gateway:
         self.ledger = Ledger(audit, metrics, redact, self.release_metrics)
         self.settler = Settler(keys, limiter, limits, router, self.ledger, teams, prices)
         self.admitter = Admitter(keys, limiter, limits, router, upstreams, teams, prices)
+        self.degrader = Degrader(config, router, metrics)
         self.forwarder = Forwarder(
             keys, router, upstreams, self.settler, self.ledger, config.health,
             config.request_timeout_s,
@@ -111,6 +113,7 @@ class Gateway:
         call.prompt_hash = self.ledger.prompt_hash(self.keys, body)
         self.settler.opened()
         try:
+            self.degrader.apply(call)
             call.release = await self.releases.pick(key, call.route)
             if call.release is not None and endpoint in GENERATING_ENDPOINTS:
                 call.expects = Expectations.of(body)

@@ -139,5 +139,7 @@ class Ledger:
                 tool_calls_valid=checks.tool_calls_valid,
                 team=call.key.team,
                 prompt_hash=call.prompt_hash,
+                priority=call.priority,
+                degraded_from=call.degraded_from,
             )
         )

@@ -142,6 +142,7 @@ class ShadowMirror:
         forward = prepare(
             backend.upstream, call.endpoint, apply_release(streamed, target),
             self._keys.cache_salt(call.key), capped(call.output_cap, target),
+            "batch",  # a mirrored copy is extra work: it never goes before real requests
         )  # fmt: skip
         try:
             async with contextlib.AsyncExitStack() as stack:
