@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
 from speculative import DEFAULT_SPEC, TASKS, TEXT
-from vs_llamacpp import free_port, wait_ready
+from vs_llamacpp import free_port, stop, wait_ready
 
 LLAMA_SPECS = [
     "--spec-type ngram-simple",
@@ -91,11 +91,7 @@ def run_server(
                 c: drive(url, model, c, max(args.requests, c), args.new_tokens) for c in args.levels
             }
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
 
 
 def main() -> None:

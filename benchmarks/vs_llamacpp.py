@@ -127,13 +127,18 @@ def run_server(
         steps = {w: sweep(url, model, w, args, work / f"{name}-{w.input_len}") for w in workloads}
         rss = peak_rss_mb(proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         log.close()
     return ServerRun(name, steps, ready, rss)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 15 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def _ms(summary: dict, metric: str, quantile: str) -> float:
