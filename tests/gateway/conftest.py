@@ -43,6 +43,13 @@ def store(db_url: str, clock: ManualClock) -> KeyStore:
 
 
 @pytest.fixture(scope="module")
+def canned() -> Iterator[Canned]:
+    """One canned upstream per test module."""
+    with canned_upstream() as upstream:
+        yield upstream
+
+
+@pytest.fixture(scope="module")
 def upstreams() -> Iterator[tuple[Canned, Canned]]:
     with canned_upstream() as stable, canned_upstream() as candidate:
         yield stable, candidate

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from canned_upstream import Canned, canned_upstream
+from canned_upstream import Canned
 from gateway_under_test import Gateway, key_rows, start_gateway
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,12 +21,6 @@ from inhouse.gateway.priority import PRIORITY_BOUND
 pytestmark = pytest.mark.slow
 
 _asked = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def canned() -> Iterator[Canned]:
-    with canned_upstream() as upstream:
-        yield upstream
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from canned_upstream import USAGE, Canned, canned_upstream
+from canned_upstream import USAGE, Canned
 
 from inhouse.gateway.app import build_gateway, create_app
 from inhouse.gateway.audit import recent_rows
@@ -122,12 +121,6 @@ CREATE TABLE audit_log (id INTEGER PRIMARY KEY, ts FLOAT NOT NULL, key_name VARC
   finish_reason VARCHAR(32), fallback_used BOOLEAN NOT NULL DEFAULT 0, prompt_text TEXT,
   completion_text TEXT);
 """
-
-
-@pytest.fixture(scope="module")
-def canned() -> Iterator[Canned]:
-    with canned_upstream() as upstream:
-        yield upstream
 
 
 HELLO = [{"role": "user", "content": "hello"}]
