@@ -126,6 +126,45 @@ def sweep_table(runs: Sequence[RunResult], verdict: Verdict) -> Table:
     return table
 
 
+def mix_table(runs: Sequence[RunResult]) -> Table:
+    """A mixed run's classes side by side: one row each."""
+    table = Table(
+        title="inhouse bench --mix", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    headers = (
+        "class",
+        "priority",
+        "in\nflight",
+        "ok/\nfailed",
+        "TTFT ms\np50 / p99",
+        "TPOT ms\np50 / p99",
+        "output\ntok/s",
+        "duration\ns",
+    )
+    for header in headers:
+        table.add_column(header, justify="left" if header == "class" else "right")
+    failures = []
+    for run in runs:
+        s, spec = run.summary, run.traffic_class or {}
+        name = str(spec.get("name", "?")) + (" (background)" if spec.get("background") else "")
+        priority = spec.get("priority")
+        table.add_row(
+            name,
+            "—" if priority is None else str(priority),
+            str(run.shape.max_concurrency or 0),
+            f"{s.completed}/{s.failed}",
+            f"{_ms_short(s.ttft.p50)} / {_ms_short(s.ttft.p99)}",
+            f"{_ms_short(s.tpot.p50)} / {_ms_short(s.tpot.p99)}",
+            _num(s.output_throughput, 1),
+            _num(s.duration, 1),
+        )
+        if s.failed:
+            failures.append(f"{spec.get('name')}: {failures_text(s)}")
+    if failures:
+        table.caption = "failures: " + "; ".join(failures)
+    return table
+
+
 def _nearest(runs: Sequence[RunResult], predicted: float) -> int:
     steps = [run.shape.max_concurrency or 0 for run in runs]
     return min(steps, key=lambda step: abs(step - predicted))

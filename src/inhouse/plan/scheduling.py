@@ -1,0 +1,113 @@
+"""The engine's scheduling policies (`inhouse serve --scheduling-policy`), as the simulation
+walks them: the order in which a step offers its token budget to sequences.
+
+- ``fcfs``: running sequences in admission order, then waiting ones in arrival order;
+  priority and tenant are ignored.
+- ``priority``: running and waiting sequences in one list by (priority, arrival); lower
+  priority numbers go first (vLLM's rule).
+- ``fair``: ``priority``, and within one priority level start-time fair queuing between
+  tenants: each active tenant has a virtual time (tokens computed for it in its current busy
+  period; a tenant that becomes active starts at the smallest one of the others), the level's
+  sequences are interleaved by the tenant with the least virtual time plus what it is
+  offered this step, and a tenant is skipped for the rest of the step once that passes the
+  level's least (virtual time + everything it wants) by more than `FAIR_QUANTUM` tokens.
+  Backlogged tenants of one level thus get equal tokens whatever their requests in flight.
+
+The rules on prefill (a step's prefill tokens capped at the long-prefill threshold, a worse
+priority getting none once a better one got some) and on preemption live in the step itself
+(`inhouse.plan.sim_engine`), as in the engine (`inhouse.engine.class_step`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import groupby
+
+from inhouse.plan.errors import PlanError
+from inhouse.plan.sim_request import SimRequest
+
+POLICIES = ("fcfs", "priority", "fair")
+Want = Callable[[SimRequest], int]
+DEFAULT_LONG_PREFILL_THRESHOLD = 256  # the engine's default under priority and fair
+FAIR_QUANTUM = 256
+
+
+def check_policy(policy: str) -> str:
+    """The policy's name, or a PlanError listing the known ones."""
+    if policy not in POLICIES:
+        raise PlanError(f"the scheduling policy is one of {', '.join(POLICIES)}, not {policy!r}")
+    return policy
+
+
+@dataclass(slots=True)
+class FairShare:
+    """Each active tenant's virtual time; a tenant with no unfinished request is forgotten."""
+
+    vtime: dict[str, int] = field(default_factory=dict)
+    unfinished: Counter[str] = field(default_factory=Counter)
+
+    def arrive(self, tenant: str) -> None:
+        """A request of `tenant` reached the engine."""
+        if not self.unfinished[tenant]:
+            self.vtime[tenant] = min(self.vtime.values(), default=0)
+        self.unfinished[tenant] += 1
+
+    def finish(self, tenant: str) -> None:
+        """A request of `tenant` finished."""
+        self.unfinished[tenant] -= 1
+        if self.unfinished[tenant] <= 0:
+            del self.unfinished[tenant]
+            self.vtime.pop(tenant, None)
+
+    def charge(self, tenant: str, tokens: int) -> None:
+        """The step computed `tokens` for `tenant`."""
+        if tenant in self.vtime:
+            self.vtime[tenant] += tokens
+
+    def interleave(self, level: list[SimRequest], want: Want) -> list[SimRequest]:
+        """One priority level's sequences (in arrival order) in fair-share order, as weighted
+        fair queuing orders packets: next is the next sequence of the tenant whose finish
+        tag (virtual time plus what it is offered this step up to that sequence) is least;
+        a tenant whose tag before its next sequence passes the bar yields the step."""
+        queues: dict[str, deque[SimRequest]] = {}
+        for request in level:
+            queues.setdefault(request.tenant, deque()).append(request)
+        bar = min(self.vtime.get(t, 0) + sum(map(want, q)) for t, q in queues.items())
+        limit = bar + FAIR_QUANTUM
+        heap = []
+        for rank, (tenant, queue) in enumerate(queues.items()):
+            start = self.vtime.get(tenant, 0)
+            heap.append((start + want(queue[0]), rank, tenant, start))
+        heapq.heapify(heap)
+        ordered = []
+        while heap:
+            finish, rank, tenant, start = heapq.heappop(heap)
+            if start > limit:
+                continue
+            ordered.append(queues[tenant].popleft())
+            if queues[tenant]:
+                heapq.heappush(heap, (finish + want(queues[tenant][0]), rank, tenant, finish))
+        return ordered
+
+
+def candidate_order(
+    policy: str,
+    running: Iterable[SimRequest],
+    waiting: Iterable[SimRequest],
+    fair: FairShare,
+    want: Want,
+) -> list[SimRequest]:
+    """The sequences a step offers its budget to, in that order; `want` is what a sequence
+    would take this step (1 for a decode, its capped prefill chunk otherwise)."""
+    if policy == "fcfs":
+        return [*running, *waiting]
+    ranked = sorted([*running, *waiting], key=lambda r: (r.priority, r.arrival))
+    if policy == "priority":
+        return ranked
+    ordered: list[SimRequest] = []
+    for _, level in groupby(ranked, key=lambda r: r.priority):
+        ordered += fair.interleave(list(level), want)
+    return ordered
