@@ -230,9 +230,7 @@ def _mix(
     }
     clashing = [name for name, value in given.items() if value is not None]
     if clashing:
-        raise typer.BadParameter(
-            f"--mix gives each class its own load: drop {', '.join(clashing)}"
-        )
+        raise typer.BadParameter(f"--mix gives each class its own load: drop {', '.join(clashing)}")
     try:
         dataset = settings.dataset
         classes = parse_mix(mix, input_len=dataset.input_len, output_len=dataset.output_len)

@@ -111,7 +111,8 @@ async def _drive(lanes: Sequence[_Lane], context: RunContext) -> list[LoadResult
 
     async with asyncio.TaskGroup() as group:
         tasks = [group.create_task(lane_load(lane)) for lane in lanes]
-        await asyncio.wait([t for t, lane in zip(tasks, lanes, strict=True) if not lane.spec.background])
+        counted = [t for t, lane in zip(tasks, lanes, strict=True) if not lane.spec.background]
+        await asyncio.wait(counted)
         stop.set()
     return [task.result() for task in tasks]
 
