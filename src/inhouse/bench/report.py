@@ -131,25 +131,19 @@ def mix_table(runs: Sequence[RunResult]) -> Table:
     table = Table(
         title="inhouse bench --mix", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False
     )
-    headers = (
-        "class",
-        "priority",
-        "in\nflight",
-        "ok/\nfailed",
-        "TTFT ms\np50 / p99",
-        "TPOT ms\np50 / p99",
-        "output\ntok/s",
-        "duration\ns",
-    )
-    for header in headers:
-        table.add_column(header, justify="left" if header == "class" else "right")
-    failures = []
+    table.add_column("class", no_wrap=True)
+    for header in ("prio", "in\nflight", "ok/\nfailed"):
+        table.add_column(header, justify="right")
+    for header in ("TTFT ms\np50 / p99", "TPOT ms\np50 / p99"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for header in ("output\ntok/s", "time\ns"):
+        table.add_column(header, justify="right")
+    lines = []
     for run in runs:
         s, spec = run.summary, run.traffic_class or {}
-        name = str(spec.get("name", "?")) + (" (background)" if spec.get("background") else "")
         priority = spec.get("priority")
         table.add_row(
-            name,
+            str(spec.get("name", "?")),
             "—" if priority is None else str(priority),
             str(run.shape.max_concurrency or 0),
             f"{s.completed}/{s.failed}",
@@ -158,10 +152,11 @@ def mix_table(runs: Sequence[RunResult]) -> Table:
             _num(s.output_throughput, 1),
             _num(s.duration, 1),
         )
+        if spec.get("background"):
+            lines.append(f"{spec.get('name')}: background, in flight until the others were done")
         if s.failed:
-            failures.append(f"{spec.get('name')}: {failures_text(s)}")
-    if failures:
-        table.caption = "failures: " + "; ".join(failures)
+            lines.append(f"{spec.get('name')} failures: {failures_text(s)}")
+    table.caption = "\n".join(lines) or None
     return table
 
 

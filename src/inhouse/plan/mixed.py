@@ -4,9 +4,11 @@ engine (`inhouse.plan.simulate`), under each scheduling policy.
 The batch class keeps ``in_flight`` requests in flight (a closed loop) for the whole run;
 the interactive class's clients send ``requests`` chats one after another, starting once the
 batch's first wave is decoding (or at ``start``), so the prediction is of a server in its
-steady state rather than its start-up burst. Each policy's point sets the interactive TTFT
-beside the same chats on an idle server, and the batch's output rate beside what it gets
-alone over the same window.
+steady state rather than its start-up burst. A deterministic simulation of identical requests can
+lock chats and batch prefills into one phase, so each point pools the chats of `PHASES`
+runs started a fraction of a batch answer's time apart. Each policy's point sets the
+interactive TTFT beside the same chats on an idle server, and the batch's output rate
+beside what it gets alone over the same window.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from inhouse.plan.errors import PlanError
 from inhouse.plan.perf_model import StepCost
 from inhouse.plan.scheduling import POLICIES, check_policy
 from inhouse.plan.sim_engine import SchedulerLimits
-from inhouse.plan.simulate import SimResult, Workload, simulate, simulate_workloads
+from inhouse.plan.simulate import Workload, quantile, simulate, simulate_workloads
 
 MAX_CLIENTS = 4096
 MAX_REQUESTS = 100_000
 MAX_TOKENS = 1_000_000
 MAX_START_S = 86_400.0
 PRIORITY_RANGE = (-1000, 1000)  # the engine's bound on a request's priority
+PHASES = 8
 _TENANT = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -199,21 +202,42 @@ def first_wave_decoding(cost: StepCost, limits: SchedulerLimits, batch: BatchLoa
     return simulate(cost, wave, limits).duration
 
 
-def _point(cost: StepCost, limits: SchedulerLimits, chats: Workload, job: Workload) -> MixedPoint:
-    mixed: list[SimResult] = simulate_workloads(cost, [chats, job], limits)
-    chat, batch = mixed
-    end = chats.delay_s + chat.duration
-    alone = simulate_workloads(cost, [job], limits, until_s=end, since_s=chats.delay_s)[0]
+def batch_cycle(cost: StepCost, batch: BatchLoad) -> float:
+    """Roughly how long one batch answer takes in the steady state (its decode steps): the
+    period after which the batch's pattern of prefills repeats."""
+    context = batch.prompt_tokens + batch.output_tokens // 2
+    return cost.decode_step(batch.in_flight, context) * batch.output_tokens
+
+
+def _point(
+    cost: StepCost, limits: SchedulerLimits, chats: Workload, job: Workload, offsets: list[float]
+) -> MixedPoint:
+    """The chats' latencies pooled over runs whose chats start at each of `offsets` after
+    `chats.delay_s`, so no single phase between chats and batch prefills decides the tail."""
+    ttft: list[float] = []
+    tpot: list[float] = []
+    mixed_rate = alone_rate = 0.0
+    preemptions = 0
+    for offset in offsets:
+        shifted = replace(chats, delay_s=chats.delay_s + offset)
+        chat, batch = simulate_workloads(cost, [shifted, job], limits)
+        end = shifted.delay_s + chat.duration
+        alone = simulate_workloads(cost, [job], limits, until_s=end, since_s=shifted.delay_s)
+        ttft += chat.ttft
+        tpot += chat.tpot
+        mixed_rate += batch.output_throughput / len(offsets)
+        alone_rate += alone[0].output_throughput / len(offsets)
+        preemptions += batch.preemptions
     idle = simulate(cost, replace(chats, delay_s=0.0), limits)
     return MixedPoint(
         policy=limits.policy,
-        ttft_p50=chat.ttft_p(50),
-        ttft_p99=chat.ttft_p(99),
-        tpot_p50=chat.tpot_p(50),
+        ttft_p50=quantile(ttft, 50),
+        ttft_p99=quantile(ttft, 99),
+        tpot_p50=quantile(tpot, 50) if tpot else 0.0,
         idle_ttft_p99=idle.ttft_p(99),
-        batch_tokens_per_s=batch.output_throughput,
-        batch_alone_tokens_per_s=alone.output_throughput,
-        preemptions=batch.preemptions,
+        batch_tokens_per_s=mixed_rate,
+        batch_alone_tokens_per_s=alone_rate,
+        preemptions=round(preemptions / len(offsets)),
     )
 
 
@@ -223,14 +247,19 @@ def plan_mixed(
     interactive: InteractiveLoad,
     batch: BatchLoad,
     policies: Iterable[str] = POLICIES,
+    phases: int = PHASES,
 ) -> MixedPlan:
     """Predict interactive TTFT and the batch's rate under each policy (`limits` give the
-    rest of the scheduler: seats, budget, KV, the long-prefill threshold)."""
+    rest of the scheduler: seats, budget, KV, the long-prefill threshold), pooling `phases`
+    runs whose chats start a fraction of a batch answer's time apart."""
     start = interactive.start_s
     if start is None:
         start = first_wave_decoding(cost, replace(limits, policy="fcfs"), batch)
     chats, job = _workloads(interactive, batch, start)
+    step = batch_cycle(cost, batch) / phases
+    offsets = [k * step for k in range(phases)]
     points = tuple(
-        _point(cost, replace(limits, policy=check_policy(p)), chats, job) for p in policies
+        _point(cost, replace(limits, policy=check_policy(p)), chats, job, offsets)
+        for p in policies
     )
     return MixedPlan(interactive, batch, start, points)
