@@ -127,7 +127,7 @@ def test_a_batch_load_predicts_interactive_latency_per_policy(tmp_path: Path) ->
     for p in points.values():
         assert 0 < p["idle_ttft_p99"] <= p["ttft_p50"] <= p["ttft_p99"]
         assert p["ttft_p99_over_idle"] == p["ttft_p99"] / p["idle_ttft_p99"]
-        assert 0 < p["batch_tokens_per_s"] and 0 < p["batch_share_of_alone"] <= 1.1
+        assert p["batch_tokens_per_s"] > 0 and 0 < p["batch_share_of_alone"] <= 1.1
     text = run(*args, "--interactive", "requests=10, start=30")
     assert text.exit_code == 0, text.stderr
     assert "Interactive latency (ms) under the batch load" in text.stdout

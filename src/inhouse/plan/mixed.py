@@ -259,7 +259,6 @@ def plan_mixed(
     step = batch_cycle(cost, batch) / phases
     offsets = [k * step for k in range(phases)]
     points = tuple(
-        _point(cost, replace(limits, policy=check_policy(p)), chats, job, offsets)
-        for p in policies
+        _point(cost, replace(limits, policy=check_policy(p)), chats, job, offsets) for p in policies
     )
     return MixedPlan(interactive, batch, start, points)
