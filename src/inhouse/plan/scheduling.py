@@ -6,8 +6,8 @@ walks them: the order in which a step offers its token budget to sequences.
 - ``priority``: running and waiting sequences in one list by (priority, arrival); lower
   priority numbers go first (vLLM's rule).
 - ``fair``: ``priority``, and within one priority level start-time fair queuing between
-  tenants: each active tenant has a virtual time (tokens computed for it in its current busy
-  period; a tenant that becomes active starts at the smallest one of the others), the level's
+  tenants: each tenant has a virtual time (tokens computed for it; one that becomes active
+  again keeps at most a quantum of credit below the least active one), the level's
   sequences are interleaved by the tenant with the least virtual time plus what it is
   offered this step, and a tenant is skipped for the rest of the step once that passes the
   level's least (virtual time + everything it wants) by more than `FAIR_QUANTUM` tokens.
@@ -44,28 +44,36 @@ def check_policy(policy: str) -> str:
 
 @dataclass(slots=True)
 class FairShare:
-    """Each active tenant's virtual time; a tenant with no unfinished request is forgotten."""
+    """Each tenant's virtual time (tokens computed for it). A tenant that becomes active
+    again (or is new) comes back at no less than the least active virtual time less
+    `FAIR_QUANTUM` (with none active, the least seen last), so idle time banks at most a
+    quantum of credit while a tenant whose requests follow each other with gaps keeps its
+    place; a tenant that would come back at the floor anyway is forgotten."""
 
     vtime: dict[str, int] = field(default_factory=dict)
     unfinished: Counter[str] = field(default_factory=Counter)
+    clock: int = 0
 
     def arrive(self, tenant: str) -> None:
         """A request of `tenant` reached the engine."""
         if not self.unfinished[tenant]:
-            self.vtime[tenant] = min(self.vtime.values(), default=0)
+            self.clock = min((self.vtime[t] for t in self.unfinished), default=self.clock)
+            floor = self.clock - FAIR_QUANTUM
+            for idle in [t for t, v in self.vtime.items() if v <= floor]:
+                if idle not in self.unfinished:
+                    del self.vtime[idle]
+            self.vtime[tenant] = max(self.vtime.get(tenant, floor), floor)
         self.unfinished[tenant] += 1
 
     def finish(self, tenant: str) -> None:
-        """A request of `tenant` finished."""
+        """A request of `tenant` finished; a tenant with none left is idle."""
         self.unfinished[tenant] -= 1
         if self.unfinished[tenant] <= 0:
             del self.unfinished[tenant]
-            self.vtime.pop(tenant, None)
 
     def charge(self, tenant: str, tokens: int) -> None:
         """The step computed `tokens` for `tenant`."""
-        if tenant in self.vtime:
-            self.vtime[tenant] += tokens
+        self.vtime[tenant] += tokens
 
     def interleave(self, level: list[SimRequest], want: Want) -> list[SimRequest]:
         """One priority level's sequences (in arrival order) in fair-share order, as weighted
