@@ -6,9 +6,10 @@ number of output tokens (``ignore_eos``) and take the median gap between tokens,
 short and a long context (1 and 4 sequences: four 1,024-token contexts show a decode's
 attention above a noisy host's jitter, one alone hardly does; prefills that take more than
 one step delay a few gaps, which the median leaves out). Every prompt is fresh random
-words, so nothing but the chat template's first block is found in a prefix cache. The fit (`inhouse.plan.fit`) turns
-the points into a `StepCost`; the profile file holds it, the points and the scheduler
-settings the simulator should assume. Works against any OpenAI-compatible server.
+words, so nothing but the chat template's first block is found in a prefix cache. The
+fit (`inhouse.plan.fit`) turns the points into a `StepCost`; the profile file holds it,
+the points and the scheduler settings the simulator should assume. Works against any
+OpenAI-compatible server.
 """
 
 from __future__ import annotations
