@@ -11,6 +11,7 @@ from inhouse.plan.mixed import BatchLoad, InteractiveLoad, plan_mixed
 from inhouse.plan.perf_model import StepCost
 from inhouse.plan.scheduling import FairShare
 from inhouse.plan.sim_engine import SchedulerLimits
+from inhouse.plan.sim_request import SimRequest
 from inhouse.plan.simulate import Workload, simulate_workloads
 
 # 20 ms a step + 0.5 ms a token past 20 tokens + 1 ms a decode; attention is free.
@@ -70,24 +71,31 @@ def test_fair_shares_tokens_equally_between_tenants_fcfs_by_requests_in_flight()
     assert rates("fair", spread=0.0) == pytest.approx(1, rel=0.05)
 
 
-def test_a_tenant_back_from_idle_keeps_at_most_a_quantum_of_credit() -> None:
+def step(shares: FairShare, tenant: str, tokens: int, steps: int = 1) -> None:
+    """`steps` steps, each computing `tokens` for `tenant`."""
+    for _ in range(steps):
+        shares.charge([(SimRequest(1, 1, 0.0, tenant=tenant), tokens)])
+
+
+def test_a_tenant_back_soon_keeps_its_place_back_late_at_most_a_quantum_of_credit() -> None:
     shares = FairShare()
     shares.arrive("a")  # the first: a quantum below the (zero) clock
-    shares.charge("a", 1000)
+    step(shares, "a", 1000)
     shares.arrive("b")
-    assert shares.vtime == {"a": 744, "b": 744 - 256}  # new: a quantum behind the least
+    assert shares.vtime == {"a": 936, "b": 936 - 64}  # new: a quantum behind the least
     shares.finish("b")
-    shares.charge("a", 500)
-    shares.arrive("b")
-    assert shares.vtime["b"] == 1244 - 256  # idle time banked no more than a quantum
-    shares.charge("b", 300)
+    step(shares, "a", 500)
+    shares.arrive("b")  # back within the grace (a client's next request): nothing forgiven
+    assert shares.vtime["b"] == 872
     shares.finish("b")
-    shares.arrive("b")
-    assert shares.vtime["b"] == 1288  # back soon, ahead of the floor: it keeps its place
+    step(shares, "a", 10, steps=33)
+    shares.arrive("b")  # back after 33 idle steps: at most a quantum of credit
+    assert shares.vtime["b"] == 936 + 500 + 330 - 64
     shares.finish("a")
     shares.finish("b")
-    shares.arrive("c")
-    assert shares.vtime["c"] == 1244 - 256  # none active: the floor of the least seen last
+    step(shares, "b", 0, steps=40)
+    shares.arrive("c")  # none active: the floor of the least seen last
+    assert shares.vtime["c"] == 1766 - 64
 
 
 def test_the_mixed_prediction_is_deterministic_and_priority_helps_the_chats() -> None:

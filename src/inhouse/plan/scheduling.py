@@ -6,8 +6,8 @@ walks them: the order in which a step offers its token budget to sequences.
 - ``priority``: running and waiting sequences in one list by (priority, arrival); lower
   priority numbers go first (vLLM's rule).
 - ``fair``: ``priority``, and within one priority level start-time fair queuing between
-  tenants: each tenant has a virtual time (tokens computed for it; one that becomes active
-  again keeps at most a quantum of credit below the least active one), the level's
+  tenants: each tenant has a virtual time (tokens computed for it; one back from more than
+  a short idle keeps at most a quantum of credit below the least active one), the level's
   sequences are interleaved by the tenant with the least virtual time plus what it is
   offered this step, and a tenant is skipped for the rest of the step once that passes the
   level's least (virtual time + everything it wants) by more than `FAIR_QUANTUM` tokens.
@@ -32,7 +32,8 @@ from inhouse.plan.sim_request import SimRequest
 POLICIES = ("fcfs", "priority", "fair")
 Want = Callable[[SimRequest], int]
 DEFAULT_LONG_PREFILL_THRESHOLD = 256  # the engine's default under priority and fair
-FAIR_QUANTUM = 256
+FAIR_QUANTUM = 64  # tokens a tenant may lead the level's least within a step; credit kept
+FAIR_IDLE_GRACE_STEPS = 32  # steps a tenant may be idle and keep its virtual time
 
 
 def check_policy(policy: str) -> str:
@@ -44,36 +45,43 @@ def check_policy(policy: str) -> str:
 
 @dataclass(slots=True)
 class FairShare:
-    """Each tenant's virtual time (tokens computed for it). A tenant that becomes active
-    again (or is new) comes back at no less than the least active virtual time less
-    `FAIR_QUANTUM` (with none active, the least seen last), so idle time banks at most a
-    quantum of credit while a tenant whose requests follow each other with gaps keeps its
-    place; a tenant that would come back at the floor anyway is forgotten."""
+    """Each tenant's virtual time (tokens computed for it). A tenant back after more than
+    `FAIR_IDLE_GRACE_STEPS` steps without a request (or new) comes back at no less than
+    the least active virtual time less `FAIR_QUANTUM` (with none active, the least seen
+    last), so idle time banks at most a quantum of credit; one back sooner (a client
+    sending its next request) keeps its virtual time."""
 
     vtime: dict[str, int] = field(default_factory=dict)
     unfinished: Counter[str] = field(default_factory=Counter)
+    idle_since: dict[str, int] = field(default_factory=dict)
     clock: int = 0
+    steps: int = 0
 
     def arrive(self, tenant: str) -> None:
         """A request of `tenant` reached the engine."""
         if not self.unfinished[tenant]:
+            since = self.idle_since.pop(tenant, None)
             self.clock = min((self.vtime[t] for t in self.unfinished), default=self.clock)
             floor = self.clock - FAIR_QUANTUM
-            for idle in [t for t, v in self.vtime.items() if v <= floor]:
-                if idle not in self.unfinished:
-                    del self.vtime[idle]
-            self.vtime[tenant] = max(self.vtime.get(tenant, floor), floor)
+            if since is None or self.steps - since > FAIR_IDLE_GRACE_STEPS:
+                self.vtime[tenant] = max(self.vtime.get(tenant, floor), floor)
+            for idle, idled in list(self.idle_since.items()):
+                if self.steps - idled > FAIR_IDLE_GRACE_STEPS and self.vtime[idle] <= floor:
+                    del self.idle_since[idle], self.vtime[idle]  # it would come back there
         self.unfinished[tenant] += 1
 
     def finish(self, tenant: str) -> None:
-        """A request of `tenant` finished; a tenant with none left is idle."""
+        """A request of `tenant` finished; a tenant with none left is idle from now."""
         self.unfinished[tenant] -= 1
         if self.unfinished[tenant] <= 0:
             del self.unfinished[tenant]
+            self.idle_since[tenant] = self.steps
 
-    def charge(self, tenant: str, tokens: int) -> None:
-        """The step computed `tokens` for `tenant`."""
-        self.vtime[tenant] += tokens
+    def charge(self, batch: Iterable[tuple[SimRequest, int]]) -> None:
+        """A step computed these tokens for these requests' tenants."""
+        self.steps += 1
+        for request, tokens in batch:
+            self.vtime[request.tenant] += tokens
 
     def interleave(self, level: list[SimRequest], want: Want) -> list[SimRequest]:
         """One priority level's sequences (in arrival order) in fair-share order, as weighted

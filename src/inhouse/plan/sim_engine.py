@@ -195,9 +195,9 @@ class SimEngine:
         end = now + self.cost.step_time(step.prefill, step.decodes, step.context, step.pairs)
         self.steps += 1
         sampled, finished = [], []
+        self.fair.charge(step.batch)
         for request, tokens in step.batch:
             request.computed += tokens
-            self.fair.charge(request.tenant, tokens)
             if request.uncomputed > 0:
                 continue
             request.generated += 1
