@@ -71,6 +71,17 @@ def test_fair_shares_tokens_equally_between_tenants_fcfs_by_requests_in_flight()
     assert rates("fair", spread=0.0) == pytest.approx(1, rel=0.05)
 
 
+def test_a_tenant_that_only_waits_for_a_seat_does_not_hold_the_seated_one_still() -> None:
+    seated = Workload(8, 50, None, concurrency=2, tenant="a")
+    waiting = Workload(8, 4, 2, concurrency=1, tenant="b", delay_s=0.01)
+    limits = SchedulerLimits(policy="fair", max_num_seqs=2)
+    got_seated, got_waiting = simulate_workloads(FLAT, [seated, waiting], limits)
+    # b waits for a's first answers to end (step 50: the prefill step samples the first of
+    # the 50 tokens), then takes a seat in step 51; a kept decoding meanwhile.
+    assert got_waiting.ttft[0] == pytest.approx(51 * 0.05 - 0.01)
+    assert got_seated.output_tokens > 0 and len(got_waiting.e2e) == 2
+
+
 def step(shares: FairShare, tenant: str, tokens: int, steps: int = 1) -> None:
     """`steps` steps, each computing `tokens` for `tenant`."""
     for _ in range(steps):

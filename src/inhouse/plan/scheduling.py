@@ -83,15 +83,23 @@ class FairShare:
         for request, tokens in batch:
             self.vtime[request.tenant] += tokens
 
-    def interleave(self, level: list[SimRequest], want: Want) -> list[SimRequest]:
+    def interleave(
+        self, level: list[SimRequest], want: Want, seats_free: bool = True
+    ) -> list[SimRequest]:
         """One priority level's sequences (in arrival order) in fair-share order, as weighted
         fair queuing orders packets: next is the next sequence of the tenant whose finish
         tag (virtual time plus what it is offered this step up to that sequence) is least;
-        a tenant whose tag before its next sequence passes the bar yields the step."""
+        a tenant whose tag before its next sequence passes the bar yields the step;
+        `seats_free` says whether a waiting sequence could start this step."""
         queues: dict[str, deque[SimRequest]] = {}
         for request in level:
             queues.setdefault(request.tenant, deque()).append(request)
-        bar = min(self.vtime.get(t, 0) + sum(map(want, q)) for t, q in queues.items())
+        # With every seat taken, only tenants holding one set the bar: one that only waits
+        # could not use its share and would hold the others still.
+        setters = list(queues)
+        if not seats_free:
+            setters = [t for t in setters if any(r.running for r in queues[t])] or setters
+        bar = min(self.vtime.get(t, 0) + sum(map(want, queues[t])) for t in setters)
         limit = bar + FAIR_QUANTUM
         heap = []
         for rank, (tenant, queue) in enumerate(queues.items()):
@@ -115,6 +123,7 @@ def candidate_order(
     waiting: Iterable[SimRequest],
     fair: FairShare,
     want: Want,
+    seats_free: bool = True,
 ) -> list[SimRequest]:
     """The sequences a step offers its budget to, in that order; `want` is what a sequence
     would take this step (1 for a decode, its capped prefill chunk otherwise)."""
@@ -125,5 +134,5 @@ def candidate_order(
         return ranked
     ordered: list[SimRequest] = []
     for _, level in groupby(ranked, key=lambda r: r.priority):
-        ordered += fair.interleave(list(level), want)
+        ordered += fair.interleave(list(level), want, seats_free)
     return ordered

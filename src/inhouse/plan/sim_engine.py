@@ -154,7 +154,9 @@ class SimEngine:
 
         reserved = sum(self._blocks(r) for r in self.running)
         admitting, preempted = True, False
-        for request in candidate_order(policy, self.running, self.waiting, self.fair, want):
+        seats_free = len(self.running) < limits.max_num_seqs
+        order = candidate_order(policy, self.running, self.waiting, self.fair, want, seats_free)
+        for request in order:
             if step.budget <= 0:
                 break
             if request.decoding:
