@@ -38,7 +38,7 @@ def _table(mixed: MixedPlan, chosen: str) -> Table:
             milliseconds(p.ttft_p99),
             f"{p.ttft_p99_over_idle:.2f}×",
             milliseconds(p.tpot_p50),
-            f"{p.batch_tokens_per_s:,.1f}",
+            f"{p.batch_tokens_per_s:,.{1 if p.batch_tokens_per_s < 100 else 0}f}",
             f"{p.batch_share:.0%}",
             f"{p.preemptions:,}",
             style="bold" if p.policy == chosen else None,
