@@ -3,10 +3,13 @@
 Prefill probes send prompts of growing length one at a time and time their first
 token; decode probes send 1, 2, 4, … requests together with short prompts and a fixed
 number of output tokens (``ignore_eos``) and take the median gap between tokens, at a
-short and a long context. Every prompt is fresh random words, so nothing but the chat
-template's first block is found in a prefix cache. The fit (`inhouse.plan.fit`) turns
-the points into a `StepCost`; the profile file holds it, the points and the scheduler
-settings the simulator should assume. Works against any OpenAI-compatible server.
+short and a long context (1 and 4 sequences: four 1,024-token contexts show a decode's
+attention above a noisy host's jitter, one alone hardly does; prefills that take more than
+one step delay a few gaps, which the median leaves out). Every prompt is fresh random
+words, so nothing but the chat template's first block is found in a prefix cache. The
+fit (`inhouse.plan.fit`) turns the points into a `StepCost`; the profile file holds it,
+the points and the scheduler settings the simulator should assume. Works against any
+OpenAI-compatible server.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class Probes:
     decode_prompt: int = 64
     decode_output: int = 24
     long_prompt: int = 1024
-    long_batches: tuple[int, ...] = (1,)
+    long_batches: tuple[int, ...] = (1, 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +150,7 @@ async def calibrate(target: Target, probes: Probes = Probes()) -> Profile:
             decode += [
                 await prober.decode(b, long_prompt, probes.decode_output)
                 for b in probes.long_batches
-                if b <= target.max_num_seqs and b * long_prompt <= budget
+                if b <= target.max_num_seqs
             ]
     cost = fit_step_cost(prefill, decode, source=f"calibrated: {target.base_url}")
     return Profile(

@@ -167,6 +167,15 @@ def run(
     temperature: Temperature = 0.0,
     ignore_eos: IgnoreEos = False,
     out: Out = None,
+    mix: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A traffic class, once per class (2 or more), all driven at once and reported "
+            "apart: 'NAME: max-concurrency=N, input-len=N, output-len=N, num-prompts=N "
+            "(or duration=S; neither: background), delay=S, priority=N, api-key-env=VAR, "
+            "cache-salt=TENANT'."
+        ),
+    ] = None,
 ) -> None:
     """Drive the endpoint once and report TTFT, TPOT, ITL, E2E, throughput and goodput."""
     from rich.console import Console
@@ -174,7 +183,12 @@ def run(
     from inhouse.bench.loadgen import LoadShape
     from inhouse.bench.session import bench_run
 
-    settings = _settings(**locals())
+    options = dict(locals())
+    options.pop("mix")
+    settings = _settings(**options)
+    if mix:
+        _mix(settings, mix, max_concurrency, request_rate, num_prompts, duration)
+        return
     if max_concurrency is None and request_rate is None:
         raise typer.BadParameter("give --max-concurrency (closed loop) or --request-rate (open)")
     if num_prompts is None and duration is None:
@@ -191,6 +205,40 @@ def run(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     _session(lambda: bench_run(settings, shape, Console()))
+
+
+def _mix(
+    settings: SessionSettings,
+    mix: list[str],
+    max_concurrency: int | None,
+    request_rate: float | None,
+    num_prompts: int | None,
+    duration: float | None,
+) -> None:
+    """`bench run --mix`: the classes carry the load shape, so the run-wide one is refused."""
+    from rich.console import Console
+
+    from inhouse.bench.mix import parse_mix
+    from inhouse.bench.mix_run import bench_mix
+    from inhouse.bench.settings import SettingsError
+
+    given = {
+        "--max-concurrency": max_concurrency,
+        "--request-rate": request_rate,
+        "--num-prompts": num_prompts,
+        "--duration": duration,
+    }
+    clashing = [name for name, value in given.items() if value is not None]
+    if clashing:
+        raise typer.BadParameter(f"--mix gives each class its own load: drop {', '.join(clashing)}")
+    try:
+        dataset = settings.dataset
+        classes = parse_mix(mix, input_len=dataset.input_len, output_len=dataset.output_len)
+        for spec in classes:
+            spec.api_key(settings.endpoint.api_key)  # an unset variable fails before sending
+    except SettingsError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    _session(lambda: bench_mix(settings, classes, Console()))
 
 
 @bench_app.command("sweep")

@@ -17,7 +17,7 @@ from inhouse.bench.run import RunResult
 from inhouse.bench.sweep import Verdict
 from inhouse.plan.latency import LatencyPlan, LatencyPoint, Traffic, plan_latency
 from inhouse.plan.perf_model import read_profile
-from inhouse.plan.simulate import SchedulerLimits
+from inhouse.plan.sim_engine import SchedulerLimits
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,48 @@
+"""One request as the scheduler simulation tracks it: lengths, progress, class and tags."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    """A request inside the simulated engine; times are simulated seconds.
+
+    ``arrival`` numbers requests in the order they reached the engine (the tie-break of
+    every policy); ``klass`` is the index of the workload that sent it.
+    """
+
+    prompt: int
+    output: int
+    sent: float
+    klass: int = 0
+    priority: int = 0
+    tenant: str = ""
+    arrival: int = 0
+    computed: int = 0
+    generated: int = 0
+    running: bool = False
+    first_token: float | None = None
+    last_token: float | None = None
+
+    @property
+    def uncomputed(self) -> int:
+        """Tokens not yet computed; every sampled token is fed back once in the next step."""
+        return self.prompt + self.generated - self.computed
+
+    @property
+    def decoding(self) -> bool:
+        """Whether the request runs with one token left to compute (its last sampled one,
+        or its prompt's last), which the engine schedules as a decode."""
+        return self.running and self.uncomputed == 1
+
+    @property
+    def finished(self) -> bool:
+        return self.generated >= self.output
+
+    def blocks_to_finish(self, block_size: int) -> int:
+        """KV blocks the request holds once it reaches its length (its last token is never
+        computed)."""
+        return math.ceil((self.prompt + self.output - 1) / block_size)
