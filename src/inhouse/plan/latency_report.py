@@ -92,8 +92,9 @@ def build_latency(
     plan: Plan, options: LatencyOptions, *, profile: Profile | None, hardware: Hardware | None
 ) -> LatencyReport:
     """Predict latencies from the profile when given, else from `hardware`'s roofline."""
+    speculation = None
     if profile is not None:
-        cost = profile.cost
+        cost, speculation = profile.cost, profile.speculation
         seqs = options.max_num_seqs or profile.max_num_seqs
         budget = options.max_num_batched_tokens or profile.max_num_batched_tokens
     else:
@@ -109,6 +110,7 @@ def build_latency(
         block_size=plan.inputs.block_size,
         policy=options.policy,
         long_prefill_token_threshold=options.long_prefill_token_threshold,
+        speculation=speculation,
     )
     latency = plan_latency(cost, limits, options.traffic, options.slo_ttft, options.steps)
     open_loop = None
@@ -177,6 +179,8 @@ def render_latency(report: LatencyReport, console: Console) -> None:
         f"· {chunked} · scheduling {limits.policy} · SLO p99 TTFT ≤ {report.latency.slo_ttft:g} s",
         soft_wrap=True,
     )
+    if limits.speculation is not None:
+        console.print(limits.speculation.describe(), soft_wrap=True)
     console.print(_curve_table(report.latency.points, report.latency.knee))
     within = report.latency.max_within_slo
     console.print(

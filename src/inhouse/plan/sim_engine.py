@@ -12,6 +12,12 @@ better one got some, and a waiting sequence that cannot be admitted preempts the
 running one of strictly worse priority (at most one a step; its full KV blocks stay in the
 prefix cache, so it recomputes only the rest). A step's length comes from a `StepCost`; a
 sequence that has caught up samples a token at the step's end.
+
+With ``speculation`` (`inhouse.plan.speculation`), a step whose decoding sequences are no
+more than its ``disable_by_batch_size`` verifies K draft tokens for each: K more decode rows
+with that sequence's context, as the engine's step runs them. Each such sequence then
+advances by the mean accepted length, as a fractional credit it carries from step to step
+(whole tokens taken, never more than it still has to generate).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from inhouse.plan.scheduling import (
     check_policy,
 )
 from inhouse.plan.sim_request import SimRequest
+from inhouse.plan.speculation import Speculation
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +42,7 @@ class SchedulerLimits:
 
     ``long_prefill_token_threshold`` caps a step's prefill tokens under ``priority`` and
     ``fair`` (None: the engine's default, 256; 0: no cap); ``fcfs`` has no cap.
+    ``speculation`` None: no speculative decoding.
     """
 
     max_num_seqs: int = 64
@@ -44,6 +52,7 @@ class SchedulerLimits:
     block_size: int = 16
     policy: str = "fcfs"
     long_prefill_token_threshold: int | None = None
+    speculation: Speculation | None = None
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.block_size) < 1:
@@ -185,6 +194,13 @@ class SimEngine:
             step.take(request, tokens)
         return step
 
+    def _step_time(self, step: _Step, drafts: int) -> float:
+        """The step's length; `drafts` tokens verified for each decoding sequence, each a
+        decode row attending over its sequence's context and the drafts before it."""
+        rows = step.decodes * (1 + drafts)
+        context = step.context * (1 + drafts) + step.decodes * drafts * (drafts + 1) // 2
+        return self.cost.step_time(step.prefill, rows, context, step.pairs)
+
     def step(self, now: float) -> tuple[float, list[SimRequest], list[SimRequest]]:
         """Run one step from `now`: its end, the requests it finished, those that sampled."""
         step = self._plan()
@@ -194,15 +210,24 @@ class SimEngine:
                 f"{self.limits.max_num_batched_tokens} tokens without chunked prefill"
             )
         self.peak_running = max(self.peak_running, len(self.running))
-        end = now + self.cost.step_time(step.prefill, step.decodes, step.context, step.pairs)
+        spec = self.limits.speculation
+        drafting = spec is not None and spec.drafts_at(step.decodes)
+        end = now + self._step_time(step, spec.num_speculative_tokens if drafting else 0)
         self.steps += 1
         sampled, finished = [], []
         self.fair.charge(step.batch)
         for request, tokens in step.batch:
+            decoded = request.decoding
             request.computed += tokens
             if request.uncomputed > 0:
                 continue
-            request.generated += 1
+            advance = 1
+            if drafting and decoded:
+                assert spec is not None
+                advance = request.speculate(spec.mean_accepted_length)
+                request.computed += advance - 1  # accepted drafts' KV was computed verifying
+            request.generated += advance
+            request.advanced = advance
             request.last_token = end
             if request.first_token is None:
                 request.first_token = end

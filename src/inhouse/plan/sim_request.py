@@ -26,6 +26,16 @@ class SimRequest:
     running: bool = False
     first_token: float | None = None
     last_token: float | None = None
+    advanced: int = 0  # tokens the last step that sampled gave it
+    credit: float = 0.0  # speculation's fractional tokens carried to the next step
+
+    def speculate(self, mean_accepted_length: float) -> int:
+        """Whole tokens a verified step yields: the credit so far plus the mean accepted
+        length, capped at what is left to generate (at least 1)."""
+        self.credit += mean_accepted_length
+        whole = max(1, min(math.floor(self.credit), self.output - self.generated))
+        self.credit -= whole
+        return whole
 
     @property
     def uncomputed(self) -> int:

@@ -195,7 +195,7 @@ def simulate_workloads(
             continue
         now, finished, sampled = engine.step(now)
         for request in sampled:
-            tokens[request.klass] += now > window
+            tokens[request.klass] += request.advanced if now > window else 0
         for request in finished:
             clients.answered(request, now)
     return [
