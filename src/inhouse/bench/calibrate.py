@@ -8,7 +8,8 @@ attention above a noisy host's jitter, one alone hardly does; prefills that take
 one step delay a few gaps, which the median leaves out). Every prompt is fresh random
 words, so nothing but the chat template's first block is found in a prefix cache. The
 fit (`inhouse.plan.fit`) turns the points into a `StepCost`; the profile file holds it,
-the points and the scheduler settings the simulator should assume. Works against any
+the points and the scheduler settings the simulator should assume. A server that speculates
+gets an acceptance probe too (`inhouse.bench.acceptance`). Works against any
 OpenAI-compatible server.
 """
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from inhouse.bench.acceptance import copy_edit_prompts, probe_acceptance
 from inhouse.bench.client import StreamingClient, auth_headers, normalize_base_url
 from inhouse.bench.datasets import LengthSpec, random_dataset
 from inhouse.bench.loadgen import LoadShape, generate_load
@@ -29,6 +31,7 @@ from inhouse.bench.requests import BenchRequest, RequestRecord
 from inhouse.bench.tokenize import ServerTokenCounter, probe_token_counter
 from inhouse.plan.fit import DecodePoint, PrefillPoint, fit_step_cost
 from inhouse.plan.perf_model import Profile
+from inhouse.plan.speculation import Speculation
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,8 @@ class Probes:
     decode_output: int = 24
     long_prompt: int = 1024
     long_batches: tuple[int, ...] = (1, 4)
+    acceptance_requests: int = 8
+    acceptance_output: int = 96
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,7 @@ class Target:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     timeout: float = 120.0
+    acceptance_prompts: tuple[BenchRequest, ...] | None = None  # None: the built-in set
 
 
 class CalibrationError(RuntimeError):
@@ -152,6 +158,7 @@ async def calibrate(target: Target, probes: Probes = Probes()) -> Profile:
                 for b in probes.long_batches
                 if b <= target.max_num_seqs
             ]
+        speculation = await _acceptance(http, target, probes)
     cost = fit_step_cost(prefill, decode, source=f"calibrated: {target.base_url}")
     return Profile(
         cost=cost,
@@ -165,7 +172,22 @@ async def calibrate(target: Target, probes: Probes = Probes()) -> Profile:
             ],
             "seconds": round(time.monotonic() - started, 1),
         },
+        speculation=speculation,
     )
+
+
+async def _acceptance(
+    http: httpx.AsyncClient, target: Target, probes: Probes
+) -> Speculation | None:
+    """The acceptance probe, greedy with EOS left on, as the team's requests would run."""
+    prompts = target.acceptance_prompts or tuple(
+        copy_edit_prompts(probes.acceptance_requests, max_tokens=probes.acceptance_output)
+    )
+    async with StreamingClient(
+        target.base_url, target.model, api_key=target.api_key, timeout=target.timeout,
+        sampling={"temperature": 0.0},
+    ) as client:  # fmt: skip
+        return await probe_acceptance(http, client.send, prompts)
 
 
 def describe(profile: Profile) -> list[str]:
@@ -186,5 +208,7 @@ def describe(profile: Profile) -> list[str]:
         f"{cost.context_s * 1e9:.1f} ns × context + {cost.pair_s * 1e9:.3f} ns × prefill pairs; "
         f"TTFT adds {cost.request_s * 1000:.1f} ms"
     )
+    if profile.speculation is not None:
+        lines.append(profile.speculation.describe())
     lines.append(f"calibrated in {measured['seconds']} s")
     return lines

@@ -337,20 +337,34 @@ def calibrate(
         int, typer.Option(help="The server's token budget a step (prefill probes stay within).")
     ] = 2048,
     timeout: Timeout = 120.0,
+    acceptance_dataset: Annotated[
+        Path | None,
+        typer.Option(
+            help="JSONL prompts (bench's dataset format) for the acceptance probe of a server "
+            "that speculates; acceptance is workload-specific, so give the team's own traffic. "
+            "Default: built-in copy, edit and summary requests."
+        ),
+    ] = None,
 ) -> None:
     """Fit the plan's step-time model with short probes (a minute or two); write a profile for
-    `inhouse plan --profile` and `inhouse bench sweep --profile`."""
+    `inhouse plan --profile` and `inhouse bench sweep --profile`. A server that speculates
+    (`/version`'s speculative_config) also gets its acceptance measured."""
     import asyncio
     import json
 
     from inhouse.bench.calibrate import CalibrationError, Target, calibrate, describe
+    from inhouse.bench.datasets import DatasetError, read_jsonl
     from inhouse.bench.preflight import EndpointError
     from inhouse.plan.errors import PlanError
 
-    target = Target(base_url, model, api_key, max_num_seqs, max_num_batched_tokens, timeout)
     try:
+        prompts = None if acceptance_dataset is None else read_jsonl(acceptance_dataset, 128)
+        target = Target(
+            base_url, model, api_key, max_num_seqs, max_num_batched_tokens, timeout,
+            acceptance_prompts=None if prompts is None else tuple(prompts),
+        )  # fmt: skip
         profile = asyncio.run(calibrate(target))
-    except (EndpointError, CalibrationError, PlanError) as exc:
+    except (EndpointError, CalibrationError, PlanError, DatasetError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     for line in describe(profile):
