@@ -54,8 +54,22 @@ def test_calibrating_a_speculating_server_measures_its_acceptance(
     assert spec.requests == 2
     assert 0 <= spec.acceptance_rate <= 1 and 1 <= spec.mean_accepted_length <= 4
     assert spec.acceptance_rate > 0  # copying a passage from the prompt accepts some drafts
-    assert any(line.startswith("speculation: 3 draft tokens") for line in describe(profile))
+    lines = describe(profile)
+    assert any(line.startswith("speculation: 3 draft tokens") for line in lines)
+    assert any("--acceptance-base-url" in line for line in lines)  # its decodes drafted
     assert profile_from_json(json.loads(json.dumps(profile.to_json()))) == profile
+
+
+def test_step_cost_from_the_plain_server_and_acceptance_from_the_speculating_one(
+    served: Served, speculating: Served
+) -> None:
+    target = Target(
+        served.url, served.model, API_KEY, max_num_seqs=2, acceptance_base_url=speculating.url
+    )
+    profile = asyncio.run(calibrate(target, PROBES))
+    assert profile.speculation is not None and profile.speculation.requests == 2
+    assert profile.measured["acceptance_base_url"] == speculating.url
+    assert not any("--acceptance-base-url" in line for line in describe(profile))
 
 
 def test_the_acceptance_dataset_is_the_teams_own_prompts(

@@ -60,6 +60,7 @@ class Target:
     max_num_batched_tokens: int = 2048
     timeout: float = 120.0
     acceptance_prompts: tuple[BenchRequest, ...] | None = None  # None: the built-in set
+    acceptance_base_url: str | None = None  # None: probe acceptance on `base_url` itself
 
 
 class CalibrationError(RuntimeError):
@@ -158,7 +159,7 @@ async def calibrate(target: Target, probes: Probes = Probes()) -> Profile:
                 for b in probes.long_batches
                 if b <= target.max_num_seqs
             ]
-        speculation = await _acceptance(http, target, probes)
+    speculation = await _acceptance(target, probes)
     cost = fit_step_cost(prefill, decode, source=f"calibrated: {target.base_url}")
     return Profile(
         cost=cost,
@@ -171,22 +172,29 @@ async def calibrate(target: Target, probes: Probes = Probes()) -> Profile:
                 {"batch": d.batch, "context_tokens": d.context, "step_s": d.step} for d in decode
             ],
             "seconds": round(time.monotonic() - started, 1),
+            "acceptance_base_url": target.acceptance_base_url,
         },
         speculation=speculation,
     )
 
 
-async def _acceptance(
-    http: httpx.AsyncClient, target: Target, probes: Probes
-) -> Speculation | None:
-    """The acceptance probe, greedy with EOS left on, as the team's requests would run."""
+async def _acceptance(target: Target, probes: Probes) -> Speculation | None:
+    """The acceptance probe, greedy with EOS left on, as the team's requests would run, on
+    the acceptance server (the calibrated one unless another is named)."""
+    url = target.acceptance_base_url or target.base_url
     prompts = target.acceptance_prompts or tuple(
         copy_edit_prompts(probes.acceptance_requests, max_tokens=probes.acceptance_output)
     )
-    async with StreamingClient(
-        target.base_url, target.model, api_key=target.api_key, timeout=target.timeout,
-        sampling={"temperature": 0.0},
-    ) as client:  # fmt: skip
+    async with (
+        httpx.AsyncClient(
+            base_url=normalize_base_url(url), headers=auth_headers(target.api_key),
+            timeout=httpx.Timeout(30.0, connect=5.0),
+        ) as http,
+        StreamingClient(
+            url, target.model, api_key=target.api_key, timeout=target.timeout,
+            sampling={"temperature": 0.0},
+        ) as client,
+    ):  # fmt: skip
         return await probe_acceptance(http, client.send, prompts)
 
 
@@ -210,5 +218,11 @@ def describe(profile: Profile) -> list[str]:
     )
     if profile.speculation is not None:
         lines.append(profile.speculation.describe())
+        if profile.measured.get("acceptance_base_url") is None:
+            lines.append(
+                "note: the decode probes ran with speculation on; for the step cost without "
+                "it, calibrate the server without --speculative-config and name this one "
+                "with --acceptance-base-url"
+            )
     lines.append(f"calibrated in {measured['seconds']} s")
     return lines

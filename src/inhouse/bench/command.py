@@ -345,6 +345,13 @@ def calibrate(
             "Default: built-in copy, edit and summary requests."
         ),
     ] = None,
+    acceptance_base_url: Annotated[
+        str | None,
+        typer.Option(
+            help="The same model served with --speculative-config, for the acceptance probe, "
+            "when --base-url is the server without it (then the step cost is speculation-free)."
+        ),
+    ] = None,
 ) -> None:
     """Fit the plan's step-time model with short probes (a minute or two); write a profile for
     `inhouse plan --profile` and `inhouse bench sweep --profile`. A server that speculates
@@ -362,6 +369,7 @@ def calibrate(
         target = Target(
             base_url, model, api_key, max_num_seqs, max_num_batched_tokens, timeout,
             acceptance_prompts=None if prompts is None else tuple(prompts),
+            acceptance_base_url=acceptance_base_url,
         )  # fmt: skip
         profile = asyncio.run(calibrate(target))
     except (EndpointError, CalibrationError, PlanError, DatasetError) as exc:
