@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from inhouse.bench.datasets import random_words
-from inhouse.bench.loadgen import LoadShape, generate_load
+from inhouse.bench.loadgen import LoadShape, Sender, generate_load
 from inhouse.bench.requests import BenchRequest
 from inhouse.bench.scrape import ServerReading, read_gauges
 from inhouse.plan.errors import PlanError
@@ -74,12 +74,16 @@ async def _reading(http: httpx.AsyncClient) -> ServerReading | None:
 def _spec_counters(reading: ServerReading | None) -> tuple[float, float, float] | None:
     if reading is None:
         return None
-    values = (reading.spec_drafts, reading.spec_draft_tokens, reading.spec_accepted_tokens)
-    return None if any(v is None for v in values) else values  # type: ignore[return-value]
+    drafts, tokens, accepted = (
+        reading.spec_drafts, reading.spec_draft_tokens, reading.spec_accepted_tokens
+    )  # fmt: skip
+    if drafts is None or tokens is None or accepted is None:
+        return None
+    return drafts, tokens, accepted
 
 
 async def probe_acceptance(
-    http: httpx.AsyncClient, send: Any, requests: Sequence[BenchRequest]
+    http: httpx.AsyncClient, send: Sender, requests: Sequence[BenchRequest]
 ) -> Speculation | None:
     """Send `requests` one at a time with `send`; the acceptance the counters grew by, or
     None when the server does not speculate. PlanError when its config or counters are
