@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inhouse.bench.acceptance import copy_edit_prompts, probe_acceptance
-from inhouse.bench.calibrate import Probes, Target, calibrate, describe
+from inhouse.bench.calibrate import CalibrationError, Probes, Target, calibrate, describe
 from inhouse.bench.client import StreamingClient
 from inhouse.bench.datasets import read_jsonl
 from inhouse.cli import app
@@ -107,6 +107,14 @@ def test_a_server_without_speculation_gets_no_acceptance_probe(served: Served) -
             return await probe_acceptance(http, client.send, copy_edit_prompts(1))
 
     assert asyncio.run(probe()) is None
+
+
+def test_an_acceptance_server_that_does_not_speculate_is_one_clear_error(served: Served) -> None:
+    target = Target(
+        served.url, served.model, API_KEY, max_num_seqs=2, acceptance_base_url=served.url
+    )
+    with pytest.raises(CalibrationError, match="does not speculate"):
+        asyncio.run(calibrate(target, PROBES))
 
 
 def test_a_missing_acceptance_dataset_is_one_clear_error(tmp_path: Path) -> None:

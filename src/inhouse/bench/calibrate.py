@@ -195,7 +195,13 @@ async def _acceptance(target: Target, probes: Probes) -> Speculation | None:
             sampling={"temperature": 0.0},
         ) as client,
     ):  # fmt: skip
-        return await probe_acceptance(http, client.send, prompts)
+        speculation = await probe_acceptance(http, client.send, prompts)
+    if speculation is None and target.acceptance_base_url is not None:
+        raise CalibrationError(
+            f"{url} does not speculate (no speculative_config in /version, or no "
+            "spec_decode counters in /metrics): start it with --speculative-config"
+        )
+    return speculation
 
 
 def describe(profile: Profile) -> list[str]:
