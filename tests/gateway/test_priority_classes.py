@@ -94,6 +94,34 @@ def test_each_class_waits_its_own_bound() -> None:
     assert _route(interactive=5).max_wait("batch") == 30.0  # unnamed: the default's
 
 
+def test_a_request_that_waits_again_keeps_its_place_without_breaking_the_queue() -> None:
+    """A wait that times out while the router's clock says time is left waits again at its
+    place; its timed-out entry stays in the heap beside the new one (they once compared
+    their futures: TypeError, a 500 when all replicas were down)."""
+
+    class SlowClock:
+        """Stands still for 5 readings, then jumps 10 s: a wait times out before its deadline."""
+
+        def __init__(self) -> None:
+            self.readings = 0
+
+        def __call__(self) -> float:
+            self.readings += 1
+            return 100.0 + 10.0 * (self.readings // 6)
+
+    async def scenario() -> int:
+        route = _route(interactive=0.05)
+        router = Router([route], health_interval_s=7.0, clock=SlowClock())
+        router.backends["m"][0].state = BackendState.UP
+        held = await router.acquire(route, NEEDS, True)
+        with pytest.raises(Overloaded) as refused:
+            await router.acquire(route, NEEDS, True, priority="interactive")
+        router.release(held)
+        return refused.value.status_code
+
+    assert asyncio.run(scenario()) == 429
+
+
 def test_the_expected_wait_is_the_queue_ahead_times_the_recent_time_per_call() -> None:
     async def scenario() -> None:
         clock = ManualClock(100.0)

@@ -63,11 +63,13 @@ class Router:
         }
         self._health_interval = health_interval_s
         self._clock = clock
-        # Per model, a heap of (class rank, arrival number, waiter).
-        self._waiters: dict[str, list[tuple[int, int, asyncio.Future[None]]]] = {
+        # Per model, a heap of (class rank, arrival number, push number, waiter): a request
+        # that waits again keeps its place, and the push number keeps its entries apart.
+        self._waiters: dict[str, list[tuple[int, int, int, asyncio.Future[None]]]] = {
             r: [] for r in self.routes
         }
         self._arrivals = itertools.count()
+        self._pushes = itertools.count()
         self._picks = itertools.count(1)
         self.service_s: dict[str, float] = {}  # per model: recent seconds a call holds a slot
         self._holding: dict[str, dict[float, int]] = {}  # per model: slots held since when
@@ -80,7 +82,7 @@ class Router:
         """Requests waiting for `model` (of classes ranked `up_to_rank` or sooner)."""
         return sum(
             1
-            for r, _, w in self._waiters[model]
+            for r, _, _, w in self._waiters[model]
             if not w.done() and (up_to_rank is None or r <= up_to_rank)
         )
 
@@ -143,7 +145,8 @@ class Router:
                 if remaining <= 0:
                     raise self._overloaded(route, capable, "no replica freed up in time")
                 waiter = asyncio.get_running_loop().create_future()
-                heapq.heappush(self._waiters[route.name], (*place, waiter))
+                entry = (*place, next(self._pushes), waiter)
+                heapq.heappush(self._waiters[route.name], entry)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter, remaining)
         finally:
@@ -153,11 +156,11 @@ class Router:
     def _make_room(self, route: ModelRoute, place: int, capable: list[Backend]) -> bool:
         """In a full queue, refuse the last waiter of a later class than `place` (its
         request gets the 429 this one would have had); whether there was one."""
-        later = [w for w in self._waiters[route.name] if w[0] > place and not w[2].done()]
+        later = [w for w in self._waiters[route.name] if w[0] > place and not w[-1].done()]
         if not later:
             return False
         last = max(later, key=lambda w: (w[0], w[1]))
-        last[2].set_exception(self._overloaded(route, capable, "a sooner class took its place"))
+        last[-1].set_exception(self._overloaded(route, capable, "a sooner class took its place"))
         return True
 
     def release(self, lease: Lease) -> None:
@@ -190,7 +193,7 @@ class Router:
         after a release)."""
         waiters = self._waiters[model]
         while waiters:
-            waiter = heapq.heappop(waiters)[2]
+            waiter = heapq.heappop(waiters)[-1]
             if waiter.done():
                 continue
             waiter.set_result(None)
