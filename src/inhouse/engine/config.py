@@ -10,6 +10,11 @@ from inhouse.engine.speculative.config import SpeculativeConfig
 
 MAX_DEFAULT_MODEL_LEN = 8192
 QUANTIZATIONS = ("auto", "none", "fp16", "q8", "q4")
+SCHEDULING_POLICIES = ("fcfs", "priority", "fair")
+# Prefill tokens one step gives under priority and fair when more than one sequence wants
+# tokens: a 256-token chunk of the bundled model takes ~0.8 s on a 2-core CPU, so a step
+# (and the wait of a request that arrives during it) stays under a second.
+DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 256
 # Share of available memory the KV cache takes when no budget is given.
 DEFAULT_KV_FRACTION_CPU = 0.25
 DEFAULT_KV_FRACTION_CUDA = 0.8
@@ -29,6 +34,10 @@ class EngineConfig:
     length limit that admission keeps free (1: admitted work always finishes without
     preemption; 0: admit whenever the prompt fits and let preemption sort it out).
     ``speculative`` turns on speculative decoding (see ``speculative.config``).
+    ``scheduling_policy`` is "fcfs" (arrival order), "priority" (by request priority, then
+    arrival) or "fair" (priority, then fair share between tenants; see ``fair_share``).
+    ``long_prefill_token_threshold`` caps a step's prefill tokens under priority and fair
+    while more than one sequence wants tokens (None: the default; 0: no cap).
     """
 
     model: str | Path | None = None
@@ -44,11 +53,23 @@ class EngineConfig:
     seed: int | None = None
     kv_reserve: float = 1.0
     speculative: SpeculativeConfig | None = None
+    scheduling_policy: str = "fcfs"
+    long_prefill_token_threshold: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise EngineConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise EngineConfigError(
+                f"unknown scheduling policy {self.scheduling_policy!r}; use "
+                + ", ".join(SCHEDULING_POLICIES)
+            )
+        threshold = self.long_prefill_token_threshold
+        if threshold is not None and threshold < 0:
+            raise EngineConfigError(
+                f"long_prefill_token_threshold must be at least 0, got {threshold}"
+            )
         if self.quantization not in QUANTIZATIONS:
             raise EngineConfigError(
                 f"unknown quantization {self.quantization!r}; use {', '.join(QUANTIZATIONS)}"
@@ -61,6 +82,17 @@ class EngineConfig:
             raise EngineConfigError(
                 f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}"
             )
+
+
+def prefill_cap(config: EngineConfig) -> int:
+    """Prefill tokens a shared step gives: the threshold, its default, or (0, or fcfs) the
+    whole step budget."""
+    threshold = config.long_prefill_token_threshold
+    if threshold is None:
+        threshold = DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
+    if config.scheduling_policy == "fcfs" or threshold == 0:
+        return config.max_num_batched_tokens
+    return min(threshold, config.max_num_batched_tokens)
 
 
 def default_kv_cache_memory(device: str, one_sequence_bytes: int = 0) -> tuple[int, str]:

@@ -38,6 +38,8 @@ class Sequence:
     sampling_params: SamplingParams
     index: int = 0
     cache_salt: str | None = None
+    priority: int = 0
+    arrival_time: float = 0.0
     seq_id: int = field(default_factory=lambda: next(_seq_ids))
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0

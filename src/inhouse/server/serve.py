@@ -80,6 +80,21 @@ def serve_command(
             "admission keeps free (1: no preemption; 0: admit whenever the prompt fits).",
         ),
     ] = 1.0,
+    scheduling_policy: Annotated[
+        str,
+        typer.Option(
+            help="fcfs (arrival order), priority (by the request's priority field, lower "
+            "first, then arrival) or fair (priority, then an equal share of tokens between "
+            "tenants, a tenant being a request's cache_salt).",
+        ),
+    ] = "fcfs",
+    long_prefill_token_threshold: Annotated[
+        int | None,
+        typer.Option(
+            help="Under priority and fair, the most prefill tokens one step gives while more "
+            "than one request wants tokens (default 256; 0: the whole step budget).",
+        ),
+    ] = None,
     speculative_config: Annotated[
         str | None,
         typer.Option(
@@ -121,6 +136,8 @@ def serve_command(
             enable_prefix_caching=enable_prefix_caching,
             seed=seed,
             kv_reserve=kv_reserve,
+            scheduling_policy=scheduling_policy,
+            long_prefill_token_threshold=long_prefill_token_threshold,
             speculative=SpeculativeConfig.parse(speculative_config) if speculative_config else None,
         )
     except ValueError as err:  # a bad flag (EngineConfigError too): one line, exit 2

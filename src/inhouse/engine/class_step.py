@@ -1,0 +1,132 @@
+"""One step's batch under ``--scheduling-policy priority`` or ``fair``.
+
+Running and waiting sequences are candidates of one list, in ``fair_share.step_order``.
+Walking it, a decode gets its token (and draft) while the step budget lasts; a prefill,
+of a running sequence or of a waiting one being admitted, gets at most what is left of
+the step's prefill cap (``Scheduler.prefill_cap``, the whole budget for a lone
+candidate), so one long prompt cannot take a step while another request waits. Once a
+sequence of some priority got prefill tokens, worse priorities get none this step (they
+still decode). Admission keeps the order (the first waiting sequence that cannot start
+stops admission for the step) and the KV reservation of fcfs.
+
+A waiting sequence that cannot start (seats or KV short) while a running sequence of a
+strictly worse priority exists preempts the worst running one (largest priority, newest):
+at most one such preemption a step, and the victim's full blocks stay in the prefix cache,
+so its recompute is mostly cache hits (cause "priority"). Out of blocks, the worst-class
+running sequence not yet scheduled is preempted (cause "kv"), as fcfs preempts its newest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from inhouse.engine.fair_share import class_key, step_order
+from inhouse.engine.sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from inhouse.engine.scheduler import Scheduler, SchedulerOutput
+
+
+def schedule_by_class(
+    sched: Scheduler, out: SchedulerOutput, drafts: Mapping[int, list[int]]
+) -> None:
+    """Fill ``out`` with the step's batch (see the module docstring)."""
+    candidates = [s for s in sched.running if s.num_tokens > s.num_computed_tokens]
+    candidates += [s for s in sched.waiting if not sched.waits_for_leader(s)]
+    budget = sched.max_num_batched_tokens
+    prefill_left = budget if len(candidates) == 1 else sched.prefill_cap
+
+    def want(seq: Sequence) -> int:
+        left = seq.num_tokens - seq.num_computed_tokens
+        return 1 if left == 1 else min(left, prefill_left)
+
+    step = _Step(sched, out, budget, prefill_left)
+    for seq in step_order(candidates, want, sched.shares):
+        if step.budget <= 0:
+            break
+        if seq in out.preempted:
+            continue
+        if seq.status is SequenceStatus.RUNNING:
+            step.run(seq, drafts)
+        elif step.admitting:
+            step.admit(seq)
+    if sched.shares is not None:
+        sched.shares.charge(out.scheduled)
+
+
+class _Step:
+    """What is left of one step as its candidates are walked."""
+
+    def __init__(
+        self, sched: Scheduler, out: SchedulerOutput, budget: int, prefill_left: int
+    ) -> None:
+        self.sched = sched
+        self.out = out
+        self.budget = budget
+        self.prefill_left = prefill_left
+        self.prefill_level: int | None = None  # the best priority given prefill tokens
+        self.admitting = True
+        self.yielded = False  # a priority preemption happened this step
+        self.reserved = sched.reserved_blocks()
+        self.scheduled: set[int] = set()
+
+    def _may_prefill(self, seq: Sequence) -> bool:
+        level = self.prefill_level
+        return self.prefill_left > 0 and (level is None or seq.priority <= level)
+
+    def _took(self, seq: Sequence, used: int, prefill: bool) -> None:
+        self.budget -= used
+        self.scheduled.add(seq.seq_id)
+        if prefill and used:
+            self.prefill_left -= used
+            level = self.prefill_level
+            self.prefill_level = seq.priority if level is None else min(level, seq.priority)
+
+    def run(self, seq: Sequence, drafts: Mapping[int, list[int]]) -> None:
+        left = seq.num_tokens - seq.num_computed_tokens
+        prefill = left > 1
+        if prefill and not self._may_prefill(seq):
+            return
+        num_new = min(left, self.budget, self.prefill_left) if prefill else 1
+        before = len(self.out.preempted)
+        used = self.sched.place_running(self.out, seq, num_new, self.budget, drafts, self._victim)
+        if len(self.out.preempted) > before:
+            self.admitting = False  # the pool ran dry: nothing new starts this step
+        self._took(seq, used, prefill)
+
+    def _victim(self, _index: int) -> Sequence:
+        """The worst-class running sequence not yet scheduled this step."""
+        unscheduled = [s for s in self.sched.running if s.seq_id not in self.scheduled]
+        return max(unscheduled, key=class_key)
+
+    def admit(self, seq: Sequence) -> None:
+        if not self._may_prefill(seq):
+            return
+        sched = self.sched
+        limit = min(self.budget, self.prefill_left)
+        used = 0
+        if len(sched.running) < sched.max_num_seqs:
+            used = sched.admit(self.out, seq, limit, self.reserved)
+        if not used and self._yield_to(seq):
+            used = sched.admit(self.out, seq, limit, self.reserved)
+        if not used:
+            self.admitting = False  # no overtaking: later waiting sequences wait too
+            return
+        self.reserved += sched.blocks_to_finish(seq)
+        self._took(seq, used, prefill=True)
+
+    def _yield_to(self, seq: Sequence) -> bool:
+        """Preempt the worst running sequence for ``seq`` if its priority is strictly worse
+        (once a step); whether one was."""
+        if self.yielded:
+            return False
+        worse = [s for s in self.sched.running if s.priority > seq.priority]
+        worse = [s for s in worse if s.seq_id not in self.scheduled]
+        if not worse:
+            return False
+        victim = max(worse, key=class_key)
+        self.reserved -= self.sched.blocks_to_finish(victim)
+        self.sched.preempt(self.out, victim, "priority")
+        self.yielded = True
+        return True

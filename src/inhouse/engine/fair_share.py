@@ -1,0 +1,123 @@
+"""Who goes first in a step under ``--scheduling-policy priority`` and ``fair``.
+
+``priority`` orders a step's candidates (running and waiting sequences together) by
+``(priority, arrival)``: vLLM's semantics, lower is served earlier.
+
+``fair`` keeps that order between priority levels and, within a level, shares the step
+between tenants (a tenant is a request's ``cache_salt``; None is one anonymous tenant)
+by start-time fair queuing over tokens:
+
+- each active tenant has a virtual time: the tokens computed for it (prefill, decode and
+  draft tokens scheduled) during its current busy period. A tenant that becomes active
+  starts at the smallest virtual time among the active tenants (0 if none), so idle time
+  banks no credit; a tenant with no unfinished request is forgotten. The "recent window"
+  the share is measured over is thus each tenant's busy period.
+- candidates of one level are interleaved as weighted fair queuing orders packets: the
+  next one is the next sequence (in arrival order) of the tenant whose finish tag, its
+  virtual time plus the tokens projected for it this step up to and including that
+  sequence, is smallest (a sequence is projected 1 token for a decode and
+  ``min(left to compute, prefill cap)`` for a prefill), so a short request of a tenant at
+  par goes before another's long chunk.
+- a tenant yields the rest of the step once its projected virtual time (before its next
+  sequence) passes ``bar + FAIR_QUANTUM_TOKENS``,
+  ``bar`` being the smallest "virtual time plus everything it wants this step" over the
+  level's tenants: its running sequences are not scheduled this step (they keep their KV).
+
+So tenants that stay backlogged at one level get equal tokens over time, whatever their
+number of requests in flight: a tenant with 12 in flight beside one with 4 gets about 4
+decode seats a step. Within a level this is not work-conserving (the seats the
+over-served tenant leaves are idle; ``benchmarks/fair_share.py`` measures what that
+costs); between levels it is. ``TenantShares`` holds the virtual times, ``step_order``
+builds a step's order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+
+from inhouse.engine.sequence import Sequence
+
+# How far a tenant may run ahead of the least-served backlogged tenant of its level within
+# one step, in tokens: one default prefill chunk, so a tenant's chunk is not split for a few
+# tokens of lead, while the lead stays bounded whatever the rates.
+FAIR_QUANTUM_TOKENS = 256
+
+
+def class_key(seq: Sequence) -> tuple[int, float, int]:
+    """Order within a step under priority and fair: priority, then arrival, then creation."""
+    return (seq.priority, seq.arrival_time, seq.seq_id)
+
+
+class TenantShares:
+    """Virtual time (tokens computed in its busy period) of every tenant with unfinished
+    requests."""
+
+    def __init__(self) -> None:
+        self._vtime: dict[str | None, float] = {}
+        self._unfinished: Counter[str | None] = Counter()
+
+    def activate(self, tenant: str | None) -> None:
+        """A request of ``tenant`` arrived; a newly active tenant starts at the least
+        virtual time of the active ones."""
+        if not self._unfinished[tenant]:
+            self._vtime[tenant] = min(self._vtime.values(), default=0.0)
+        self._unfinished[tenant] += 1
+
+    def release(self, tenant: str | None) -> None:
+        """A request of ``tenant`` finished; a tenant with none left is forgotten."""
+        self._unfinished[tenant] -= 1
+        if self._unfinished[tenant] <= 0:
+            del self._unfinished[tenant]
+            del self._vtime[tenant]
+
+    def charge(self, scheduled: Iterable[tuple[Sequence, int]]) -> None:
+        """Add a step's scheduled tokens to their tenants' virtual times."""
+        for seq, num_tokens in scheduled:
+            self._vtime[seq.cache_salt] += num_tokens
+
+    def vtime(self, tenant: str | None) -> float:
+        """The tenant's virtual time (0 for a tenant that is not active)."""
+        return self._vtime.get(tenant, 0.0)
+
+
+def step_order(
+    candidates: list[Sequence], want: Callable[[Sequence], int], shares: TenantShares | None
+) -> list[Sequence]:
+    """The step's candidates in the order they get budget; ``shares`` None is priority order,
+    else fair order within each level, without the sequences of tenants that yield."""
+    ordered = sorted(candidates, key=class_key)
+    if shares is None:
+        return ordered
+    result: list[Sequence] = []
+    for _, level in itertools.groupby(ordered, key=lambda seq: seq.priority):
+        result += _fair_level(list(level), want, shares)
+    return result
+
+
+def _fair_level(
+    level: list[Sequence], want: Callable[[Sequence], int], shares: TenantShares
+) -> list[Sequence]:
+    """One priority level's candidates interleaved by tenant (see the module docstring)."""
+    queues: dict[str | None, deque[Sequence]] = {}
+    for seq in level:
+        queues.setdefault(seq.cache_salt, deque()).append(seq)
+    bar = min(shares.vtime(t) + sum(map(want, q)) for t, q in queues.items())
+    limit = bar + FAIR_QUANTUM_TOKENS
+    # (finish tag: projected virtual time after its next sequence, rank, tenant, projected)
+    heap = []
+    for rank, (tenant, queue) in enumerate(queues.items()):
+        start = shares.vtime(tenant)
+        heap.append((start + want(queue[0]), rank, tenant, start))
+    heapq.heapify(heap)
+    result = []
+    while heap:
+        finish, rank, tenant, start = heapq.heappop(heap)
+        if start > limit:
+            continue  # this tenant yields the rest of the step
+        result.append(queues[tenant].popleft())
+        if queues[tenant]:
+            heapq.heappush(heap, (finish + want(queues[tenant][0]), rank, tenant, finish))
+    return result
