@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from test_scheduler import BS, EOS, step
 
-from inhouse.engine.fair_share import TenantShares
+from inhouse.engine.fair_share import FAIR_QUANTUM_TOKENS, TenantShares
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.sampling import SamplingParams
 from inhouse.engine.scheduler import Scheduler
@@ -127,19 +127,25 @@ def test_priority_gives_no_share_to_tenants_and_fair_shares_only_within_a_level(
     assert len(step(sched).scheduled) == 13
 
 
-def test_a_newly_active_tenant_starts_at_the_least_virtual_time():
+def test_a_tenant_back_from_idle_keeps_at_most_a_quantum_of_credit():
     shares = TenantShares()
     shares.activate("a")
-    shares.activate("b")
-    seq_a = make_seq("x", tenant="a")
-    shares.charge([(seq_a, 500)])
-    shares.charge([(make_seq("y", tenant="b"), 200)])
-    shares.activate("c")
-    assert (shares.vtime("a"), shares.vtime("b"), shares.vtime("c")) == (500, 200, 200)
+    shares.activate("b")  # a newcomer starts a quantum below the least active one
+    assert (shares.vtime("a"), shares.vtime("b")) == (0, -FAIR_QUANTUM_TOKENS)
+    shares.charge([(make_seq("x", tenant="a"), 5000)])
+    shares.charge([(make_seq("y", tenant="b"), 5000)])
+    b = shares.vtime("b")
     shares.release("b")
-    shares.release("c")
-    shares.activate("c")  # idle time banks no credit: it starts where the others are
-    assert shares.vtime("c") == 500 and shares.vtime("b") == 0
+    shares.activate("b")  # a short gap: b keeps its place
+    assert shares.vtime("b") == b
+    shares.release("b")
+    shares.charge([(make_seq("x", tenant="a"), 5000)])
+    shares.activate("b")  # a long one: its credit is held to the quantum
+    assert shares.vtime("b") == shares.vtime("a") - FAIR_QUANTUM_TOKENS > b
+    for tenant in ("a", "b"):
+        shares.release(tenant)
+    shares.activate("b")  # the engine went idle: every share starts afresh
+    assert shares.vtime("b") == 0 and shares.vtime("a") == 0
 
 
 def test_a_waiting_better_priority_preempts_the_worst_running_one_once_a_step():

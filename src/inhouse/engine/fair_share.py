@@ -7,11 +7,13 @@
 between tenants (a tenant is a request's ``cache_salt``; None is one anonymous tenant)
 by start-time fair queuing over tokens:
 
-- each active tenant has a virtual time: the tokens computed for it (prefill, decode and
-  draft tokens scheduled) during its current busy period. A tenant that becomes active
-  starts at the smallest virtual time among the active tenants (0 if none), so idle time
-  banks no credit; a tenant with no unfinished request is forgotten. The "recent window"
-  the share is measured over is thus each tenant's busy period.
+- each tenant has a virtual time: the tokens computed for it (prefill, decode and draft
+  tokens scheduled). A tenant that becomes active again comes back at no less than the
+  smallest virtual time among the active tenants minus ``FAIR_QUANTUM_TOKENS`` (a new one
+  at that floor), so idle time banks at most that much credit, while a tenant whose
+  requests follow each other with gaps keeps its place; when no tenant is active every
+  virtual time is forgotten. The share is thus measured over the recent past: what a
+  tenant got beyond the quantum before it went idle no longer counts.
 - candidates of one level are interleaved as weighted fair queuing orders packets: the
   next one is the next sequence (in arrival order) of the tenant whose finish tag, its
   virtual time plus the tokens projected for it this step up to and including that
@@ -52,26 +54,36 @@ def class_key(seq: Sequence) -> tuple[int, float, int]:
 
 
 class TenantShares:
-    """Virtual time (tokens computed in its busy period) of every tenant with unfinished
-    requests."""
+    """Virtual time (tokens computed for it) of every tenant active, or idle for less than
+    its credit is worth."""
 
     def __init__(self) -> None:
         self._vtime: dict[str | None, float] = {}
         self._unfinished: Counter[str | None] = Counter()
 
     def activate(self, tenant: str | None) -> None:
-        """A request of ``tenant`` arrived; a newly active tenant starts at the least
-        virtual time of the active ones."""
+        """A request of ``tenant`` arrived. A tenant that was idle comes back at no less than
+        the least active virtual time minus ``FAIR_QUANTUM_TOKENS``: at most that much
+        credit is kept from before."""
         if not self._unfinished[tenant]:
-            self._vtime[tenant] = min(self._vtime.values(), default=0.0)
+            floor = min((self._vtime[t] for t in self._unfinished), default=None)
+            if floor is None:
+                self._vtime.clear()  # the engine was idle: every share starts afresh
+                floor = 0.0
+            else:
+                floor -= FAIR_QUANTUM_TOKENS
+                stale = [t for t, v in self._vtime.items() if v <= floor]
+                for idle in stale:  # at the floor if it came back, so nothing to keep
+                    if idle not in self._unfinished:
+                        del self._vtime[idle]
+            self._vtime[tenant] = max(self._vtime.get(tenant, floor), floor)
         self._unfinished[tenant] += 1
 
     def release(self, tenant: str | None) -> None:
-        """A request of ``tenant`` finished; a tenant with none left is forgotten."""
+        """A request of ``tenant`` finished; a tenant with none left is idle."""
         self._unfinished[tenant] -= 1
         if self._unfinished[tenant] <= 0:
             del self._unfinished[tenant]
-            del self._vtime[tenant]
 
     def charge(self, scheduled: Iterable[tuple[Sequence, int]]) -> None:
         """Add a step's scheduled tokens to their tenants' virtual times."""
