@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,6 +58,7 @@ end member law car city community name president team minute idea
 """
 WORDS = _TEXT.split()
 INTERACTIVE, BATCH = -1, 1
+_SEEDS = itertools.count()
 
 
 @dataclass
@@ -122,12 +123,12 @@ async def stream_tokens(
 
 async def keep_in_flight(
     client: openai.AsyncOpenAI, model: str, tenant: Tenant, count: int, args, counted: Counted,
-    first_tokens: asyncio.Queue, stop: asyncio.Event, seed: int,
+    first_tokens: asyncio.Queue, stop: asyncio.Event,
 ) -> None:  # fmt: skip
     """``count`` request loops of one tenant until ``stop``; each slot reports its first token."""
 
     async def slot(k: int) -> None:
-        rng = random.Random(seed * 1000 + k)
+        rng = random.Random(next(_SEEDS))  # no prompt is sent twice: no prefix-cache hits
         reported = False
 
         def on_tokens(n: int) -> None:
@@ -170,9 +171,9 @@ async def batch_load(
     first_tokens: asyncio.Queue = asyncio.Queue()
     loops = [
         asyncio.create_task(
-            keep_in_flight(clients[t.name], model, t, n, args, counted, first_tokens, stop, s)
+            keep_in_flight(clients[t.name], model, t, n, args, counted, first_tokens, stop)
         )
-        for s, (t, n) in enumerate(batch)
+        for t, n in batch
     ]
     for _ in range(sum(n for _, n in batch)):  # every slot streams: the steady state
         await first_tokens.get()
@@ -223,8 +224,7 @@ async def run(servers: dict[str, str], model: str, args) -> dict[str, dict]:
     etl2 = Tenant("etl2", args.batch_key_2 or args.batch_key, BATCH, tenancy)
     big, small = (int(x) for x in args.split.split(","))
     out: dict[str, dict] = {name: {} for name in servers}
-    scenarios = ("idle", "alone", "mixed", "split")
-    for scenario in scenarios:
+    for scenario in args.scenarios.split(","):
         for name, url in servers.items():
             began = time.perf_counter()
             row = out[name]
@@ -249,24 +249,34 @@ async def run(servers: dict[str, str], model: str, args) -> dict[str, dict]:
 
 
 def show(results: dict[str, dict], args) -> None:
+    """One row per policy; a scenario not run shows as a dash."""
     big, small = args.split.split(",")
-    print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (1 min)")
+    print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
     print(
         f"{'policy':<9} | {'idle TTFT p50/p99':>17} | {'mixed TTFT p50/p99':>18} "
         f"{'p99/idle':>8} | {'batch tok/s alone':>17} {'mixed':>6} {'ratio':>5} | "
         f"{'split ' + big + ':' + small + ' tok/s':>16} {'ratio':>5}"
     )
     for name, r in results.items():
-        idle, mixed = r["idle"], r["mixed_ttft"]
-        a, b = r["split"]
-        print(
-            f"{name:<9} | {p(idle, 0.5):8.3f}/{p(idle, 0.99):.3f} s | "
-            f"{p(mixed, 0.5):8.3f}/{p(mixed, 0.99):.3f} s {p(mixed, 0.99) / p(idle, 0.99):8.2f} | "
-            f"{r['alone']:17.1f} {r['mixed']:6.1f} {r['mixed'] / r['alone']:5.2f} | "
-            f"{a:8.1f} / {b:5.1f} {a / b if b else float('inf'):5.2f}"
-        )
-    means = {name: round(statistics.mean(r["idle"]), 3) for name, r in results.items()}
-    print(f"(mean idle TTFT, s: {means})")
+        idle, mixed = r.get("idle"), r.get("mixed_ttft")
+        cells = [f"{name:<9}"]
+        cells.append(f"{p(idle, 0.5):8.3f}/{p(idle, 0.99):.3f} s" if idle else f"{'—':>17}")
+        if mixed:
+            ratio = f"{p(mixed, 0.99) / p(idle, 0.99):8.2f}" if idle else f"{'—':>8}"
+            cells.append(f"{p(mixed, 0.5):8.3f}/{p(mixed, 0.99):.3f} s {ratio}")
+        else:
+            cells.append(f"{'—':>18} {'—':>8}")
+        alone, batch = r.get("alone"), r.get("mixed")
+        share = f"{batch / alone:5.2f}" if alone and batch is not None else f"{'—':>5}"
+        alone_cell = f"{alone:17.1f}" if alone is not None else f"{'—':>17}"
+        batch_cell = f"{batch:6.1f}" if batch is not None else f"{'—':>6}"
+        cells.append(f"{alone_cell} {batch_cell} {share}")
+        if "split" in r:
+            a, b = r["split"]
+            cells.append(f"{a:8.1f} / {b:5.1f} {a / b if b else float('inf'):5.2f}")
+        else:
+            cells.append(f"{'—':>16} {'—':>5}")
+        print(" | ".join(cells))
 
 
 def main() -> None:
@@ -278,6 +288,7 @@ def main() -> None:
     parser.add_argument("--interactive-key", default="k")
     parser.add_argument("--batch-key", default="k")
     parser.add_argument("--batch-key-2", default=None)
+    parser.add_argument("--scenarios", default="idle,alone,mixed,split")
     parser.add_argument("--chats", type=int, default=20)
     parser.add_argument("--batch-inflight", type=int, default=16)
     parser.add_argument("--split", default="12,4")

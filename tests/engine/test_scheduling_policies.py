@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from test_scheduler import BS, EOS, step
 
-from inhouse.engine.fair_share import FAIR_QUANTUM_TOKENS, TenantShares
+from inhouse.engine.fair_share import FAIR_IDLE_GRACE_STEPS, FAIR_QUANTUM_TOKENS, TenantShares
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.sampling import SamplingParams
 from inhouse.engine.scheduler import Scheduler
@@ -112,7 +112,7 @@ def test_fair_gives_tenants_equal_tokens_whatever_their_requests_in_flight():
     assert fcfs["twelve"] == 3 * fcfs["four"]
     fair = decode_shares("fair", {"twelve": 12, "four": 4})
     assert fair["four"] == fcfs["four"]  # the smaller tenant keeps every seat it fills
-    assert abs(fair["twelve"] - fair["four"]) <= 256 + 12  # the quantum and one step
+    assert abs(fair["twelve"] - fair["four"]) <= FAIR_QUANTUM_TOKENS + 12  # and one step
 
 
 def test_priority_gives_no_share_to_tenants_and_fair_shares_only_within_a_level():
@@ -131,21 +131,48 @@ def test_a_tenant_back_from_idle_keeps_at_most_a_quantum_of_credit():
     shares = TenantShares()
     shares.activate("a")
     shares.activate("b")  # a newcomer starts a quantum below the least active one
-    assert (shares.vtime("a"), shares.vtime("b")) == (0, -FAIR_QUANTUM_TOKENS)
+    q = FAIR_QUANTUM_TOKENS
+    assert (shares.vtime("a"), shares.vtime("b")) == (-q, -2 * q)
     shares.charge([(make_seq("x", tenant="a"), 5000)])
-    shares.charge([(make_seq("y", tenant="b"), 5000)])
+    shares.charge([(make_seq("y", tenant="b"), 4000)])
     b = shares.vtime("b")
     shares.release("b")
-    shares.activate("b")  # a short gap: b keeps its place
+    shares.charge([(make_seq("x", tenant="a"), 5000)])
+    shares.activate("b")  # back within the grace: its deficit stands
     assert shares.vtime("b") == b
     shares.release("b")
-    shares.charge([(make_seq("x", tenant="a"), 5000)])
-    shares.activate("b")  # a long one: its credit is held to the quantum
-    assert shares.vtime("b") == shares.vtime("a") - FAIR_QUANTUM_TOKENS > b
+    for _ in range(FAIR_IDLE_GRACE_STEPS + 1):
+        shares.charge([])
+    shares.activate("b")  # a long gap: its credit is held to the quantum
+    assert shares.vtime("b") == shares.vtime("a") - q > b
+    a = shares.vtime("a")
     for tenant in ("a", "b"):
         shares.release(tenant)
-    shares.activate("b")  # the engine went idle: every share starts afresh
-    assert shares.vtime("b") == 0 and shares.vtime("a") == 0
+    for _ in range(FAIR_IDLE_GRACE_STEPS + 1):
+        shares.charge([])
+    shares.activate("b")  # after an idle engine the clock is where it stopped
+    shares.activate("a")
+    assert shares.vtime("a") == a and shares.vtime("b") == a - q
+
+
+def test_a_tenant_with_one_request_at_a_time_keeps_its_share_across_the_gaps():
+    """Each of the small tenant's requests is replaced two steps after it ends (a client's
+    round trip); the other tenant, eight in flight, gains nothing in those gaps."""
+    sched = make_scheduler("fair", budget=256, num_blocks=4096)
+    tokens: Counter[str] = Counter()
+    gap = 0
+    for i in range(8):
+        sched.add([make_seq(f"big{i}", 8, tenant="big", max_tokens=10_000)])
+    sched.add([make_seq("small0", 8, tenant="small", max_tokens=8)])
+    for n in range(400):
+        for seq, count in step(sched).scheduled:
+            tokens[seq.cache_salt] += count
+        if not any(s.cache_salt == "small" for s in [*sched.running, *sched.waiting]):
+            gap += 1
+            if gap == 2:
+                sched.add([make_seq(f"small{n}", 8, tenant="small", max_tokens=8)])
+                gap = 0
+    assert abs(tokens["big"] - tokens["small"]) <= 0.1 * tokens["small"], tokens
 
 
 def test_a_waiting_better_priority_preempts_the_worst_running_one_once_a_step():

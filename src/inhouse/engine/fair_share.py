@@ -8,11 +8,12 @@ between tenants (a tenant is a request's ``cache_salt``; None is one anonymous t
 by start-time fair queuing over tokens:
 
 - each tenant has a virtual time: the tokens computed for it (prefill, decode and draft
-  tokens scheduled). A tenant that becomes active again comes back at no less than the
-  smallest virtual time among the active tenants minus ``FAIR_QUANTUM_TOKENS`` (a new one
-  at that floor), so idle time banks at most that much credit, while a tenant whose
-  requests follow each other with gaps keeps its place; when no tenant is active every
-  virtual time is forgotten. The share is thus measured over the recent past: what a
+  tokens scheduled). A tenant back after more than ``FAIR_IDLE_GRACE_STEPS`` steps without
+  a request (or new) comes back at no less than the smallest virtual time among the
+  active tenants minus ``FAIR_QUANTUM_TOKENS`` (with none active, the last one seen), so
+  idle time banks at most that much credit; one back sooner (a client sending its next
+  request) keeps its virtual time, so the others do not gain what they ran in the gap.
+  The share is thus measured over the recent past: what a
   tenant got beyond the quantum before it went idle no longer counts.
 - candidates of one level are interleaved as weighted fair queuing orders packets: the
   next one is the next sequence (in arrival order) of the tenant whose finish tag, its
@@ -43,9 +44,14 @@ from collections.abc import Callable, Iterable
 from inhouse.engine.sequence import Sequence
 
 # How far a tenant may run ahead of the least-served backlogged tenant of its level within
-# one step, in tokens: one default prefill chunk, so a tenant's chunk is not split for a few
-# tokens of lead, while the lead stays bounded whatever the rates.
-FAIR_QUANTUM_TOKENS = 256
+# a step, and how much credit a tenant back from idle keeps, in tokens: a few steps of
+# decodes. The lag it allows is constant, so long-run shares are equal whatever it is;
+# smaller keeps shares equal over shorter windows (a chunk already started is never split).
+FAIR_QUANTUM_TOKENS = 64
+# Steps a tenant may be idle and come back with its virtual time as it was: the gap between
+# one request's end and the client's next (a round trip, a few steps) forgives nothing, or a
+# tenant with one request in flight would let the others run free in every gap.
+FAIR_IDLE_GRACE_STEPS = 32
 
 
 def class_key(seq: Sequence) -> tuple[int, float, int]:
@@ -54,39 +60,45 @@ def class_key(seq: Sequence) -> tuple[int, float, int]:
 
 
 class TenantShares:
-    """Virtual time (tokens computed for it) of every tenant active, or idle for less than
-    its credit is worth."""
+    """Virtual time (tokens computed for it) of every tenant active or recently idle."""
 
     def __init__(self) -> None:
         self._vtime: dict[str | None, float] = {}
         self._unfinished: Counter[str | None] = Counter()
+        self._idle_since: dict[str | None, int] = {}  # step a tenant went idle
+        self._clock = 0.0  # the least active virtual time, as last seen
+        self._steps = 0
 
     def activate(self, tenant: str | None) -> None:
-        """A request of ``tenant`` arrived. A tenant that was idle comes back at no less than
-        the least active virtual time minus ``FAIR_QUANTUM_TOKENS``: at most that much
-        credit is kept from before."""
+        """A request of ``tenant`` arrived. A tenant idle for more than
+        ``FAIR_IDLE_GRACE_STEPS`` (or new) comes back at no less than the least active
+        virtual time minus ``FAIR_QUANTUM_TOKENS``: at most that much credit is kept."""
         if not self._unfinished[tenant]:
-            floor = min((self._vtime[t] for t in self._unfinished), default=None)
-            if floor is None:
-                self._vtime.clear()  # the engine was idle: every share starts afresh
-                floor = 0.0
-            else:
-                floor -= FAIR_QUANTUM_TOKENS
-                stale = [t for t, v in self._vtime.items() if v <= floor]
-                for idle in stale:  # at the floor if it came back, so nothing to keep
-                    if idle not in self._unfinished:
-                        del self._vtime[idle]
-            self._vtime[tenant] = max(self._vtime.get(tenant, floor), floor)
+            idle_since = self._idle_since.pop(tenant, None)
+            self._clock = min((self._vtime[t] for t in self._unfinished), default=self._clock)
+            if idle_since is None or self._steps - idle_since > FAIR_IDLE_GRACE_STEPS:
+                floor = self._clock - FAIR_QUANTUM_TOKENS
+                self._vtime[tenant] = max(self._vtime.get(tenant, floor), floor)
+            self._forget_long_idle()
         self._unfinished[tenant] += 1
+
+    def _forget_long_idle(self) -> None:
+        """Drop tenants idle past the grace at or below the floor: they would come back there."""
+        floor = self._clock - FAIR_QUANTUM_TOKENS
+        for tenant, since in list(self._idle_since.items()):
+            if self._steps - since > FAIR_IDLE_GRACE_STEPS and self._vtime[tenant] <= floor:
+                del self._idle_since[tenant], self._vtime[tenant]
 
     def release(self, tenant: str | None) -> None:
         """A request of ``tenant`` finished; a tenant with none left is idle."""
         self._unfinished[tenant] -= 1
         if self._unfinished[tenant] <= 0:
             del self._unfinished[tenant]
+            self._idle_since[tenant] = self._steps
 
     def charge(self, scheduled: Iterable[tuple[Sequence, int]]) -> None:
         """Add a step's scheduled tokens to their tenants' virtual times."""
+        self._steps += 1
         for seq, num_tokens in scheduled:
             self._vtime[seq.cache_salt] += num_tokens
 
