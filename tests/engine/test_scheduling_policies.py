@@ -115,6 +115,16 @@ def test_fair_gives_tenants_equal_tokens_whatever_their_requests_in_flight():
     assert abs(fair["twelve"] - fair["four"]) <= FAIR_QUANTUM_TOKENS + 12  # and one step
 
 
+def test_a_tenant_waiting_for_a_seat_does_not_hold_the_seated_ones_still():
+    sched = make_scheduler("fair", max_num_seqs=2, num_blocks=4096)
+    for i in range(2):
+        sched.add([make_seq(f"a{i}", 8, tenant="a", max_tokens=400)])
+    step(sched)
+    sched.add([make_seq("c", 8, tenant="c", max_tokens=400)])  # no seat: same priority
+    decoded = sum(n for _ in range(200) for _, n in step(sched).scheduled)
+    assert decoded == 400 and sched.waiting[0].request_id == "c"
+
+
 def test_priority_gives_no_share_to_tenants_and_fair_shares_only_within_a_level():
     priority = decode_shares("priority", {"twelve": 12, "four": 4})
     assert priority["twelve"] == 3 * priority["four"]

@@ -42,7 +42,8 @@ def schedule_by_class(
         return 1 if left == 1 else min(left, prefill_left)
 
     step = _Step(sched, out, budget, prefill_left)
-    for seq in step_order(candidates, want, sched.shares):
+    seats_free = len(sched.running) < sched.max_num_seqs
+    for seq in step_order(candidates, want, sched.shares, seats_free):
         if step.budget <= 0:
             break
         if seq in out.preempted:

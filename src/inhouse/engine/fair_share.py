@@ -13,8 +13,8 @@ by start-time fair queuing over tokens:
   active tenants minus ``FAIR_QUANTUM_TOKENS`` (with none active, the last one seen), so
   idle time banks at most that much credit; one back sooner (a client sending its next
   request) keeps its virtual time, so the others do not gain what they ran in the gap.
-  The share is thus measured over the recent past: what a
-  tenant got beyond the quantum before it went idle no longer counts.
+  The share is thus measured over the recent past: what a tenant got beyond the quantum
+  before it went idle for long no longer counts.
 - candidates of one level are interleaved as weighted fair queuing orders packets: the
   next one is the next sequence (in arrival order) of the tenant whose finish tag, its
   virtual time plus the tokens projected for it this step up to and including that
@@ -22,9 +22,10 @@ by start-time fair queuing over tokens:
   ``min(left to compute, prefill cap)`` for a prefill), so a short request of a tenant at
   par goes before another's long chunk.
 - a tenant yields the rest of the step once its projected virtual time (before its next
-  sequence) passes ``bar + FAIR_QUANTUM_TOKENS``,
-  ``bar`` being the smallest "virtual time plus everything it wants this step" over the
-  level's tenants: its running sequences are not scheduled this step (they keep their KV).
+  sequence) passes ``bar + FAIR_QUANTUM_TOKENS``, ``bar`` being the smallest "virtual
+  time plus everything it wants this step" over the level's tenants (only those that
+  hold a seat while every seat is taken: a tenant that only waits for one cannot use its
+  share): its running sequences are not scheduled this step (they keep their KV).
 
 So tenants that stay backlogged at one level get equal tokens over time, whatever their
 number of requests in flight: a tenant with 12 in flight beside one with 4 gets about 4
@@ -41,7 +42,7 @@ import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 
-from inhouse.engine.sequence import Sequence
+from inhouse.engine.sequence import Sequence, SequenceStatus
 
 # How far a tenant may run ahead of the least-served backlogged tenant of its level within
 # a step, and how much credit a tenant back from idle keeps, in tokens: a few steps of
@@ -108,27 +109,37 @@ class TenantShares:
 
 
 def step_order(
-    candidates: list[Sequence], want: Callable[[Sequence], int], shares: TenantShares | None
+    candidates: list[Sequence],
+    want: Callable[[Sequence], int],
+    shares: TenantShares | None,
+    seats_free: bool = True,
 ) -> list[Sequence]:
     """The step's candidates in the order they get budget; ``shares`` None is priority order,
-    else fair order within each level, without the sequences of tenants that yield."""
+    else fair order within each level, without the sequences of tenants that yield.
+    ``seats_free`` says whether a waiting sequence could start this step."""
     ordered = sorted(candidates, key=class_key)
     if shares is None:
         return ordered
     result: list[Sequence] = []
     for _, level in itertools.groupby(ordered, key=lambda seq: seq.priority):
-        result += _fair_level(list(level), want, shares)
+        result += _fair_level(list(level), want, shares, seats_free)
     return result
 
 
 def _fair_level(
-    level: list[Sequence], want: Callable[[Sequence], int], shares: TenantShares
+    level: list[Sequence], want: Callable[[Sequence], int], shares: TenantShares, seats_free: bool
 ) -> list[Sequence]:
     """One priority level's candidates interleaved by tenant (see the module docstring)."""
     queues: dict[str | None, deque[Sequence]] = {}
     for seq in level:
         queues.setdefault(seq.cache_salt, deque()).append(seq)
-    bar = min(shares.vtime(t) + sum(map(want, q)) for t, q in queues.items())
+    # With every seat taken, the bar is set by tenants that hold one: a tenant that only
+    # waits could not use its share, and would hold every other tenant still.
+    setters = list(queues)
+    if not seats_free:
+        running = SequenceStatus.RUNNING
+        setters = [t for t in setters if any(s.status is running for s in queues[t])] or setters
+    bar = min(shares.vtime(t) + sum(map(want, queues[t])) for t in setters)
     limit = bar + FAIR_QUANTUM_TOKENS
     # (finish tag: projected virtual time after its next sequence, rank, tenant, projected)
     heap = []
