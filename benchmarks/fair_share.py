@@ -164,7 +164,7 @@ async def chats(client: openai.AsyncOpenAI, model: str, tenant: Tenant, n: int) 
 async def batch_load(
     base_url: str, model: str, batch: list[tuple[Tenant, int]], args, interactive: Tenant | None
 ) -> tuple[dict[str, float], list[float]]:
-    """Batch tenants' output tok/s over the window (``--seconds``, or while the
+    """Batch tenants' output tok/s over the window (``--seconds``, or longer while the
     interactive chats run), and the chats' TTFTs."""
     clients = {t.name: _client(base_url, t.key) for t, _ in batch}
     counted, stop = Counted(), asyncio.Event()
@@ -183,8 +183,7 @@ async def batch_load(
         client = _client(base_url, interactive.key)
         ttfts = await chats(client, model, interactive, args.chats)
         await client.close()
-    else:
-        await asyncio.sleep(args.seconds)
+    await asyncio.sleep(max(0.0, args.seconds - (time.perf_counter() - counted.start)))
     elapsed = time.perf_counter() - counted.start
     stop.set()
     await asyncio.gather(*loops)

@@ -92,7 +92,7 @@ def serve_command(
         int | None,
         typer.Option(
             help="Under priority and fair, the most prefill tokens one step gives while more "
-            "than one request wants tokens (default 256; 0: the whole step budget).",
+            "than one request wants tokens (default 128; 0: the whole step budget).",
         ),
     ] = None,
     speculative_config: Annotated[
