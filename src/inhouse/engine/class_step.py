@@ -96,7 +96,7 @@ class _Step:
             self.admitting = False  # the pool ran dry: nothing new starts this step
         self._took(seq, used, prefill)
 
-    def _victim(self, _index: int) -> Sequence:
+    def _victim(self) -> Sequence:
         """The worst-class running sequence not yet scheduled this step."""
         unscheduled = [s for s in self.sched.running if s.seq_id not in self.scheduled]
         return max(unscheduled, key=class_key)

@@ -19,6 +19,11 @@ plus the draft, and ``update`` verifies the draft position by position (see
 :meth:`Scheduler.update`); rejected tokens' blocks go back to the pool, and a block is
 hashed for the prefix cache only once every token in it was accepted.
 
+Under ``--scheduling-policy priority`` or ``fair`` the batch is built by
+``class_step.schedule_by_class`` instead (by priority, tenants' fair shares, a shared
+prefill cap, see there); fcfs is the order described above. Preemptions are counted by
+cause: "kv" (the pool ran dry) and "priority" (yielded to a better priority).
+
 The scheduler only decides; ``KVCacheManager`` accounts; the runner computes.
 """
 
@@ -155,7 +160,7 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
-            used = self.place_running(out, seq, num_new, budget, drafts, self.running.__getitem__)
+            used = self.place_running(out, seq, num_new, budget, drafts, self._newest)
             budget -= used
             i += 1 if used else 0  # 0: the sequence preempted itself, the last one
         return budget
@@ -167,10 +172,10 @@ class Scheduler:
         num_new: int,
         budget: int,
         drafts: Mapping[int, list[int]],
-        victim: Callable[[int], Sequence],
+        victim: Callable[[], Sequence],
     ) -> int:
         """Schedule ``num_new`` tokens (a decode's draft too, where it fits) of a running
-        sequence; tokens scheduled. Out of blocks, ``victim(-1)`` is preempted until they
+        sequence; tokens scheduled. Out of blocks, ``victim()`` is preempted until they
         fit: 0 when that was the sequence itself."""
         draft = drafts.get(seq.seq_id, [])[: budget - 1] if num_new == 1 else []
         if draft and self.kv_cache.allocate_slots(seq, 1 + len(draft)):
@@ -178,12 +183,15 @@ class Scheduler:
             out.scheduled.append((seq, 1 + len(draft)))
             return 1 + len(draft)
         while not self.kv_cache.allocate_slots(seq, num_new):
-            preempted = victim(-1)
+            preempted = victim()
             self.preempt(out, preempted, "kv")
             if preempted is seq:
                 return 0
         out.scheduled.append((seq, num_new))
         return num_new
+
+    def _newest(self) -> Sequence:
+        return self.running[-1]
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         if not self.waiting:
