@@ -8,6 +8,7 @@ as a priority preemption) and finishes first, and the stream still completes who
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
 
@@ -82,6 +83,12 @@ def test_an_urgent_request_overtakes_queued_batch_work_and_takes_the_seat(one_se
     after = _preemptions(one_seat)
     assert after["priority"] - before.get("priority", 0) == 1 and after["kv"] == before["kv"]
     assert time.monotonic() - started < 300
+
+
+def test_the_start_up_table_names_the_policy_and_its_prefill_cap(one_seat):
+    table = one_seat.served.process.log.read_text()
+    line = r"\n  scheduling +priority \(prefill cap 128 tokens a step\)\n"
+    assert re.search(line, table), table[-600:]
 
 
 def test_completions_take_a_priority_and_refuse_one_out_of_range(one_seat):

@@ -97,6 +97,13 @@ def prefill_cap(config: EngineConfig) -> int:
     return min(threshold, config.max_num_batched_tokens)
 
 
+def describe_scheduling(config: EngineConfig) -> str:
+    """The start-up table's line: the policy, and the prefill cap where it applies."""
+    if config.scheduling_policy == "fcfs":
+        return "fcfs"
+    return f"{config.scheduling_policy} (prefill cap {prefill_cap(config)} tokens a step)"
+
+
 def default_kv_cache_memory(device: str, one_sequence_bytes: int = 0) -> tuple[int, str]:
     """Bytes for the KV cache when none are given, and why that many.
 

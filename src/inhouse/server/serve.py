@@ -218,6 +218,7 @@ def _announce(ctx, server, host: str, port: int) -> None:
         typer.echo(f"inhouse serve: {ctx.load_error}", err=True)
         server.should_exit = True
         return
+    from inhouse.engine.config import describe_scheduling
     from inhouse.engine.models.precision import WEIGHT_FORMATS
 
     info = ctx.engine.info
@@ -236,6 +237,7 @@ def _announce(ctx, server, host: str, port: int) -> None:
         ("KV tokens", f"{budget.num_tokens}"),
         ("max concurrency", f"{budget.max_concurrency:.2f}x at {budget.max_model_len} tokens"),
         ("speculative", info.speculative.describe() if info.speculative else "off"),
+        ("scheduling", describe_scheduling(ctx.engine.core.config)),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
