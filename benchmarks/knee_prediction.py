@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
-from vs_llamacpp import free_port, wait_ready
+from vs_llamacpp import free_port, stop, wait_ready
 
 
 def inhouse() -> str:
@@ -125,11 +125,7 @@ def one_server(
             for w in args.workloads.split(",")
         ]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     show(name, seconds, rows)
 
 

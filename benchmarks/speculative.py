@@ -1,8 +1,9 @@
 """Speculative decoding by prompt lookup against none, same engine, same weights, same run.
 
 The workload it pays on: summaries and edits of a ~500-token text given in the prompt.
-For each concurrency c, c such requests arrive together and each generates up to
-``--new-tokens`` tokens greedily (EOS ends them early, as it would a user's). The engine
+For each concurrency c, ``max(c, --requests)`` such requests (the tasks in turn) run c at
+a time, closed loop, and each generates up to ``--new-tokens`` tokens greedily (EOS ends
+them early, as it would a user's). The engine
 runs once without speculation and once with ``--speculative-config``, alternating per
 level so both halves of a ratio see the same load. Greedy outputs are checked equal.
 Reported: output tok/s each way and their ratio, the acceptance rate (accepted / drafted
@@ -102,17 +103,28 @@ def prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
     return out
 
 
-def run(engine: LLMEngine, batch: list[list[int]], new_tokens: int, tag: str) -> Run:
+def run(
+    engine: LLMEngine, batch: list[list[int]], new_tokens: int, tag: str, c: int | None = None
+) -> Run:
+    """Every prompt of ``batch``, ``c`` in flight at a time (default: all at once)."""
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
     outputs: dict[str, list[int]] = {}
-    start = time.perf_counter()
-    for i, prompt in enumerate(batch):
+    queue = list(enumerate(batch))[::-1]
+
+    def admit() -> None:
+        i, prompt = queue.pop()
         engine.add_request(EngineRequest(f"{tag}-{i}", prompt, params))
+
+    start = time.perf_counter()
+    for _ in range(min(c or len(batch), len(batch))):
+        admit()
     while engine.has_unfinished():
         for out in engine.step():
             index = out.request_id.rsplit("-", 1)[1]
             for choice in out.outputs:
                 outputs.setdefault(index, []).extend(choice.token_ids)
+            if out.finished and queue:
+                admit()
     seconds = time.perf_counter() - start
     return Run(sum(len(t) for t in outputs.values()), seconds, outputs)
 
@@ -121,6 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--requests", type=int, default=8, help="requests per level (≥ c)")
     parser.add_argument("--speculative-config", default=DEFAULT_SPEC)
     parser.add_argument("--quantization", default="auto")
     args = parser.parse_args()
@@ -140,11 +153,11 @@ def main() -> None:
     print(f"\nup to {args.new_tokens} new tokens per request, greedy")
     print("  c | plain tok/s | spec tok/s | ratio | acceptance | mean accepted length | same")
     for c in levels:
-        batch = prompts(loaded, c)
+        batch = prompts(loaded, max(c, args.requests))
         before = drafting.stats().spec_decode
         assert before is not None
-        base = run(plain, batch, args.new_tokens, f"plain{c}")
-        fast = run(drafting, batch, args.new_tokens, f"spec{c}")
+        base = run(plain, batch, args.new_tokens, f"plain{c}", c)
+        fast = run(drafting, batch, args.new_tokens, f"spec{c}", c)
         after = drafting.stats().spec_decode
         assert after is not None
         drafts = after.num_drafts - before.num_drafts

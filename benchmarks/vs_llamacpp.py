@@ -8,10 +8,15 @@ with ratios ours/theirs (> 1 is better for tok/s, < 1 for latencies). For ours i
 reports the time from process start to ``/health`` answering 200 and the peak resident
 memory (VmHWM) of the server process.
 
+``--long`` runs the long-prompt workloads instead: unique random documents of each of
+``--long-lens`` tokens (no prefix sharing), 256 output tokens, at c=1 and c=4, with
+llama.cpp given enough context per slot; one table per prompt length.
+
 The benchmark does not build llama.cpp: pass the binary (see docs/benchmarks.md for how).
 
     .venv/bin/python benchmarks/vs_llamacpp.py --llama-server PATH [--steps 1,4,16]
         [--output-len 128] [--serve-args "--dtype float32 --quantization none"]
+    .venv/bin/python benchmarks/vs_llamacpp.py --llama-server PATH --long [--long-lens 1000,2500]
 """
 
 from __future__ import annotations
@@ -34,12 +39,25 @@ from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
 from inhouse.launch.ports import free_port
 
 
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One sweep's shape: prompt and output tokens, concurrency steps."""
+
+    input_len: int
+    output_len: int
+    steps: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.input_len}-token prompts, {self.output_len} out"
+
+
 @dataclass(slots=True)
 class ServerRun:
-    """One server's sweep: results per concurrency, and (ours only) start-up facts."""
+    """One server's sweeps: results per workload and concurrency, and start-up facts."""
 
     name: str
-    steps: dict[int, dict]
+    steps: dict[Workload, dict[int, dict]]
     ready_s: float
     peak_rss_mb: float | None
 
@@ -66,7 +84,9 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
-def sweep(base_url: str, model: str, args: argparse.Namespace, out: Path) -> dict[int, dict]:
+def sweep(
+    base_url: str, model: str, workload: Workload, args: argparse.Namespace, out: Path
+) -> dict[int, dict]:
     """Run `inhouse bench sweep` against ``base_url``; its runs keyed by concurrency."""
     inhouse = shutil.which("inhouse") or str(Path(sys.executable).with_name("inhouse"))
     command = [
@@ -75,9 +95,9 @@ def sweep(base_url: str, model: str, args: argparse.Namespace, out: Path) -> dic
         "sweep",
         f"--base-url={base_url}",
         f"--model={model}",
-        f"--steps={args.steps}",
-        f"--input-len={args.input_len}",
-        f"--output-len={args.output_len}",
+        f"--steps={workload.steps}",
+        f"--input-len={workload.input_len}",
+        f"--output-len={workload.output_len}",
         f"--prompts-per-slot={args.prompts_per_slot}",
         f"--min-prompts={args.min_prompts}",
         "--ignore-eos",
@@ -91,22 +111,34 @@ def sweep(base_url: str, model: str, args: argparse.Namespace, out: Path) -> dic
 
 
 def run_server(
-    name: str, command: list[str], port: int, model: str, args: argparse.Namespace, work: Path
+    name: str,
+    command: list[str],
+    port: int,
+    model: str,
+    workloads: list[Workload],
+    args: argparse.Namespace,
+    work: Path,
 ) -> ServerRun:
     log = (work / f"{name}.log").open("w")
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
         ready = wait_ready(f"http://127.0.0.1:{port}/health", proc, args.ready_timeout)
-        steps = sweep(f"http://127.0.0.1:{port}/v1", model, args, work / name)
+        url = f"http://127.0.0.1:{port}/v1"
+        steps = {w: sweep(url, model, w, args, work / f"{name}-{w.input_len}") for w in workloads}
         rss = peak_rss_mb(proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         log.close()
     return ServerRun(name, steps, ready, rss)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 15 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def _ms(summary: dict, metric: str, quantile: str) -> float:
@@ -114,14 +146,26 @@ def _ms(summary: dict, metric: str, quantile: str) -> float:
 
 
 def report(ours: ServerRun, theirs: ServerRun) -> None:
+    for workload in ours.steps:
+        print(f"\n{workload.label}")
+        report_workload(ours.steps[workload], theirs.steps[workload], ours.name, theirs.name)
+    print(
+        f"inhouse serve: ready in {ours.ready_s:.1f} s, peak RSS {ours.peak_rss_mb:.0f} MB; "
+        f"llama-server: ready in {theirs.ready_s:.1f} s, peak RSS {theirs.peak_rss_mb:.0f} MB"
+    )
+
+
+def report_workload(
+    ours: dict[int, dict], theirs: dict[int, dict], our_name: str, their_name: str
+) -> None:
     print(
         f"{'c':>3} | {'server':<9} | {'tok/s':>7} | {'TTFT p50':>8} {'p99':>7} ms | "
         f"{'TPOT p50':>8} {'p99':>6} ms"
     )
-    for c in sorted(ours.steps):
+    for c in sorted(ours):
         rows = []
-        for run in (theirs, ours):
-            s = run.steps[c]
+        for name, steps in ((their_name, theirs), (our_name, ours)):
+            s = steps[c]
             rows.append(
                 (
                     s["output_throughput"],
@@ -132,7 +176,7 @@ def report(ours: ServerRun, theirs: ServerRun) -> None:
                 )
             )
             print(
-                f"{c:>3} | {run.name:<9} | {rows[-1][0]:7.1f} | {rows[-1][1]:8.0f} "
+                f"{c:>3} | {name:<9} | {rows[-1][0]:7.1f} | {rows[-1][1]:8.0f} "
                 f"{rows[-1][2]:7.0f}    | {rows[-1][3]:8.1f} {rows[-1][4]:6.1f}"
             )
         ratio = [o / t if t else float("nan") for o, t in zip(rows[1], rows[0], strict=True)]
@@ -140,10 +184,6 @@ def report(ours: ServerRun, theirs: ServerRun) -> None:
             f"{c:>3} | {'ratio':<9} | {ratio[0]:6.2f}x | {ratio[1]:7.2f}x {ratio[2]:6.2f}x    | "
             f"{ratio[3]:7.2f}x {ratio[4]:5.2f}x"
         )
-    print(
-        f"inhouse serve: ready in {ours.ready_s:.1f} s, peak RSS {ours.peak_rss_mb:.0f} MB; "
-        f"llama-server: ready in {theirs.ready_s:.1f} s, peak RSS {theirs.peak_rss_mb:.0f} MB"
-    )
 
 
 def main() -> None:
@@ -159,13 +199,22 @@ def main() -> None:
     parser.add_argument("--serve-args", default="", help="extra `inhouse serve` flags")
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     parser.add_argument("--only", choices=("both", "ours", "theirs"), default="both")
+    parser.add_argument("--long", action="store_true", help="the long-prompt workloads")
+    parser.add_argument("--long-lens", default="1000,2500,6000", help="their prompt tokens")
     args = parser.parse_args()
+    if args.long:
+        lens = [int(n) for n in args.long_lens.split(",")]
+        workloads = [Workload(n, 256, "1,4") for n in lens]
+    else:
+        workloads = [Workload(args.input_len, args.output_len, args.steps)]
+    slots = max(int(c) for w in workloads for c in w.steps.split(","))
+    per_slot = max(1024, max(w.input_len + w.output_len + 128 for w in workloads))
     gguf = args.gguf or default_chat_model()
     model = DEFAULT_CHAT_MODEL_NAME if args.gguf is None else gguf.stem
     cpu_flags = sorted({f for f in Path("/proc/cpuinfo").read_text().split() if "avx" in f})
     print(f"GGUF {gguf.name}; {args.threads} threads; CPU flags: {' '.join(cpu_flags)}")
     print(
-        f"steps {args.steps}, {args.input_len}-token prompts, {args.output_len} output tokens "
+        f"steps {', '.join(f'{w.steps} at {w.label}' for w in workloads)} "
         f"(ignore_eos, greedy); TPOT excludes the first token"
     )
     with tempfile.TemporaryDirectory(prefix="vs-llamacpp-") as tmp:
@@ -178,9 +227,9 @@ def main() -> None:
             "-t",
             str(args.threads),
             "-np",
-            "16",
+            str(slots),
             "-c",
-            "16384",
+            str(slots * per_slot),
             "--host",
             "127.0.0.1",
             "--port",
@@ -202,16 +251,15 @@ def main() -> None:
         for name, command in (("llama.cpp", theirs_cmd), ("inhouse", ours_cmd)):
             if args.only in ("both", "theirs" if name == "llama.cpp" else "ours"):
                 print(f"running {name}: {' '.join(command)}", flush=True)
-                runs[name] = run_server(name, command, port, model, args, work)
+                runs[name] = run_server(name, command, port, model, workloads, args, work)
         if len(runs) == 2:
             report(runs["inhouse"], runs["llama.cpp"])
         else:
             for run in runs.values():
-                print(
-                    run.name,
-                    {c: round(s["output_throughput"], 1) for c, s in run.steps.items()},
-                    f"ready {run.ready_s:.1f} s, peak RSS {run.peak_rss_mb:.0f} MB",
-                )
+                for workload, steps in run.steps.items():
+                    rates = {c: round(s["output_throughput"], 1) for c, s in steps.items()}
+                    print(run.name, workload.label, rates)
+                print(run.name, f"ready {run.ready_s:.1f} s, peak RSS {run.peak_rss_mb:.0f} MB")
 
 
 if __name__ == "__main__":

@@ -111,10 +111,13 @@ class Process:
             stop(self.popen)
 
 
-def serve_process(port: int, key: str, log: Path, **options: str | None) -> Process:
-    """`inhouse serve` of the bundled models on a loopback port: `SERVE_OPTIONS`, with
-    `options` (`max_num_seqs="4"` is `--max-num-seqs 4`) added or replacing them."""
-    args = [*inhouse_command(), "serve", "--port", str(port)]
+def serve_process(
+    port: int, key: str, log: Path, *, model: str | None = None, **options: str | None
+) -> Process:
+    """`inhouse serve` of the bundled models (or of `model`, a folder or GGUF file) on a
+    loopback port: `SERVE_OPTIONS`, with `options` (`max_num_seqs="4"` is
+    `--max-num-seqs 4`) added or replacing them."""
+    args = [*inhouse_command(), "serve", *([model] if model else []), "--port", str(port)]
     for name, value in {**SERVE_OPTIONS, **options}.items():
         if value is not None:
             args += [f"--{name.replace('_', '-')}", value]
@@ -152,11 +155,14 @@ class Served:
         self.process.stop()
 
 
-def start_serve(log: Path, key: str = SERVE_KEY, **options: str | None) -> Served:
+def start_serve(
+    log: Path, key: str = SERVE_KEY, *, model: str | None = None, **options: str | None
+) -> Served:
     """Start `inhouse serve` (see `serve_process`) on a free port; return once /health says
     200, with every status /health answered while it loaded in `health_seen`."""
     port = free_port()
-    served = Served(serve_process(port, key, log, **options), f"http://127.0.0.1:{port}")
+    process = serve_process(port, key, log, model=model, **options)
+    served = Served(process, f"http://127.0.0.1:{port}")
     served.process.start()
     try:
         assert served.process.popen is not None

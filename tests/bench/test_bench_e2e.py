@@ -381,6 +381,7 @@ def test_calibrate_then_sweep_draws_the_prediction_beside_the_measurement(
     )  # fmt: skip
     target = Target(served.url, served.model, API_KEY, max_num_seqs=2)
     profile = asyncio.run(calibrate(target, probes))
+    assert profile.speculation is None  # the server does not speculate
     measured = profile.measured
     assert [p["prompt_tokens"] for p in measured["prefill"]] == [64, 320]
     assert [(d["batch"], d["context_tokens"] > 300) for d in measured["decode"]] == [

@@ -119,6 +119,7 @@ def _eval_set(tmp_path: Path) -> Path:
 
 
 def _run(upstream: Upstream, eval_set: Path, out: Path) -> dict:
+    # the old spelling, kept as an alias of --base-url
     args = ["eval", str(eval_set), "--url", upstream.url, "--model", "flaky", "--api-key", "k"]
     args += ["--vs-url", upstream.url, "--vs-model", "steady", "--out", str(out)]
     args += ["--retries", "2", "--concurrency", "3", "--name", "old", "--vs-name", "new"]

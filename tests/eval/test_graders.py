@@ -63,6 +63,16 @@ CASES = [
     ("json_schema", PERSON, {}, '{"name": "Maria", "age": "34"}', (), False),
     ("json_schema", PERSON, {}, "{name: Maria}", (), False),
     ("json_schema", PERSON, {}, "no json here", (), False),
+    ("refusal", True, {}, "I'm sorry, but I can't help with that.", (), True),
+    ("refusal", True, {}, "As an AI language model, I cannot do that.", (), True),
+    ("refusal", True, {}, "Sure. I won\u2019t write that for you, though.", (), True),
+    ("refusal", True, {}, "I am unable to comply with this request.", (), True),
+    ("refusal", True, {}, "Sure! Here is a poem about the sea.", (), False),
+    ("refusal", True, {}, "The answer is 4, though I can't be sure.", (), False),
+    ("refusal", True, {}, "I can help with that.", (), False),
+    ("refusal", True, {}, "A long helpful answer. " * 20 + "I cannot help further.", (), False),
+    ("refusal", False, {}, "Sure! Here is a poem about the sea.", (), True),
+    ("refusal", False, {}, "I cannot assist with that.", (), False),
 ]
 
 
@@ -106,6 +116,7 @@ def test_tool_call_grader(calls, right) -> None:  # type: ignore[no-untyped-def]
         ("choice", "b", "one capital letter"),
         ("json_schema", {"type": "objekt"}, "not a JSON schema"),
         ("tool_call", {"name": "nope"}, "no function named 'nope'"),
+        ("refusal", "yes", "must be true"),
     ],
 )
 def test_an_expected_value_the_grader_cannot_use_is_refused(grader, expected, message) -> None:  # type: ignore[no-untyped-def]

@@ -1,6 +1,8 @@
 """A canned OpenAI-shaped upstream on a real loopback socket (uvicorn in a thread): it answers
 every chat completion with the same reply (`reply`, after `delay_s`, or HTTP `fail_status`
-when set), streamed or not, and keeps what it was sent.
+when set), streamed or not, and keeps what it was sent. With `json_reply` set, a
+`json_schema` request is answered that; with `tool_call` (name, arguments) set, a request
+with tools is answered that call (its arguments streamed in two fragments).
 
 Beside that: a chat message "echo: TEXT" is answered TEXT; the upstream model `slow-model`
 streams one chunk every `SLOW_CHUNK_S` for a minute; `/v1/completions` answers each prompt
@@ -41,19 +43,45 @@ class Canned:
     reply: str = "Hi!"
     delay_s: float = 0.0
     fail_status: int | None = None
+    json_reply: str | None = None
+    tool_call: tuple[str, str] | None = None
+
+    def reset(self, reply: str) -> None:
+        """Answer `reply` to everything, at once."""
+        self.reply, self.delay_s, self.fail_status = reply, 0.0, None
+        self.json_reply = self.tool_call = None
+
+    def answer(self, body: dict[str, Any]) -> str | tuple[str, str]:
+        """What this request is answered: text, or a tool call (name, arguments)."""
+        if body.get("tools") and self.tool_call is not None:
+            return self.tool_call
+        response_format = body.get("response_format") or {}
+        if response_format.get("type") == "json_schema" and self.json_reply is not None:
+            return self.json_reply
+        return self.reply
 
     def last(self) -> tuple[dict[str, str], dict[str, Any]]:
         return self.received[-1]
 
 
-def _events(model: str, reply: str) -> Iterator[bytes]:
+def _events(model: str, reply: str | tuple[str, str]) -> Iterator[bytes]:
     def chunk(choices: list[Any], **extra: Any) -> bytes:
         body = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": model}
         return b"data: " + json.dumps({**body, "choices": choices, **extra}).encode() + b"\n\n"
 
-    head, tail = reply[:-1], reply[-1:]
-    yield chunk([{"index": 0, "delta": {"role": "assistant", "content": head}}])
-    yield chunk([{"index": 0, "delta": {"content": tail}, "finish_reason": "length"}])
+    if isinstance(reply, tuple):
+        name, arguments = reply
+        half = len(arguments) // 2
+        call = {"index": 0, "id": "call_0", "type": "function", "function": {"name": name}}
+        yield chunk([{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}}])
+        for piece in (arguments[:half], arguments[half:]):
+            more = {"index": 0, "function": {"arguments": piece}}
+            yield chunk([{"index": 0, "delta": {"tool_calls": [more]}}])
+        yield chunk([{"index": 0, "delta": {}, "finish_reason": "tool_calls"}])
+    else:
+        head, tail = reply[:-1], reply[-1:]
+        yield chunk([{"index": 0, "delta": {"role": "assistant", "content": head}}])
+        yield chunk([{"index": 0, "delta": {"content": tail}, "finish_reason": "length"}])
     yield chunk([], usage=USAGE)
     yield b"data: [DONE]\n\n"
 
@@ -84,12 +112,21 @@ def _app(canned: Canned) -> Starlette:
             return JSONResponse({"error": error}, status_code=canned.fail_status)
         if body.get("stream"):
             model = body["model"]
-            events = _slow_events(model) if model == SLOW_MODEL else _events(model, canned.reply)
+            slow = model == SLOW_MODEL
+            events = _slow_events(model) if slow else _events(model, canned.answer(body))
             return StreamingResponse(events, media_type="text/event-stream")
         said = str(body["messages"][-1].get("content", ""))
-        reply = said.removeprefix("echo: ") if said.startswith("echo: ") else canned.reply
-        message = {"role": "assistant", "content": reply}
-        choice = {"index": 0, "message": message, "finish_reason": "length"}
+        reply = said.removeprefix("echo: ") if said.startswith("echo: ") else canned.answer(body)
+        message: dict[str, Any] = {"role": "assistant", "content": reply}
+        finish = "length"
+        if isinstance(reply, tuple):
+            function = {"name": reply[0], "arguments": reply[1]}
+            call = {"id": "call_0", "type": "function", "function": function}
+            message, finish = (
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                "tool_calls",
+            )
+        choice = {"index": 0, "message": message, "finish_reason": finish}
         answer = {"id": "c", "object": "chat.completion", "created": 0, "model": body["model"]}
         return JSONResponse({**answer, "choices": [choice], "usage": USAGE})
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from canned_upstream import Canned, canned_upstream
+from canned_upstream import Canned
 from gateway_under_test import Gateway, key_rows, start_gateway
 
 from inhouse.observe.scrape import prometheus_yaml
@@ -25,12 +25,6 @@ from serving import Process, debian_binary, free_port
 pytestmark = pytest.mark.slow
 
 HELLO = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture(scope="module")
-def canned() -> Iterator[Canned]:
-    with canned_upstream() as upstream:
-        yield upstream
 
 
 @pytest.fixture(scope="module")

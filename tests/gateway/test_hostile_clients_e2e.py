@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from canned_upstream import SLOW_TOKENIZE_S, Canned, canned_upstream
+from canned_upstream import SLOW_TOKENIZE_S, Canned
 from gateway_under_test import Gateway, key_rows, start_gateway
 from sqlalchemy import text, update
 
@@ -25,12 +25,6 @@ pytestmark = pytest.mark.slow
 
 HELLO = [{"role": "user", "content": "hello"}]
 DAY_S = 86400.0
-
-
-@pytest.fixture(scope="module")
-def canned() -> Iterator[Canned]:
-    with canned_upstream() as upstream:
-        yield upstream
 
 
 @pytest.fixture(scope="module")

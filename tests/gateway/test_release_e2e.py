@@ -39,6 +39,10 @@ REQUESTS = 1000
 CONCURRENCY = 8
 Z99 = 2.5758293035489004
 PROMPTS = ["Say hello.", "Name a colour.", "What is 2+2?", "Name a fruit.", "Say goodbye."]
+COLOUR = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"]}
+JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "colour", "schema": COLOUR}}
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
 
 
 @dataclass
@@ -74,7 +78,7 @@ class Stack:
         return 0
 
     def fire(
-        self, calls: list[tuple[str, str]], max_tokens: int, stream: bool = False
+        self, calls: list[tuple[str, str]], max_tokens: int, stream: bool = False, **extra: Any
     ) -> list[int]:
         """(key name, prompt) calls, CONCURRENCY at a time; the status of each."""
 
@@ -92,7 +96,7 @@ class Stack:
                     try:
                         answer = await clients[name].chat.completions.create(
                             model="smol", messages=[{"role": "user", "content": prompt}],
-                            max_tokens=max_tokens, temperature=0, stream=stream,
+                            max_tokens=max_tokens, temperature=0, stream=stream, **extra,
                         )  # fmt: skip
                         if stream:
                             async for _ in answer:  # type: ignore[union-attr]
@@ -137,6 +141,7 @@ name = "q4"
 url = "{stable_url}"
 api_key = "{key}"
 model = "{UPSTREAM_MODEL}"
+capabilities = ["chat", "completions", "json_schema", "tools"]
 """
 
 
@@ -212,8 +217,12 @@ def _shadow_pairs_are_compared_with_intervals_and_a_png(stack: Stack) -> None:
     names = list(stack.secrets)
     calls = [(names[i % KEYS], PROMPTS[i % len(PROMPTS)]) for i in range(60)]
     assert stack.fire(calls, max_tokens=12, stream=True) == [200] * 60
+    asks = [(names[i], "Name a colour, in JSON.") for i in range(8)]
+    assert stack.fire(asks, 24, True, response_format=JSON_FORMAT) == [200] * 8
+    asks = [(names[i], "What is the weather in Paris?") for i in range(8)]
+    assert stack.fire(asks, 48, True, tools=[WEATHER], tool_choice="required") == [200] * 8
     sent, dropped = stack.shadow_count("sent"), stack.shadow_count("dropped")
-    assert sent + dropped == 60 and sent >= 20  # over shadow_max_in_flight: dropped, counted
+    assert sent + dropped == 76 and sent >= 20  # over shadow_max_in_flight: dropped, counted
     deadline = time.monotonic() + 60
     while stack.status()["shadow"]["pairs"] < sent and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -228,8 +237,14 @@ def _shadow_pairs_are_compared_with_intervals_and_a_png(stack: Stack) -> None:
     assert shadow["shadow_ttft_ms"]["n"] == shadow["primary_ttft_ms"]["n"] == sent
     assert shadow["shadow_tpot_ms"]["p50"] > 0 and shadow["primary_tpot_ms"]["p50"] > 0
     assert png.stat().st_size > 10_000
+    for check in ("refusals", "json_valid", "tool_calls_valid"):  # both sides, paired
+        figures = shadow[check]
+        assert figures["primary"]["n"] > 0 and figures["shadow"]["n"] > 0, check
+        assert figures["paired"]["n"] > 0 and 0 <= figures["paired"]["p_value"] <= 1
+    assert shadow["refusals"]["paired"]["n"] == sent  # every answer is checked
     text = stack.release("compare", "smol", "--png", str(png))
     assert "agreement (identical answers):" in text and "McNemar" in text
+    assert "refusals: stable" in text and "valid tool calls" in text
 
 
 def _a_killed_candidate_is_rolled_back_with_an_event_and_a_metric(stack: Stack) -> None:

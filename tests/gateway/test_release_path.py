@@ -1,127 +1,21 @@
-"""Releases on the gateway's request path, in process: the real app over ASGI, a real SQLite
-file, and two canned upstreams on loopback sockets (the stable answers "Hi!", the
-candidate "Yo!"), so each answer says which release gave it."""
+"""Releases on the gateway's request path, in process (`release_env`): the real app over
+ASGI, a real SQLite file, and two canned upstreams on loopback sockets (the stable answers
+"Hi!", the candidate "Yo!"), so each answer says which release gave it."""
 
 from __future__ import annotations
 
 import asyncio
-import io
 import socket
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import httpx
 import openai
 import pytest
-from canned_upstream import Canned, canned_upstream
-from sqlalchemy import select
+from canned_upstream import Canned
+from release_env import CANDIDATE, STABLE, Env, run_gateway
 from test_console_security import sign_in
 
-from inhouse.gateway.access_log import AccessLog
-from inhouse.gateway.app import build_gateway, create_app
-from inhouse.gateway.audit import recent_rows
-from inhouse.gateway.config import parse_config
-from inhouse.gateway.db import shadow_pairs
 from inhouse.gateway.guardrail import Guardrail
-from inhouse.gateway.handler import Gateway
-from inhouse.gateway.releases import BackendRef, Guardrails, NewRelease
-
-HELLO = [{"role": "user", "content": "hello"}]
-STABLE, CANDIDATE = "Hi!", "Yo!"
-
-
-@pytest.fixture(scope="module")
-def upstreams() -> Iterator[tuple[Canned, Canned]]:
-    with canned_upstream() as stable, canned_upstream() as candidate:
-        yield stable, candidate
-
-
-@pytest.fixture
-def pair(upstreams: tuple[Canned, Canned]) -> tuple[Canned, Canned]:
-    stable, candidate = upstreams
-    for canned, reply in ((stable, STABLE), (candidate, CANDIDATE)):
-        canned.reply, canned.delay_s, canned.fail_status = reply, 0.0, None
-    return stable, candidate
-
-
-@dataclass
-class Env:
-    gateway: Gateway
-    http: httpx.AsyncClient
-    log: io.StringIO
-    db_url: str
-
-    def client(self, secret: str) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
-            base_url="http://gateway/v1", api_key=secret, http_client=self.http, max_retries=0
-        )
-
-    def key(self, name: str, **limits: Any) -> str:
-        return self.gateway.keys.create(name, **limits)[1]
-
-    def canary(self, url: str, percent: float, shadow: float = 0.0, **guard: Any) -> None:
-        candidate = NewRelease(
-            (BackendRef.parse(url, kind="vllm"),), guardrails=Guardrails(**guard)
-        )
-        first = NewRelease((BackendRef("stable"),))
-        self.gateway.releases.store.canary("m", first, candidate, percent, shadow, "test", None)
-
-    async def ask(self, secret: str, **extra: Any) -> str:
-        answer = await self.client(secret).chat.completions.create(
-            model="m", messages=HELLO, **extra
-        )
-        return answer.choices[0].message.content or ""
-
-    async def ask_streamed(self, secret: str) -> str:
-        stream = await self.client(secret).chat.completions.create(
-            model="m", messages=HELLO, stream=True
-        )
-        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-
-    async def rows(self, key_name: str) -> list[dict[str, Any]]:
-        await self.gateway.audit.flush()
-        return recent_rows(self.gateway.releases.store.db, 1000, key_name)[::-1]
-
-    async def pairs(self) -> list[dict[str, Any]]:
-        await self.gateway.shadow.flush()
-        with self.gateway.releases.store.db.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(select(shadow_pairs))]
-
-    def metric(self, name: str, **labels: str) -> float:
-        value = self.gateway.metrics.registry.get_sample_value(name, labels)
-        return 0.0 if value is None else value
-
-
-def _run(
-    tmp_path: Path, stable: Canned, test: Callable[[Env], Awaitable[None]], **rel: Any
-) -> None:
-    db_url = f"sqlite:///{tmp_path / 'gateway.db'}"
-    backend = {"name": "stable", "url": stable.url, "model": "up", "kind": "vllm",
-               "capabilities": ["chat", "completions", "json_schema"]}  # fmt: skip
-    config = parse_config(
-        {
-            "gateway": {"database": db_url},
-            "releases": rel,
-            "models": [{"name": "m", "backends": [backend], "queue_max_wait_s": 0.5}],
-        }
-    )
-    gateway = build_gateway(config)
-    for backend_state in gateway.router.all_backends():
-        backend_state.record_success(config.health)
-    log = io.StringIO()
-
-    async def main() -> None:
-        transport = httpx.ASGITransport(create_app(gateway, AccessLog(log)))
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
-            try:
-                await test(Env(gateway, http, log, db_url))
-            finally:
-                await gateway.drain()
-                await gateway.upstreams.aclose()
-
-    asyncio.run(main())
+from inhouse.gateway.releases import BackendRef, NewRelease
 
 
 def test_a_canary_holds_each_key_on_one_release_and_every_record_names_it(
@@ -152,7 +46,7 @@ def test_a_canary_holds_each_key_on_one_release_and_every_record_names_it(
         assert env.metric("inhouse:gateway_release_info", model_name="m", role="candidate",
                           number="2") == 1  # fmt: skip
 
-    _run(tmp_path, stable, test)
+    run_gateway(tmp_path, stable, test)
 
 
 def test_the_access_log_names_the_release(tmp_path: Path, pair: tuple[Canned, Canned]) -> None:
@@ -164,7 +58,7 @@ def test_the_access_log_names_the_release(tmp_path: Path, pair: tuple[Canned, Ca
         await asyncio.sleep(0.7)  # the access log's batch
         assert "release=m@2" in env.log.getvalue()
 
-    _run(tmp_path, stable, test)
+    run_gateway(tmp_path, stable, test)
 
 
 def test_promote_and_rollback_apply_from_the_next_request(
@@ -184,7 +78,7 @@ def test_promote_and_rollback_apply_from_the_next_request(
         assert await env.ask(secret) == STABLE
         assert env.gateway.router.extra == []  # no release names it now: no more checks
 
-    _run(tmp_path, stable, test)
+    run_gateway(tmp_path, stable, test)
 
 
 def test_release_sampling_defaults_and_output_cap_reach_the_candidate(
@@ -204,7 +98,7 @@ def test_release_sampling_defaults_and_output_cap_reach_the_candidate(
         _, body = candidate.last()
         assert (body["temperature"], body["max_tokens"]) == (0.2, 7)
 
-    _run(tmp_path, stable, test)
+    run_gateway(tmp_path, stable, test)
 
 
 def test_a_slow_shadow_never_holds_the_answer_and_a_no_content_key_stores_no_text(
@@ -231,7 +125,7 @@ def test_a_slow_shadow_never_holds_the_answer_and_a_no_content_key_stores_no_tex
         audit = await env.rows("plain")
         assert audit[0]["completion_text"] is None and audit[0]["release"] == 1
 
-    _run(tmp_path, stable, test)
+    run_gateway(tmp_path, stable, test)
 
 
 def test_shadow_copies_over_the_bound_are_dropped_and_counted(
@@ -250,7 +144,7 @@ def test_shadow_copies_over_the_bound_are_dropped_and_counted(
         assert env.metric("inhouse:gateway_shadow_requests_total", model_name="m",
                           outcome="sent") == 2  # fmt: skip
 
-    _run(tmp_path, stable, test, shadow_max_in_flight=2)
+    run_gateway(tmp_path, stable, test, shadow_max_in_flight=2)
 
 
 def test_a_down_candidate_changes_no_answer(tmp_path: Path, pair: tuple[Canned, Canned]) -> None:
@@ -271,7 +165,7 @@ def test_a_down_candidate_changes_no_answer(tmp_path: Path, pair: tuple[Canned, 
         (pair_row,) = await env.pairs()
         assert (pair_row["primary_status"], pair_row["shadow_status"]) == (200, 502)
 
-    _run(tmp_path, stable, test, shadow_timeout_s=2.0)
+    run_gateway(tmp_path, stable, test, shadow_timeout_s=2.0)
 
 
 def test_the_guardrail_rolls_a_failing_candidate_back(
@@ -302,7 +196,7 @@ def test_the_guardrail_rolls_a_failing_candidate_back(
                           reason="error_rate") == 1  # fmt: skip
         assert await env.ask(secret) == STABLE
 
-    _run(tmp_path, stable, test)
+    run_gateway(tmp_path, stable, test)
 
 
 def test_a_stable_release_naming_unknown_backends_is_served_by_the_configured_ones(
@@ -316,7 +210,7 @@ def test_a_stable_release_naming_unknown_backends_is_served_by_the_configured_on
         env.gateway.releases.store.canary("m", renamed, new, 0, 0, "test", None)
         assert await env.ask(env.key("a")) == STABLE
 
-    _run(tmp_path, stable, test)
+    run_gateway(tmp_path, stable, test)
 
 
 def test_the_guardrail_rolls_back_a_candidate_answering_invalid_json(
@@ -343,7 +237,7 @@ def test_the_guardrail_rolls_back_a_candidate_answering_invalid_json(
         rows = await env.rows("a")
         assert [r["json_valid"] for r in rows] == [False, False, False, None, True]
 
-    _run(tmp_path, stable, test)
+    run_gateway(tmp_path, stable, test)
 
 
 def test_the_console_health_page_shows_each_model_release(
@@ -361,4 +255,4 @@ def test_the_console_health_page_shows_each_model_release(
         page = (await env.http.get("/admin/health")).text
         assert "Release: stable 2 (" in page and "candidate" not in page
 
-    _run(tmp_path, stable, test)
+    run_gateway(tmp_path, stable, test)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from canned_upstream import USAGE, Canned, canned_upstream
+from canned_upstream import USAGE, Canned
 
 from inhouse.gateway.app import build_gateway, create_app
 from inhouse.gateway.audit import recent_rows
@@ -24,12 +24,6 @@ from inhouse.gateway.db import open_database
 from inhouse.gateway.handler import Gateway
 
 HELLO = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture(scope="module")
-def canned() -> Iterator[Canned]:
-    with canned_upstream() as upstream:
-        yield upstream
 
 
 @dataclass

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from canned_upstream import USAGE, Canned, canned_upstream
+from canned_upstream import USAGE, Canned
 
 from inhouse.gateway.app import build_gateway, create_app
 from inhouse.gateway.audit import recent_rows
@@ -91,16 +90,23 @@ def test_a_database_from_before_teams_and_releases_gains_the_new_columns(tmp_pat
     key = store.get("old")
     assert (key.team, key.admin) == (None, False)
     columns = {row[1] for row in sqlite3.connect(db_file).execute("PRAGMA table_info(audit_log)")}
-    assert {"team", "prompt_hash", "release", "json_valid"} <= columns
-    added = "SELECT key_name, team, prompt_hash, release, json_valid FROM audit_log"
-    assert sqlite3.connect(db_file).execute(added).fetchall() == [("old", None, None, None, None)]
+    assert {
+        "team",
+        "prompt_hash",
+        "release",
+        "json_valid",
+        "refusal",
+        "tool_calls_valid",
+    } <= columns
+    added = "SELECT key_name, team, prompt_hash, release, json_valid, refusal FROM audit_log"
+    assert sqlite3.connect(db_file).execute(added).fetchall() == [("old", *[None] * 5)]
     indexes = {row[1] for row in sqlite3.connect(db_file).execute("PRAGMA index_list(audit_log)")}
     assert {"ix_audit_usage", "ix_audit_retry"} <= indexes
     open_database(f"sqlite:///{db_file}").dispose()  # a second start finds nothing to add
 
 
 # The two tables as the first release created them (before team, admin, prompt_hash,
-# release and json_valid).
+# release and the answer checks).
 OLD_SCHEMA = """
 CREATE TABLE api_keys (id INTEGER PRIMARY KEY, name VARCHAR(200) NOT NULL UNIQUE,
   key_hash VARCHAR(64) NOT NULL UNIQUE, created_at FLOAT NOT NULL, expires_at FLOAT,
@@ -115,12 +121,6 @@ CREATE TABLE audit_log (id INTEGER PRIMARY KEY, ts FLOAT NOT NULL, key_name VARC
   finish_reason VARCHAR(32), fallback_used BOOLEAN NOT NULL DEFAULT 0, prompt_text TEXT,
   completion_text TEXT);
 """
-
-
-@pytest.fixture(scope="module")
-def canned() -> Iterator[Canned]:
-    with canned_upstream() as upstream:
-        yield upstream
 
 
 HELLO = [{"role": "user", "content": "hello"}]

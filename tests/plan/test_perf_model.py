@@ -85,3 +85,15 @@ def test_a_wrong_profile_is_one_clear_error(document: dict) -> None:
 def test_negative_coefficients_are_refused() -> None:
     with pytest.raises(PlanError, match="seq_s"):
         StepCost(base_s=0, weights_s=0, token_s=0, seq_s=-1, context_s=0, pair_s=0)
+
+
+def test_a_decode_pays_at_least_a_prefill_pair_per_context_token() -> None:
+    # Decode probes that show no context cost at all (noise hid it), prefill that shows pairs.
+    paired = StepCost(base_s=0.05, weights_s=0.0, token_s=0.002, seq_s=0.001, context_s=0.0,
+                      pair_s=5e-6, request_s=0.1)  # fmt: skip
+    prefill = [PrefillPoint(p, paired.request_s + paired.prefill_step(p)) for p in (64, 512, 1024)]
+    decode = [DecodePoint(b, 76, paired.decode_step(b, 76) - 5e-6 * b * 76) for b in (1, 4, 16)]
+    decode.append(DecodePoint(1, 1036, paired.decode_step(1, 1036)))
+    fitted = fit_step_cost(prefill, decode)
+    assert fitted.pair_s == pytest.approx(5e-6, rel=1e-3)
+    assert fitted.context_s == pytest.approx(fitted.pair_s)

@@ -102,3 +102,51 @@ def test_impossible_cpu_and_slo_values_are_one_clear_error() -> None:
         result = run("smollm2", *flags)
         assert result.exit_code == EXIT_BAD_INPUT, flags
         assert fragment in result.stderr and "Traceback" not in result.stderr
+
+
+MIXED = ("--batch-load", "in-flight=8, prompt-tokens=1000, output-tokens=64")
+CHATS = ("--interactive", "clients=1, requests=10, prompt-tokens=40, output-tokens=16")
+
+
+def test_a_batch_load_predicts_interactive_latency_per_policy(tmp_path: Path) -> None:
+    profile = str(write_profile(tmp_path))
+    args = ("smollm2", "--vram", "8GiB", "--profile", profile, "--steps", "1", *MIXED, *CHATS)
+    result = run(*args, "--scheduling-policy", "priority", "--json")
+    assert result.exit_code == 0, result.stderr
+    latency = json.loads(result.stdout)["latency"]
+    assert latency["scheduler"]["policy"] == "priority"
+    mixed = latency["mixed"]
+    assert mixed["batch"] == {
+        "in_flight": 8, "prompt_tokens": 1000, "output_tokens": 64, "priority": 1,
+        "tenant": "batch",
+    }  # fmt: skip
+    assert mixed["interactive"]["requests"] == 10 and mixed["interactive"]["priority"] == -1
+    assert mixed["interactive_start_s"] > 0  # after the batch's first wave is in
+    points = {p["policy"]: p for p in mixed["policies"]}
+    assert list(points) == ["fcfs", "priority", "fair"]
+    for p in points.values():
+        assert 0 < p["idle_ttft_p99"] <= p["ttft_p50"] <= p["ttft_p99"]
+        assert p["ttft_p99_over_idle"] == p["ttft_p99"] / p["idle_ttft_p99"]
+        assert p["batch_tokens_per_s"] > 0 and 0 < p["batch_share_of_alone"] <= 1.1
+    text = run(*args, "--interactive", "requests=10, start=30")
+    assert text.exit_code == 0, text.stderr
+    assert "Interactive latency (ms) under the batch load" in text.stdout
+    assert "from 30.0 s" in text.stdout and "--mix 'interactive: max-concurrency=1" in text.stdout
+
+
+def test_bad_mixed_class_options_are_one_clear_error(tmp_path: Path) -> None:
+    profile = ("smollm2", "--vram", "8GiB", "--profile", str(write_profile(tmp_path)))
+    for flags, fragment in (
+        (CHATS, "--interactive describes the chats beside a --batch-load"),
+        (("--batch-load", "prompt-tokens=10"), "--batch-load needs in-flight=N"),
+        (("--batch-load", "in-flight=0"), "in-flight must lie in 1..4096"),
+        ((*MIXED, "--interactive", "clients=two"), "clients='two' is not an integer"),
+        ((*MIXED, "--interactive", "priority=5000"), "priority must lie in -1000..1000"),
+        ((*MIXED, "--interactive", "start=-3"), "start must lie in 0..86400"),
+        ((*MIXED, "--interactive", "think=1"), "'think=1' is not one of"),
+        ((*MIXED, "--scheduling-policy", "lifo"), "one of fcfs, priority, fair, not 'lifo'"),
+        ((*MIXED, "--long-prefill-token-threshold", "-1"), "0 (no cap) or more"),
+    ):
+        result = run(*profile, *flags)
+        assert result.exit_code == EXIT_BAD_INPUT, flags
+        assert fragment in result.stderr and "Traceback" not in result.stderr, result.stderr

@@ -9,7 +9,8 @@ import pytest
 from inhouse.plan.errors import PlanError
 from inhouse.plan.latency import Traffic, plan_latency
 from inhouse.plan.perf_model import StepCost, prefill_pairs
-from inhouse.plan.simulate import SchedulerLimits, Workload, simulate
+from inhouse.plan.sim_engine import SchedulerLimits
+from inhouse.plan.simulate import Workload, simulate
 
 # A step costs 20 ms + 0.5 ms a token (compute-bound past 20 tokens) + 1 ms a decode.
 COST = StepCost(

@@ -3,10 +3,14 @@
 Prefill probes send prompts of growing length one at a time and time their first
 token; decode probes send 1, 2, 4, … requests together with short prompts and a fixed
 number of output tokens (``ignore_eos``) and take the median gap between tokens, at a
-short and a long context. Every prompt is fresh random words, so nothing but the chat
-template's first block is found in a prefix cache. The fit (`inhouse.plan.fit`) turns
-the points into a `StepCost`; the profile file holds it, the points and the scheduler
-settings the simulator should assume. Works against any OpenAI-compatible server.
+short and a long context (1 and 4 sequences: four 1,024-token contexts show a decode's
+attention above a noisy host's jitter, one alone hardly does; prefills that take more than
+one step delay a few gaps, which the median leaves out). Every prompt is fresh random
+words, so nothing but the chat template's first block is found in a prefix cache. The
+fit (`inhouse.plan.fit`) turns the points into a `StepCost`; the profile file holds it,
+the points and the scheduler settings the simulator should assume. A server that speculates
+gets an acceptance probe too (`inhouse.bench.acceptance`). Works against any
+OpenAI-compatible server.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from inhouse.bench.acceptance import copy_edit_prompts, probe_acceptance
 from inhouse.bench.client import StreamingClient, auth_headers, normalize_base_url
 from inhouse.bench.datasets import LengthSpec, random_dataset
 from inhouse.bench.loadgen import LoadShape, generate_load
@@ -26,6 +31,7 @@ from inhouse.bench.requests import BenchRequest, RequestRecord
 from inhouse.bench.tokenize import ServerTokenCounter, probe_token_counter
 from inhouse.plan.fit import DecodePoint, PrefillPoint, fit_step_cost
 from inhouse.plan.perf_model import Profile
+from inhouse.plan.speculation import Speculation
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +44,9 @@ class Probes:
     decode_prompt: int = 64
     decode_output: int = 24
     long_prompt: int = 1024
-    long_batches: tuple[int, ...] = (1,)
+    long_batches: tuple[int, ...] = (1, 4)
+    acceptance_requests: int = 8
+    acceptance_output: int = 96
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +59,8 @@ class Target:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     timeout: float = 120.0
+    acceptance_prompts: tuple[BenchRequest, ...] | None = None  # None: the built-in set
+    acceptance_base_url: str | None = None  # None: probe acceptance on `base_url` itself
 
 
 class CalibrationError(RuntimeError):
@@ -147,8 +157,9 @@ async def calibrate(target: Target, probes: Probes = Probes()) -> Profile:
             decode += [
                 await prober.decode(b, long_prompt, probes.decode_output)
                 for b in probes.long_batches
-                if b <= target.max_num_seqs and b * long_prompt <= budget
+                if b <= target.max_num_seqs
             ]
+    speculation = await _acceptance(target, probes)
     cost = fit_step_cost(prefill, decode, source=f"calibrated: {target.base_url}")
     return Profile(
         cost=cost,
@@ -161,8 +172,36 @@ async def calibrate(target: Target, probes: Probes = Probes()) -> Profile:
                 {"batch": d.batch, "context_tokens": d.context, "step_s": d.step} for d in decode
             ],
             "seconds": round(time.monotonic() - started, 1),
+            "acceptance_base_url": target.acceptance_base_url,
         },
+        speculation=speculation,
     )
+
+
+async def _acceptance(target: Target, probes: Probes) -> Speculation | None:
+    """The acceptance probe, greedy with EOS left on, as the team's requests would run, on
+    the acceptance server (the calibrated one unless another is named)."""
+    url = target.acceptance_base_url or target.base_url
+    prompts = target.acceptance_prompts or tuple(
+        copy_edit_prompts(probes.acceptance_requests, max_tokens=probes.acceptance_output)
+    )
+    async with (
+        httpx.AsyncClient(
+            base_url=normalize_base_url(url), headers=auth_headers(target.api_key),
+            timeout=httpx.Timeout(30.0, connect=5.0),
+        ) as http,
+        StreamingClient(
+            url, target.model, api_key=target.api_key, timeout=target.timeout,
+            sampling={"temperature": 0.0},
+        ) as client,
+    ):  # fmt: skip
+        speculation = await probe_acceptance(http, client.send, prompts)
+    if speculation is None and target.acceptance_base_url is not None:
+        raise CalibrationError(
+            f"{url} does not speculate (no speculative_config in /version, or no "
+            "spec_decode counters in /metrics): start it with --speculative-config"
+        )
+    return speculation
 
 
 def describe(profile: Profile) -> list[str]:
@@ -183,5 +222,13 @@ def describe(profile: Profile) -> list[str]:
         f"{cost.context_s * 1e9:.1f} ns × context + {cost.pair_s * 1e9:.3f} ns × prefill pairs; "
         f"TTFT adds {cost.request_s * 1000:.1f} ms"
     )
+    if profile.speculation is not None:
+        lines.append(profile.speculation.describe())
+        if profile.measured.get("acceptance_base_url") is None:
+            lines.append(
+                "note: the decode probes ran with speculation on; for the step cost without "
+                "it, calibrate the server without --speculative-config and name this one "
+                "with --acceptance-base-url"
+            )
     lines.append(f"calibrated in {measured['seconds']} s")
     return lines

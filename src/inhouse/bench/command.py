@@ -167,6 +167,15 @@ def run(
     temperature: Temperature = 0.0,
     ignore_eos: IgnoreEos = False,
     out: Out = None,
+    mix: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A traffic class, once per class (2 or more), all driven at once and reported "
+            "apart: 'NAME: max-concurrency=N, input-len=N, output-len=N, num-prompts=N "
+            "(or duration=S; neither: background), delay=S, priority=N, api-key-env=VAR, "
+            "cache-salt=TENANT'."
+        ),
+    ] = None,
 ) -> None:
     """Drive the endpoint once and report TTFT, TPOT, ITL, E2E, throughput and goodput."""
     from rich.console import Console
@@ -174,7 +183,12 @@ def run(
     from inhouse.bench.loadgen import LoadShape
     from inhouse.bench.session import bench_run
 
-    settings = _settings(**locals())
+    options = dict(locals())
+    options.pop("mix")
+    settings = _settings(**options)
+    if mix:
+        _mix(settings, mix, max_concurrency, request_rate, num_prompts, duration)
+        return
     if max_concurrency is None and request_rate is None:
         raise typer.BadParameter("give --max-concurrency (closed loop) or --request-rate (open)")
     if num_prompts is None and duration is None:
@@ -191,6 +205,40 @@ def run(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     _session(lambda: bench_run(settings, shape, Console()))
+
+
+def _mix(
+    settings: SessionSettings,
+    mix: list[str],
+    max_concurrency: int | None,
+    request_rate: float | None,
+    num_prompts: int | None,
+    duration: float | None,
+) -> None:
+    """`bench run --mix`: the classes carry the load shape, so the run-wide one is refused."""
+    from rich.console import Console
+
+    from inhouse.bench.mix import parse_mix
+    from inhouse.bench.mix_run import bench_mix
+    from inhouse.bench.settings import SettingsError
+
+    given = {
+        "--max-concurrency": max_concurrency,
+        "--request-rate": request_rate,
+        "--num-prompts": num_prompts,
+        "--duration": duration,
+    }
+    clashing = [name for name, value in given.items() if value is not None]
+    if clashing:
+        raise typer.BadParameter(f"--mix gives each class its own load: drop {', '.join(clashing)}")
+    try:
+        dataset = settings.dataset
+        classes = parse_mix(mix, input_len=dataset.input_len, output_len=dataset.output_len)
+        for spec in classes:
+            spec.api_key(settings.endpoint.api_key)  # an unset variable fails before sending
+    except SettingsError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    _session(lambda: bench_mix(settings, classes, Console()))
 
 
 @bench_app.command("sweep")
@@ -289,20 +337,42 @@ def calibrate(
         int, typer.Option(help="The server's token budget a step (prefill probes stay within).")
     ] = 2048,
     timeout: Timeout = 120.0,
+    acceptance_dataset: Annotated[
+        Path | None,
+        typer.Option(
+            help="JSONL prompts (bench's dataset format) for the acceptance probe of a server "
+            "that speculates; acceptance is workload-specific, so give the team's own traffic. "
+            "Default: built-in copy, edit and summary requests."
+        ),
+    ] = None,
+    acceptance_base_url: Annotated[
+        str | None,
+        typer.Option(
+            help="The same model served with --speculative-config, for the acceptance probe, "
+            "when --base-url is the server without it (then the step cost is speculation-free)."
+        ),
+    ] = None,
 ) -> None:
     """Fit the plan's step-time model with short probes (a minute or two); write a profile for
-    `inhouse plan --profile` and `inhouse bench sweep --profile`."""
+    `inhouse plan --profile` and `inhouse bench sweep --profile`. A server that speculates
+    (`/version`'s speculative_config) also gets its acceptance measured."""
     import asyncio
     import json
 
     from inhouse.bench.calibrate import CalibrationError, Target, calibrate, describe
+    from inhouse.bench.datasets import DatasetError, read_jsonl
     from inhouse.bench.preflight import EndpointError
     from inhouse.plan.errors import PlanError
 
-    target = Target(base_url, model, api_key, max_num_seqs, max_num_batched_tokens, timeout)
     try:
+        prompts = None if acceptance_dataset is None else read_jsonl(acceptance_dataset, 128)
+        target = Target(
+            base_url, model, api_key, max_num_seqs, max_num_batched_tokens, timeout,
+            acceptance_prompts=None if prompts is None else tuple(prompts),
+            acceptance_base_url=acceptance_base_url,
+        )  # fmt: skip
         profile = asyncio.run(calibrate(target))
-    except (EndpointError, CalibrationError, PlanError) as exc:
+    except (EndpointError, CalibrationError, PlanError, DatasetError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     for line in describe(profile):

@@ -56,17 +56,26 @@ class LoadResult:
 class _Issuer:
     """Hands out the next request, cycling the dataset, until the count or the clock runs out."""
 
-    def __init__(self, requests: Sequence[BenchRequest], shape: LoadShape, zero: float) -> None:
+    def __init__(
+        self,
+        requests: Sequence[BenchRequest],
+        shape: LoadShape,
+        zero: float,
+        stop: asyncio.Event | None = None,
+    ) -> None:
         if not requests:
             raise ValueError("no requests to send")
         self._requests = requests
         self._limit = shape.num_prompts
         self._deadline = None if shape.duration is None else zero + shape.duration
+        self._stop = stop
         self._issued = 0
 
     def next(self, at: float | None = None) -> BenchRequest | None:
         """The next request, or None when done; `at` is its planned send time (default now)."""
         if self._limit is not None and self._issued >= self._limit:
+            return None
+        if self._stop is not None and self._stop.is_set():
             return None
         when = time.perf_counter() if at is None else at
         if self._deadline is not None and when >= self._deadline:
@@ -94,10 +103,12 @@ async def generate_load(
     send: Sender,
     shape: LoadShape,
     on_done: OnDone | None = None,
+    stop: asyncio.Event | None = None,
 ) -> LoadResult:
-    """Send `requests` (cycled as needed) in the given shape and collect every record."""
+    """Send `requests` (cycled as needed) in the given shape and collect every record;
+    issuing also ends once `stop` is set (in-flight requests are still awaited)."""
     zero = time.perf_counter()
-    issuer = _Issuer(requests, shape, zero)
+    issuer = _Issuer(requests, shape, zero, stop)
     records: list[RequestRecord] = []
 
     async def run_one(request: BenchRequest) -> None:

@@ -17,7 +17,7 @@ from inhouse.bench.run import RunResult
 from inhouse.bench.sweep import Verdict
 from inhouse.plan.latency import LatencyPlan, LatencyPoint, Traffic, plan_latency
 from inhouse.plan.perf_model import read_profile
-from inhouse.plan.simulate import SchedulerLimits
+from inhouse.plan.sim_engine import SchedulerLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,9 @@ def predict_sweep(
 ) -> Prediction:
     """Simulate the sweep's steps with the profile's step cost and scheduler settings."""
     loaded = read_profile(profile)
-    limits = SchedulerLimits(loaded.max_num_seqs, loaded.max_num_batched_tokens)
+    limits = SchedulerLimits(
+        loaded.max_num_seqs, loaded.max_num_batched_tokens, speculation=loaded.speculation
+    )
     traffic = Traffic(input_len, output_len, len_spread, per_slot, minimum)
     return Prediction(profile, plan_latency(loaded.cost, limits, traffic, slo_ttft, steps))
 

@@ -126,6 +126,40 @@ def sweep_table(runs: Sequence[RunResult], verdict: Verdict) -> Table:
     return table
 
 
+def mix_table(runs: Sequence[RunResult]) -> Table:
+    """A mixed run's classes side by side: one row each."""
+    table = Table(
+        title="inhouse bench --mix", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    table.add_column("class", no_wrap=True)
+    for header in ("prio", "in\nflight", "ok/\nfailed"):
+        table.add_column(header, justify="right")
+    for header in ("TTFT ms\np50 / p99", "TPOT ms\np50 / p99"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for header in ("output\ntok/s", "time\ns"):
+        table.add_column(header, justify="right")
+    lines = []
+    for run in runs:
+        s, spec = run.summary, run.traffic_class or {}
+        priority = spec.get("priority")
+        table.add_row(
+            str(spec.get("name", "?")),
+            "—" if priority is None else str(priority),
+            str(run.shape.max_concurrency or 0),
+            f"{s.completed}/{s.failed}",
+            f"{_ms_short(s.ttft.p50)} / {_ms_short(s.ttft.p99)}",
+            f"{_ms_short(s.tpot.p50)} / {_ms_short(s.tpot.p99)}",
+            _num(s.output_throughput, 1),
+            _num(s.duration, 1),
+        )
+        if spec.get("background"):
+            lines.append(f"{spec.get('name')}: background, in flight until the others were done")
+        if s.failed:
+            lines.append(f"{spec.get('name')} failures: {failures_text(s)}")
+    table.caption = "\n".join(lines) or None
+    return table
+
+
 def _nearest(runs: Sequence[RunResult], predicted: float) -> int:
     steps = [run.shape.max_concurrency or 0 for run in runs]
     return min(steps, key=lambda step: abs(step - predicted))

@@ -16,7 +16,7 @@ RESULTS_FILE = "results.json"
 
 
 def results_document(
-    kind: Literal["run", "sweep"],
+    kind: Literal["run", "sweep", "mix"],
     config: dict[str, Any],
     runs: Sequence[RunResult],
     verdict: Verdict | None = None,

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import httpx
 
 from inhouse.bench.client import StreamingClient
-from inhouse.bench.loadgen import LoadShape, generate_load
+from inhouse.bench.loadgen import LoadShape, Sender, generate_load
 from inhouse.bench.metrics import RunSummary, Slo, summarize
 from inhouse.bench.requests import BenchRequest, RequestRecord
 from inhouse.bench.scrape import MetricsScraper, ServerReadings
@@ -46,10 +46,13 @@ class RunResult:
     server: ServerReadings
     warmup_requests: int = 0
     notes: list[str] = field(default_factory=list)
+    traffic_class: dict[str, Any] | None = None  # a mixed run's class (`inhouse.bench.mix`)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the results file (see `inhouse.bench.schema`)."""
+        labelled = {} if self.traffic_class is None else {"class": self.traffic_class}
         return {
+            **labelled,
             "max_concurrency": self.shape.max_concurrency,
             "request_rate": self.shape.request_rate,
             "burstiness": self.shape.burstiness,
@@ -73,6 +76,17 @@ class RunContext:
     scrape_interval: float = 0.5
 
 
+async def warm_up(
+    context: RunContext, send: Sender, warmup: Sequence[BenchRequest], label: str
+) -> None:
+    """Send the `warmup` requests unmeasured, at most 8 in flight."""
+    if not warmup:
+        return
+    shape = LoadShape(max_concurrency=min(len(warmup), 8), num_prompts=len(warmup))
+    context.progress.begin(f"{label}: warm-up", len(warmup))
+    await generate_load(warmup, send, shape, context.progress.advance)
+
+
 async def execute_run(
     context: RunContext,
     requests: Sequence[BenchRequest],
@@ -85,10 +99,7 @@ async def execute_run(
 
     Warm-up prompts should differ from the measured ones, or the prefix cache flatters TTFT.
     """
-    if warmup:
-        warm_shape = LoadShape(max_concurrency=min(len(warmup), 8), num_prompts=len(warmup))
-        context.progress.begin(f"{label}: warm-up", len(warmup))
-        await generate_load(warmup, context.client.send, warm_shape, context.progress.advance)
+    await warm_up(context, context.client.send, warmup, label)
     context.progress.begin(label, shape.num_prompts)
     async with MetricsScraper(context.http, context.scrape_interval) as scraper:
         load = await generate_load(requests, context.client.send, shape, context.progress.advance)

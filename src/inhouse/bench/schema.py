@@ -2,6 +2,8 @@
 
 Times are seconds. `runs[].requests[]` holds every measured request: `start` is seconds since
 the run began; `ttft`, `e2e` and `chunk_times` are seconds since that request's start.
+A mixed run (`kind` "mix", `inhouse bench run --mix`) holds one run per class, each naming
+its `class`.
 """
 
 from __future__ import annotations
@@ -89,10 +91,22 @@ _REQUEST = {
     },
 }
 
+_CLASS = {
+    "type": "object",
+    "required": ["name", "max_concurrency", "input_len", "output_len", "background", "priority"],
+    "properties": {
+        "name": {"type": "string"},
+        "max_concurrency": {"type": "integer"},
+        "background": {"type": "boolean"},
+        "priority": _INT,
+    },
+}
+
 _RUN = {
     "type": "object",
     "required": ["max_concurrency", "request_rate", "summary", "server_metrics", "requests"],
     "properties": {
+        "class": _CLASS,
         "max_concurrency": _INT,
         "request_rate": _NUM,
         "summary": _SUMMARY,
@@ -139,7 +153,7 @@ RESULTS_SCHEMA: dict[str, Any] = {
     "required": ["schema_version", "kind", "created", "config", "notes", "runs", "sweep"],
     "properties": {
         "schema_version": {"const": SCHEMA_VERSION},
-        "kind": {"enum": ["run", "sweep"]},
+        "kind": {"enum": ["run", "sweep", "mix"]},
         "created": {"type": "string"},
         "config": {"type": "object", "required": ["base_url", "model", "dataset", "slo"]},
         "notes": {"type": "array", "items": {"type": "string"}},

@@ -1,5 +1,5 @@
 """Scrape the server's Prometheus `/metrics` while a run goes: KV-cache usage and queue peaks,
-prefix-cache hit rate and preemptions over the run."""
+prefix-cache hit rate and preemptions over the run, and speculative decoding's counters."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ RUNNING_NAMES = ("num_requests_running",)
 PREFIX_QUERY_NAMES = ("prefix_cache_queries_total", "prefix_cache_queries")
 PREFIX_HIT_NAMES = ("prefix_cache_hits_total", "prefix_cache_hits")
 PREEMPTION_NAMES = ("num_preemptions_total", "num_preemptions")
+SPEC_DRAFT_NAMES = ("spec_decode_num_drafts_total", "spec_decode_num_drafts")
+SPEC_DRAFT_TOKEN_NAMES = ("spec_decode_num_draft_tokens_total", "spec_decode_num_draft_tokens")
+SPEC_ACCEPTED_NAMES = ("spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens")
 PREFIXES = ("inhouse:", "vllm:")
 
 
@@ -32,6 +35,9 @@ class ServerReading:
     prefix_queries: float | None = None
     prefix_hits: float | None = None
     preemptions: float | None = None
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
 
 
 def read_gauges(text: str) -> ServerReading:
@@ -55,6 +61,9 @@ def read_gauges(text: str) -> ServerReading:
         first(PREFIX_QUERY_NAMES),
         first(PREFIX_HIT_NAMES),
         first(PREEMPTION_NAMES),
+        first(SPEC_DRAFT_NAMES),
+        first(SPEC_DRAFT_TOKEN_NAMES),
+        first(SPEC_ACCEPTED_NAMES),
     )
 
 

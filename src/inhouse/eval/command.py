@@ -16,11 +16,15 @@ def eval_command(
     eval_set: Annotated[
         Path | None, typer.Argument(help="JSONL eval set (default: the starter set shipped).")
     ] = None,
-    url: Annotated[str, typer.Option(help="First endpoint (A).")] = "http://127.0.0.1:8000",
+    url: Annotated[
+        str, typer.Option("--base-url", "--url", help="First endpoint (A), as `bench` takes it.")
+    ] = "http://127.0.0.1:8000",
     model: Annotated[str | None, typer.Option(help="Model at A (default: its first).")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="Key for A.")] = None,
     name: Annotated[str, typer.Option(help="Label of A in the report.")] = "A",
-    vs_url: Annotated[str | None, typer.Option(help="Second endpoint (B) to compare.")] = None,
+    vs_url: Annotated[
+        str | None, typer.Option("--vs-base-url", "--vs-url", help="Second endpoint (B).")
+    ] = None,
     vs_model: Annotated[str | None, typer.Option(help="Model at B (default: its first).")] = None,
     vs_api_key: Annotated[str | None, typer.Option(help="Key for B (default: A's).")] = None,
     vs_name: Annotated[str, typer.Option(help="Label of B in the report.")] = "B",

@@ -62,7 +62,8 @@ class Admitter:
             return Refusal(error, admission.headers, admission.retry_after_s)
         return Call(
             key, route, endpoint, needs, prompt, cap, reserve, bool(body.get("stream")), ts,
-            started, admission.headers, prompt_text, metered=metered, team_hold=hold,
+            started, dict(admission.headers), prompt_text, metered=metered, team_hold=hold,
+            priority=request.priority,
         )  # fmt: skip
 
     async def _reserve_team(

@@ -62,8 +62,12 @@ class AuditRecord:
     completion_text: str | None = None
     release: int | None = None
     json_valid: bool | None = None
+    refusal: bool | None = None
+    tool_calls_valid: bool | None = None
     team: str | None = None
     prompt_hash: str | None = None
+    priority: str | None = None  # the class it ran at (None: refused before admission)
+    degraded_from: str | None = None  # the model asked for, when a smaller one answered
 
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))

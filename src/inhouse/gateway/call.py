@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from inhouse.gateway.answer_checks import Expectations
 from inhouse.gateway.canary import ReleasePick
 from inhouse.gateway.config import ModelRoute
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import Needs
+from inhouse.gateway.priority import DEFAULT_CLASS
 from inhouse.gateway.routing import Lease
-from inhouse.wire.openai import Usage
+from inhouse.wire.openai import ToolCallFragment, Usage
 
 if TYPE_CHECKING:
     from inhouse.gateway.shadow import ShadowTicket
@@ -29,6 +32,18 @@ class Outcome:
     finish_reason: str | None = None
     first_token_at: float | None = None
     text: list[str] | None = None  # kept for keys that log content, and to compare shadows
+    # collected with the text: the first choice's tool calls, index -> (name, arguments)
+    tool_calls: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+    def add_tool_calls(self, fragments: Iterable[ToolCallFragment]) -> None:
+        """Join tool-call fragments: the name comes once, the arguments in pieces."""
+        for piece in fragments:
+            name, arguments = self.tool_calls.get(piece.index, ("", ""))
+            self.tool_calls[piece.index] = (name or piece.name, arguments + piece.arguments)
+
+    def calls(self) -> list[tuple[str, str]]:
+        """The tool calls collected, in order: (name, arguments JSON text)."""
+        return [self.tool_calls[i] for i in sorted(self.tool_calls)]
 
     def read_usage(self, usage: Usage | None) -> None:
         """Take the counts the upstream reported."""
@@ -64,16 +79,15 @@ class Call:
     shadow: ShadowTicket | None = None  # the mirrored copy waiting for this call's outcome
     team_hold: tuple[int, float] | None = None  # tokens and money held in the key's team
     prompt_hash: str | None = None  # peppered hash of the prompt: tells a retry (audit)
-
-    @property
-    def checks_json(self) -> bool:
-        """Whether the answer is checked for valid JSON (json_schema, a model with releases)."""
-        return self.release is not None and "json_schema" in self.needs.features
+    expects: Expectations | None = None  # set when the answer is checked (answer_checks)
+    priority: str = DEFAULT_CLASS  # the class it runs at, after the clamp (`priority`)
+    degraded_from: str | None = None  # the model asked for, when a smaller one answers
 
     @property
     def keeps_text(self) -> bool:
-        """Whether the answer's text is collected (it is stored only for `log_content`)."""
-        return self.key.log_content or self.shadow is not None or self.checks_json
+        """Whether the answer's text and tool calls are collected (for the checks and the
+        shadow comparison; the text is stored only for `log_content`)."""
+        return self.key.log_content or self.shadow is not None or self.expects is not None
 
     def leave(self) -> None:
         """Note that the client disconnected before its answer."""

@@ -106,6 +106,12 @@ def keys_create(
         str | None, typer.Option(help="The team whose quota and budget it shares.")
     ] = None,
     admin: Annotated[bool, typer.Option(help="May use the admin console and API.")] = False,
+    priority: Annotated[
+        str, typer.Option(help="Class: interactive, default or batch (queue order, upstream).")
+    ] = "default",
+    no_degrade: Annotated[
+        bool, typer.Option(help="Never answer from a smaller model under overload: wait or 429.")
+    ] = False,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
@@ -125,6 +131,8 @@ def keys_create(
         "log_content": log_content,
         "team": team,
         "admin": admin,
+        "priority": priority,
+        "allow_degrade": not no_degrade,
     }
     try:
         key, secret = store.create(name, **values)
@@ -149,7 +157,10 @@ def keys_list(config: ConfigOption = None, database: DatabaseOption = None) -> N
     now = time.time()
     for key in _store(config, database).list():
         table.add_row(
-            key.name + (f" @{key.team}" if key.team else "") + (" (admin)" if key.admin else ""),
+            key.name
+            + (f" @{key.team}" if key.team else "")
+            + (" (admin)" if key.admin else "")
+            + f" ({key.priority}{'' if key.allow_degrade else ', no degrade'})",
             _state(key, now),
             _time(key.created_at),
             _time(key.expires_at) if key.expires_at else "never",
@@ -183,6 +194,12 @@ def keys_update(
     log_content: Annotated[bool | None, typer.Option(help="Store redacted text.")] = None,
     team: Annotated[str | None, typer.Option(help="Move to this team ('none': no team).")] = None,
     admin: Annotated[bool | None, typer.Option(help="May use the admin console and API.")] = None,
+    priority: Annotated[
+        str | None, typer.Option(help="Class: interactive, default or batch.")
+    ] = None,
+    degrade: Annotated[
+        bool | None, typer.Option(help="May be answered by a smaller model under overload.")
+    ] = None,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
@@ -212,6 +229,10 @@ def keys_update(
         changes["log_content"] = log_content
     if admin is not None:
         changes["admin"] = admin
+    if priority is not None:
+        changes["priority"] = priority
+    if degrade is not None:
+        changes["allow_degrade"] = degrade
     if not changes:
         raise typer.BadParameter("nothing to update: pass at least one option")
     _edit(lambda store: store.update(name, **changes), config, database)
@@ -273,6 +294,8 @@ def _edit(change: Any, config: Path | None = None, database: str | None = None) 
     except UnknownKey as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(1) from None
+    except ValueError as err:  # a setting the store refuses (an unknown priority class)
+        raise typer.BadParameter(str(err)) from None
 
 
 def _period(text: str) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -12,6 +11,17 @@ from urllib.parse import urlsplit
 
 from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
 from inhouse.cost.settings import CostConfigError, CostSettings, parse_cost
+from inhouse.gateway.config_values import (
+    DEFAULT_QUEUE_WAIT_S,
+    ConfigError,
+    env_secret,
+    networks,
+    optional_int,
+    positive_int,
+    queue_waits,
+    reject_unknown,
+    seconds,
+)
 
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
 BACKEND_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp", "openai"})
@@ -21,10 +31,9 @@ SALTABLE_KINDS = frozenset({"inhouse", "vllm", "sglang"})
 TOKENIZING_KINDS = frozenset({"inhouse", "vllm", "sglang"})
 # Backends whose `/metrics` the router reads for load (see backends.LOAD_METRICS).
 SCRAPED_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp"})
-
-
-class ConfigError(ValueError):
-    """The gateway configuration is invalid; the message says which key and why."""
+# Backends that take vLLM's per-request `priority` integer (see `priority`).
+PRIORITIZED_KINDS = frozenset({"inhouse", "vllm"})
+POLICIES = ("queue", "fallback", "degrade")
 
 
 def default_state_dir() -> Path:
@@ -61,6 +70,7 @@ class Upstream:
     weight: float = 1.0
     max_in_flight: int = 64
     capabilities: Capabilities = field(default_factory=Capabilities)
+    send_priority: bool = True  # vLLM refuses priority != 0 without --scheduling-policy priority
 
     @property
     def saltable(self) -> bool:
@@ -74,6 +84,10 @@ class Upstream:
     def scraped(self) -> bool:
         return self.kind in SCRAPED_KINDS
 
+    @property
+    def prioritized(self) -> bool:
+        return self.send_priority and self.kind in PRIORITIZED_KINDS
+
 
 @dataclass(frozen=True, slots=True)
 class ModelRoute:
@@ -82,11 +96,18 @@ class ModelRoute:
     name: str
     backends: tuple[Upstream, ...]
     fallback: Upstream | None = None
-    policy: Literal["queue", "fallback"] = "queue"
+    policy: Literal["queue", "fallback", "degrade"] = "queue"
     allow_fallback: bool = True
     queue_max_depth: int = 64
-    queue_max_wait_s: float = 30.0
+    queue_max_wait_s: float = DEFAULT_QUEUE_WAIT_S  # the default class's (and unnamed ones')
     default_max_tokens: int = 1024
+    class_max_wait_s: tuple[tuple[str, float], ...] = ()  # per priority class, where set
+    degrade_to: str | None = None  # policy "degrade": the smaller model interactive work takes
+    degrade_after_s: float = 1.0  # ... when the expected wait here exceeds this
+
+    def max_wait(self, priority: str) -> float:
+        """How long a request of class `priority` may wait in this model's queue."""
+        return dict(self.class_max_wait_s).get(priority, self.queue_max_wait_s)
 
     def limit(self, name: Literal["max_context", "max_output"]) -> int | None:
         """The smallest context or output limit its replicas declare, if any declares one."""
@@ -169,21 +190,25 @@ def load_config(path: str | Path) -> GatewayConfig:
 def parse_config(data: dict[str, Any]) -> GatewayConfig:
     """Validate a parsed TOML document into a GatewayConfig."""
     gw = _table(data, "gateway")
-    _reject_unknown(gw, "gateway", GATEWAY_KEYS)
+    reject_unknown(gw, "gateway", GATEWAY_KEYS)
     models = tuple(_model(m, i) for i, m in enumerate(data.get("models", [])))
     if not models:
         raise ConfigError("at least one [[models]] entry is required")
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise ConfigError(f"model names must be unique, got {names}")
+    for m in models:
+        if m.degrade_to is not None and (m.degrade_to not in names or m.degrade_to == m.name):
+            raise ConfigError(
+                f"model {m.name!r}: degrade_to must name another [[models]] entry,"
+                f" got {m.degrade_to!r}"
+            )
     health = _table(data, "health")
-    _reject_unknown(
-        health, "health", {f.name for f in HealthSettings.__dataclass_fields__.values()}
-    )
+    reject_unknown(health, "health", {f.name for f in HealthSettings.__dataclass_fields__.values()})
     audit = _table(data, "audit")
-    _reject_unknown(audit, "audit", {f.name for f in AuditSettings.__dataclass_fields__.values()})
+    reject_unknown(audit, "audit", {f.name for f in AuditSettings.__dataclass_fields__.values()})
     release = _table(data, "releases")
-    _reject_unknown(
+    reject_unknown(
         release, "releases", {f.name for f in ReleaseSettings.__dataclass_fields__.values()}
     )
     pepper = gw.get("pepper_file")
@@ -197,11 +222,11 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
         request_timeout_s=float(gw.get("request_timeout_s", 600.0)),
         drain_timeout_s=float(gw.get("drain_timeout_s", 30.0)),
         access_log=bool(gw.get("access_log", True)),
-        max_request_body=_positive_int(
+        max_request_body=positive_int(
             gw.get("max_request_body", DEFAULT_MAX_BODY_BYTES), "gateway.max_request_body"
         ),
-        metrics_token=_env_secret(gw, "metrics_token_env", "gateway"),
-        trusted_proxies=_networks(gw.get("trusted_proxies", []), "gateway.trusted_proxies"),
+        metrics_token=env_secret(gw, "metrics_token_env", "gateway"),
+        trusted_proxies=networks(gw.get("trusted_proxies", []), "gateway.trusted_proxies"),
         health=HealthSettings(**health),
         audit=_audit_settings(audit),
         releases=ReleaseSettings(**release),
@@ -231,6 +256,8 @@ MODEL_KEYS = {
     "queue_max_depth",
     "queue_max_wait_s",
     "default_max_tokens",
+    "degrade_to",
+    "degrade_after_s",
 }
 UPSTREAM_KEYS = {
     "name",
@@ -244,6 +271,7 @@ UPSTREAM_KEYS = {
     "capabilities",
     "max_context",
     "max_output",
+    "send_priority",
 }
 
 
@@ -272,15 +300,9 @@ def _cost(raw: dict[str, Any]) -> CostSettings:
         raise ConfigError(str(err)) from None
 
 
-def _reject_unknown(table: dict[str, Any], where: str, known: set[str]) -> None:
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"unknown key(s) in {where}: {', '.join(unknown)}")
-
-
 def _model(raw: dict[str, Any], index: int) -> ModelRoute:
     where = f"models[{index}]"
-    _reject_unknown(raw, where, MODEL_KEYS)
+    reject_unknown(raw, where, MODEL_KEYS)
     name = raw.get("name")
     if not name:
         raise ConfigError(f"{where}.name is required")
@@ -291,14 +313,17 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
         raise ConfigError(f"{where} ({name}) needs at least one [[models.backends]]")
     fallback = _upstream(raw["fallback"], f"{where}.fallback", name) if "fallback" in raw else None
     policy = raw.get("policy", "queue")
-    if policy not in ("queue", "fallback"):
-        raise ConfigError(f"{where}.policy must be 'queue' or 'fallback', got {policy!r}")
+    if policy not in POLICIES:
+        raise ConfigError(f"{where}.policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     if policy == "fallback" and fallback is None:
         raise ConfigError(f"{where}.policy = 'fallback' needs a [models.fallback] table")
+    degrade_to = raw.get("degrade_to")
+    if (policy == "degrade") != (degrade_to is not None) or not isinstance(degrade_to, str | None):
+        raise ConfigError(f"{where}: policy = 'degrade' and degrade_to = '<model>' go together")
     depth = int(raw.get("queue_max_depth", 64))
-    wait = float(raw.get("queue_max_wait_s", 30.0))
-    if depth < 0 or wait < 0:
-        raise ConfigError(f"{where}: queue_max_depth and queue_max_wait_s must be >= 0")
+    if depth < 0:
+        raise ConfigError(f"{where}: queue_max_depth must be >= 0")
+    wait, by_class = queue_waits(raw.get("queue_max_wait_s", DEFAULT_QUEUE_WAIT_S), where)
     return ModelRoute(
         name=name,
         backends=backends,
@@ -308,11 +333,14 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
         queue_max_depth=depth,
         queue_max_wait_s=wait,
         default_max_tokens=int(raw.get("default_max_tokens", 1024)),
+        class_max_wait_s=by_class,
+        degrade_to=degrade_to,
+        degrade_after_s=seconds(raw.get("degrade_after_s", 1.0), f"{where}.degrade_after_s"),
     )
 
 
 def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
-    _reject_unknown(raw, where, UPSTREAM_KEYS)
+    reject_unknown(raw, where, UPSTREAM_KEYS)
     url = str(raw.get("url", "")).rstrip("/")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -326,10 +354,13 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
         raise ConfigError(f"{where}.capabilities: unknown {bad}; known {sorted(CAPABILITIES)}")
     api_key = raw.get("api_key")
     if "api_key_env" in raw:
-        api_key = _env_secret(raw, "api_key_env", where)
+        api_key = env_secret(raw, "api_key_env", where)
     weight = float(raw.get("weight", 1.0))
     if weight <= 0:
         raise ConfigError(f"{where}.weight must be > 0")
+    send_priority = raw.get("send_priority", True)
+    if not isinstance(send_priority, bool):
+        raise ConfigError(f"{where}.send_priority must be true or false")
     return Upstream(
         name=str(raw.get("name") or parts.netloc),
         url=url,
@@ -340,41 +371,8 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
         max_in_flight=int(raw.get("max_in_flight", 64)),
         capabilities=Capabilities(
             features=features,
-            max_context=_optional_int(raw.get("max_context")),
-            max_output=_optional_int(raw.get("max_output")),
+            max_context=optional_int(raw.get("max_context")),
+            max_output=optional_int(raw.get("max_output")),
         ),
+        send_priority=send_priority,
     )
-
-
-def _env_secret(table: dict[str, Any], key: str, where: str) -> str | None:
-    """The value of the environment variable `table[key]` names (None when `key` is absent);
-    a named variable that is unset is a ConfigError."""
-    if key not in table:
-        return None
-    value = os.environ.get(str(table[key]))
-    if not value:
-        raise ConfigError(f"{where}.{key}: ${table[key]} is not set (or is empty)")
-    return value
-
-
-def _networks(value: Any, what: str) -> tuple[str, ...]:
-    """IP addresses or CIDR networks, each checked (no "*": trusting every client's
-    X-Forwarded-For is what the list exists to prevent)."""
-    if not isinstance(value, list):
-        raise ConfigError(f"{what} must be a list of IP addresses or networks")
-    for item in value:
-        try:
-            ipaddress.ip_network(str(item), strict=False)
-        except ValueError:
-            raise ConfigError(f"{what}: not an IP address or network: {item!r}") from None
-    return tuple(str(item) for item in value)
-
-
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{what} must be a positive integer, got {value!r}")
-    return value

@@ -51,6 +51,10 @@ api_keys = Table(
     # Added after the first release (nullable, so `migrate` can add them to old databases):
     Column("team", String(200), index=True),
     Column("admin", Boolean),
+    # Its priority class (`priority`; NULL: default) and whether it may be degraded to a
+    # smaller model under overload (NULL: yes).
+    Column("priority", String(16)),
+    Column("allow_degrade", Boolean),
 )
 
 audit_log = Table(
@@ -82,6 +86,12 @@ audit_log = Table(
     Column("prompt_hash", String(64)),
     Column("release", Integer),
     Column("json_valid", Boolean),
+    Column("refusal", Boolean),  # the answer checks (answer_checks), for models with releases
+    Column("tool_calls_valid", Boolean),
+    # The class the request ran at (after the clamp to its key's), and the model it asked
+    # for when a smaller one answered instead (`degrade`).
+    Column("priority", String(16)),
+    Column("degraded_from", String(200)),
     # Usage reports scan a time range and group: covering indexes keep them off the table.
     Index(
         "ix_audit_usage",
@@ -210,6 +220,11 @@ shadow_pairs = Table(
     Column("exact_match", Boolean),
     Column("primary_json_valid", Boolean),
     Column("shadow_json_valid", Boolean),
+    Column("primary_refusal", Boolean),
+    Column("shadow_refusal", Boolean),
+    Column("primary_tool_calls_valid", Boolean),
+    Column("shadow_tool_calls_valid", Boolean),
+    Column("prompt_hash", String(64)),  # the audit's peppered hash: matches eval items
     Column("primary_text", Text),  # only for keys that log content
     Column("shadow_text", Text),
 )

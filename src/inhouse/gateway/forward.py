@@ -123,7 +123,7 @@ class Forwarder:
             may_fall_back = call.key.allow_fallback and canaried is None  # the stable's, not ours
             try:
                 call.lease = await self.router.acquire(
-                    call.route, call.needs, may_fall_back, frozenset(tried), pool
+                    call.route, call.needs, may_fall_back, frozenset(tried), pool, call.priority
                 )
             except Overloaded as err:
                 if canaried is not None:  # the candidate's replicas are busy: the stable answers
@@ -137,7 +137,7 @@ class Forwarder:
             cap, sent = call.output_cap, body
             if pick is not None:
                 cap, sent = capped(cap, pick.answering), apply_release(body, pick.answering)
-            forward = prepare(lease.upstream, call.endpoint, sent, salt, cap)
+            forward = prepare(lease.upstream, call.endpoint, sent, salt, cap, call.priority)
             try:
                 upstream = await self.upstreams.open(forward, stack)
             except (ConnectionRefusedError, socket.gaierror) as exc:

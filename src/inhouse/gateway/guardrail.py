@@ -49,7 +49,7 @@ def breach(
     if p99_ms is not None and limit_ms is not None and p99_ms > limit_ms:
         return "p99_ttft"
     pairs = shadow_figures(store.db, state.model, state.candidate, since)
-    for checked in (live.json_valid, pairs.json_valid):
+    for checked in (live.json_valid, pairs.json_valid.shadow):
         if checked.n >= enough and 1 - checked.value > guard.max_error_rate:
             return "invalid_json"
     agreement = pairs.agreement.value if pairs.agreement.n >= enough else None

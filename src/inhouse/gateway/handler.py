@@ -14,18 +14,20 @@ from starlette.types import Receive
 from inhouse.api.body import json_object
 from inhouse.api.errors import APIError, server_error
 from inhouse.gateway.admit import Admitter, Refusal
+from inhouse.gateway.answer_checks import Expectations
 from inhouse.gateway.audit import AuditWriter, Redactor
 from inhouse.gateway.authn import authenticate
 from inhouse.gateway.call import Outcome
 from inhouse.gateway.canary import ReleaseRouter
 from inhouse.gateway.config import GatewayConfig
+from inhouse.gateway.degrade import Degrader
 from inhouse.gateway.forward import Forwarder
 from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.ledger import Ledger
 from inhouse.gateway.limits import KeyLimiter, LimitCalls
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.parse import model_name, parse
-from inhouse.gateway.proxy import UpstreamClients
+from inhouse.gateway.proxy import GENERATING_ENDPOINTS, UpstreamClients
 from inhouse.gateway.release_metrics import ReleaseMetrics
 from inhouse.gateway.releases import ReleaseStore
 from inhouse.gateway.routing import Router
@@ -75,6 +77,7 @@ class Gateway:
         self.ledger = Ledger(audit, metrics, redact, self.release_metrics)
         self.settler = Settler(keys, limiter, limits, router, self.ledger, teams, prices)
         self.admitter = Admitter(keys, limiter, limits, router, upstreams, teams, prices)
+        self.degrader = Degrader(config, router, metrics)
         self.forwarder = Forwarder(
             keys, router, upstreams, self.settler, self.ledger, config.health,
             config.request_timeout_s,
@@ -110,7 +113,10 @@ class Gateway:
         call.prompt_hash = self.ledger.prompt_hash(self.keys, body)
         self.settler.opened()
         try:
+            self.degrader.apply(call)
             call.release = await self.releases.pick(key, call.route)
+            if call.release is not None and endpoint in GENERATING_ENDPOINTS:
+                call.expects = Expectations.of(body)
             self.shadow.start(call, body)
             response = await self.forwarder.forward(call, body, receive)
             if log_fields is not None and call.release is not None:

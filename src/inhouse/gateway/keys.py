@@ -21,6 +21,7 @@ from sqlalchemy import Engine, bindparam, case, insert, select, update
 
 from inhouse.gateway.config import ConfigError, GatewayConfig
 from inhouse.gateway.db import api_keys, sqlite_path
+from inhouse.gateway.priority import DEFAULT_CLASS, check_class
 
 KEY_PREFIX = "ih-"
 PEPPER_ENV = "INHOUSE_GATEWAY_PEPPER"
@@ -67,6 +68,8 @@ class ApiKey:
     log_content: bool
     team: str | None  # whose shared quota and budget it draws on too (`teams`)
     admin: bool  # may use the admin console and its API
+    priority: str  # its class: interactive, default or batch (`priority`)
+    allow_degrade: bool  # may be answered by a smaller model under overload (`degrade`)
 
     def window_at(self, now: float) -> int:
         """Index of the quota period containing `now` (periods start at key creation)."""
@@ -100,6 +103,8 @@ EDITABLE = frozenset(
         "log_content",
         "team",
         "admin",
+        "priority",
+        "allow_degrade",
     }
 )
 
@@ -288,6 +293,8 @@ def _check_editable(values: dict[str, Any]) -> None:
     unknown = set(values) - EDITABLE
     if unknown:
         raise TypeError(f"not a key setting: {sorted(unknown)}")
+    if values.get("priority") is not None:
+        check_class(values["priority"])
 
 
 def _encode(values: dict[str, Any]) -> dict[str, Any]:
@@ -305,4 +312,6 @@ def _decode(row: Any) -> ApiKey:
     values["allow_fallback"] = bool(values["allow_fallback"])
     values["log_content"] = bool(values["log_content"])
     values["admin"] = bool(values["admin"])
+    values["priority"] = values["priority"] or DEFAULT_CLASS
+    values["allow_degrade"] = values["allow_degrade"] is None or bool(values["allow_degrade"])
     return ApiKey(**values)

@@ -7,12 +7,13 @@ import time
 from typing import Any
 
 from inhouse.api.errors import APIError
+from inhouse.gateway.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
 from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.release_metrics import ReleaseMetrics
-from inhouse.gateway.shadow import Primary, json_valid
+from inhouse.gateway.shadow import Primary
 
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 
@@ -22,6 +23,18 @@ def final_status(call: Call, outcome: Outcome) -> int:
     answered), or 499 when the client left before its answer was complete."""
     reached = call.lease is not None and outcome.status != 0
     return outcome.status if outcome.completed or not reached else CLIENT_CLOSED
+
+
+def asked(model: Any, content: Any) -> str:
+    """What the prompt hash is taken of: the model asked and the messages (or prompt)."""
+    return json.dumps([model, content], sort_keys=True, default=str)
+
+
+def answer_checks(call: Call, outcome: Outcome, status: int) -> AnswerChecks:
+    """The checks of an answer that came back whole (`answer_checks`), for calls checked."""
+    if call.expects is None or status != 200 or outcome.text is None:
+        return NOT_CHECKED
+    return check_answer(call.expects, "".join(outcome.text), outcome.calls())
 
 
 class Ledger:
@@ -49,8 +62,7 @@ class Ledger:
         content = body.get("messages", body.get("prompt"))
         if content is None:
             return None
-        asked = json.dumps([body.get("model"), content], sort_keys=True, default=str)
-        return keys.hash(asked)
+        return keys.hash(asked(body.get("model"), content))
 
     def refused(
         self, error: APIError, key: ApiKey | None, model: str | None, endpoint: str,
@@ -95,10 +107,10 @@ class Ledger:
         pick = call.release
         if pick is not None:
             self.releases.observe(model, pick.answering.candidate, status, ttft)
+        checks = answer_checks(call, outcome, status)
         if call.shadow is not None:
-            call.shadow.primary_settled(Primary(status, outcome, end - call.started, ttft))
+            call.shadow.primary_settled(Primary(status, outcome, end - call.started, ttft, checks))
         answer = None if outcome.text is None else "".join(outcome.text)
-        checked = call.checks_json and status == 200
         text = None  # collected for the release checks too, but kept only for `log_content`
         if answer is not None and call.key.log_content:
             text = self._redact(answer)
@@ -122,8 +134,12 @@ class Ledger:
                 prompt_text=call.prompt_text,
                 completion_text=text,
                 release=None if pick is None else pick.answering.number,
-                json_valid=json_valid(answer) if checked else None,
+                json_valid=checks.json_valid,
+                refusal=checks.refusal,
+                tool_calls_valid=checks.tool_calls_valid,
                 team=call.key.team,
                 prompt_hash=call.prompt_hash,
+                priority=call.priority,
+                degraded_from=call.degraded_from,
             )
         )

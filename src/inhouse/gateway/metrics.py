@@ -72,6 +72,12 @@ class GatewayMetrics:
         self.fallbacks = Counter(
             "inhouse:gateway_fallbacks", "Requests sent to a fallback.", ["model_name"], registry=r
         )
+        self.degraded = Counter(
+            "inhouse:gateway_degraded",
+            "Interactive requests answered by the model's smaller `degrade_to` model.",
+            ["model_name"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "inhouse:gateway_queue_depth",
             "Requests waiting for a replica.",
@@ -108,6 +114,7 @@ class GatewayMetrics:
         self._models = frozenset(models)
         for model in self._models:  # a model without fallbacks yet exports 0, not "no data"
             self.fallbacks.labels(model)
+            self.degraded.labels(model)
             self.queue_depth.labels(model)
 
     def refused(self, key: str, model: str | None, status: int, reason: str) -> None:

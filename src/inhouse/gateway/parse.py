@@ -10,6 +10,7 @@ from inhouse.api.errors import invalid_request, not_found
 from inhouse.gateway.config import GatewayConfig, ModelRoute
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import BadRequest, Needs, read_needs
+from inhouse.gateway.priority import DEFAULT_CLASS, BadPriority, effective_class
 from inhouse.gateway.routing import Router
 
 
@@ -21,6 +22,7 @@ class Parsed:
     body: dict[str, Any]
     route: ModelRoute
     needs: Needs
+    priority: str = DEFAULT_CLASS  # its effective class (see `priority.effective_class`)
 
 
 def model_name(body: dict[str, Any]) -> str | None:
@@ -43,7 +45,11 @@ def parse(
     gap = router.capability_gap(route, needs, key.allow_fallback)
     if gap is not None:
         raise invalid_request(f"{gap} (model {route.name!r})", code="unsupported_capability")
-    return Parsed(endpoint, body, route, needs)
+    try:
+        priority = effective_class(key.priority, body)
+    except BadPriority as err:
+        raise invalid_request(str(err), "priority") from None
+    return Parsed(endpoint, body, route, needs, priority)
 
 
 def _route(config: GatewayConfig, key: ApiKey, model: str | None) -> ModelRoute:

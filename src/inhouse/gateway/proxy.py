@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from inhouse.gateway.call import Outcome
 from inhouse.gateway.config import Upstream
 from inhouse.gateway.needs import output_param
+from inhouse.gateway.priority import DEFAULT_CLASS, VLLM_PRIORITY
 from inhouse.http1 import Http1Client
 from inhouse.http1 import Response as UpstreamResponse
 from inhouse.wire.auth import auth_headers, error_body
@@ -53,9 +54,11 @@ def prepare(
     body: dict[str, Any],
     cache_salt: str | None,
     output_cap: int,
+    priority: str = DEFAULT_CLASS,
 ) -> Forward:
     """The upstream body: model renamed, the output cap explicit, usage forced on streams,
-    the tenant's cache salt."""
+    the tenant's cache salt, and the class as vLLM's `priority` integer (to the backends
+    that take it; the client's own `priority` never passes: it was read into the class)."""
     out = dict(body)
     out["model"] = upstream.model
     if endpoint in GENERATING_ENDPOINTS:
@@ -73,6 +76,9 @@ def prepare(
         out["cache_salt"] = cache_salt
     else:
         out.pop("cache_salt", None)
+    out.pop("priority", None)
+    if upstream.prioritized and endpoint in GENERATING_ENDPOINTS:
+        out["priority"] = VLLM_PRIORITY[priority]
     return Forward(out, upstream, endpoint, wants_usage)
 
 
@@ -116,6 +122,7 @@ def read_answer(body: bytes, outcome: Outcome, keep_text: bool) -> None:
         outcome.finish_reason = answer.choices[0].finish_reason
     if keep_text:
         outcome.text = [c.content for c in answer.choices]
+        outcome.add_tool_calls(answer.choices[0].tool_calls if answer.choices else ())
 
 
 async def relay_events(
@@ -166,6 +173,8 @@ def _note_event(
             outcome.content_chunks += 1
             if outcome.text is not None:
                 outcome.text.append(choice.content)
+                if choice.index == 0:
+                    outcome.add_tool_calls(choice.tool_calls)
         if choice.finish_reason:
             outcome.finish_reason = choice.finish_reason
     return True

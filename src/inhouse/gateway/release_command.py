@@ -6,6 +6,7 @@ gateway replica sharing the database applies it from its next request.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import hashlib
 import json
@@ -142,17 +143,43 @@ def compare_command(
     png: Annotated[Path, typer.Option(help="Where to write the PNG.")] = Path(
         "release-compare.png"
     ),
+    grade: Annotated[
+        Path | None,
+        typer.Option(
+            help="Eval set (JSONL): grade the stored answers of the shadow pairs that asked "
+            "one of its items, stable against candidate."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
-    """Agreement with the stable release (95% interval), the paired 5xx difference with its
-    exact McNemar p-value, TTFT and latency p50/p99, output length; and a PNG."""
+    """Agreement with the stable release (95% interval); failures, refusals, JSON-schema and
+    tool-call validity on both releases with their paired differences and exact McNemar
+    p-values; TTFT, TPOT and latency p50/p99, output length; the canary's live figures;
+    optionally the answers graded with an eval set; and a PNG."""
     from inhouse.gateway.release_compare import compare, compare_text
 
+    items = None if grade is None else _eval_set(grade)  # checked before anything is opened
     store = _store(config, database)
-    report = _or_exit(lambda: compare(store, model, release, png))
+    grader = None
+    if items is not None:
+        from inhouse.gateway.keys import KeyStore, load_pepper
+        from inhouse.gateway.release_grade import grade_pairs
+
+        keys = KeyStore(store.db, load_pepper(settings_for(config, database)))
+        grader = functools.partial(grade_pairs, store.db, keys.hash, model, items=items)
+    report = _or_exit(lambda: compare(store, model, release, png, grader))
     typer.echo(json.dumps(report, indent=2) if as_json else compare_text(report))
+
+
+def _eval_set(path: Path) -> list[Any]:
+    from inhouse.eval.items import EvalSetError, load_eval_set
+
+    try:
+        return load_eval_set(path)
+    except (OSError, EvalSetError) as err:
+        raise _fail(f"--grade: {err}") from None
 
 
 def _store(config: Path | None, database: str | None) -> ReleaseStore:

@@ -1,12 +1,13 @@
 """A release's live figures, read from the audit log and the shadow pairs: requests, error
-rate with its 95 % Wilson interval, TTFT and latency percentiles, output length; and for the
-shadow pairs, agreement with the primary and the paired error comparison (exact McNemar),
-with the statistics `inhouse eval` uses."""
+rate with its 95 % Wilson interval, TTFT and latency percentiles, output length, and the
+answer checks (refusals, JSON-schema and tool-call validity: `answer_checks`); and for the
+shadow pairs, agreement with the primary and the paired comparisons of failures and of each
+check (exact McNemar), with the statistics `inhouse eval` uses."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -32,10 +33,23 @@ class LiveFigures:
     release: int
     requests: int
     errors: Proportion  # answers with status >= 500
-    json_valid: Proportion  # answers to json_schema requests that parse as JSON
+    json_valid: Proportion  # answers to json_schema requests valid for their schema
+    refusals: Proportion  # answers checked (200s) that refuse
+    tool_calls_valid: Proportion  # answers that called tools, every call valid
     latency_ms: Percentiles
     ttft_ms: Percentiles
     mean_output_tokens: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PairedCheck:
+    """One yes/no answer check on the shadow pairs: each side's rate over its answers that
+    have the bit, and the candidate's minus the stable's over the pairs where both have it
+    (a_only: only the stable's answer had it), with its interval and exact McNemar p."""
+
+    primary: Proportion
+    shadow: Proportion
+    paired: PairedDifference
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +60,12 @@ class ShadowFigures:
     release: int
     pairs: int
     agreement: Proportion  # identical answers, of the pairs where both answered
+    primary_errors: Proportion  # pairs whose primary failed (status >= 500)
     shadow_errors: Proportion  # pairs whose shadow failed (any status but 200)
     errors: PairedDifference  # primary failed only (a_only) vs shadow failed only (b_only)
-    json_valid: Proportion  # of pairs asking for json_schema
+    json_valid: PairedCheck  # json_schema requests
+    refusals: PairedCheck
+    tool_calls_valid: PairedCheck  # requests with tools, answers that called one
     primary_ttft_ms: Percentiles
     shadow_ttft_ms: Percentiles
     primary_latency_ms: Percentiles
@@ -75,7 +92,15 @@ def live_figures(db: Engine, model: str, release: int, since: float) -> LiveFigu
     """The release's requests answered since `since` (newest `MAX_ROWS`)."""
     c = audit_log.c
     query = (
-        select(c.status, c.latency_ms, c.ttft_ms, c.completion_tokens, c.json_valid)
+        select(
+            c.status,
+            c.latency_ms,
+            c.ttft_ms,
+            c.completion_tokens,
+            c.json_valid,
+            c.refusal,
+            c.tool_calls_valid,
+        )
         .where(c.model == model, c.release == release, c.ts >= since)
         .order_by(c.id.desc())
         .limit(MAX_ROWS)
@@ -84,12 +109,13 @@ def live_figures(db: Engine, model: str, release: int, since: float) -> LiveFigu
         rows = conn.execute(query).all()
     errors = sum(1 for r in rows if r.status >= 500)
     answered = [r for r in rows if r.status < 400]
-    checked = [r for r in rows if r.json_valid is not None]
     return LiveFigures(
         release=release,
         requests=len(rows),
         errors=wilson(errors, len(rows)),
-        json_valid=wilson(sum(1 for r in checked if r.json_valid), len(checked)),
+        json_valid=share([r.json_valid for r in rows]),
+        refusals=share([r.refusal for r in rows]),
+        tool_calls_valid=share([r.tool_calls_valid for r in rows]),
         latency_ms=percentiles([r.latency_ms for r in answered if r.latency_ms is not None]),
         ttft_ms=percentiles([r.ttft_ms for r in answered if r.ttft_ms is not None]),
         mean_output_tokens=_mean([r.completion_tokens for r in answered]),
@@ -110,17 +136,21 @@ def shadow_figures(db: Engine, model: str, release: int, since: float) -> Shadow
     compared = [r for r in rows if r.exact_match is not None]
     primary_failed = {i for i, r in enumerate(rows) if r.primary_status >= 500}
     shadow_failed = {i for i, r in enumerate(rows) if r.shadow_status != 200}
-    json_rows = [r for r in rows if r.shadow_json_valid is not None]
     both = [r for r in rows if r.primary_status == 200 and r.shadow_status == 200]
     return ShadowFigures(
         release=release,
         pairs=len(rows),
         agreement=wilson(sum(1 for r in compared if r.exact_match), len(compared)),
+        primary_errors=wilson(len(primary_failed), len(rows)),
         shadow_errors=wilson(len(shadow_failed), len(rows)),
         errors=paired_difference(
             len(rows), len(primary_failed - shadow_failed), len(shadow_failed - primary_failed)
         ),
-        json_valid=wilson(sum(1 for r in json_rows if r.shadow_json_valid), len(json_rows)),
+        json_valid=paired_check([(r.primary_json_valid, r.shadow_json_valid) for r in rows]),
+        refusals=paired_check([(r.primary_refusal, r.shadow_refusal) for r in rows]),
+        tool_calls_valid=paired_check(
+            [(r.primary_tool_calls_valid, r.shadow_tool_calls_valid) for r in rows]
+        ),
         primary_ttft_ms=percentiles([r.primary_ttft_ms for r in both if r.primary_ttft_ms]),
         shadow_ttft_ms=percentiles([r.shadow_ttft_ms for r in both if r.shadow_ttft_ms]),
         primary_latency_ms=percentiles([r.primary_latency_ms for r in both]),
@@ -136,12 +166,35 @@ def shadow_figures(db: Engine, model: str, release: int, since: float) -> Shadow
     )
 
 
-def as_json(figures: LiveFigures | ShadowFigures) -> dict[str, Any]:
-    """The figures as plain JSON values (intervals as their bounds)."""
-    out = asdict(figures)
+def share(bits: Sequence[bool | None]) -> Proportion:
+    """The share of True among the bits that are not None, with its Wilson interval."""
+    known = [b for b in bits if b is not None]
+    return wilson(sum(known), len(known))
+
+
+def paired_check(bits: Sequence[tuple[bool | None, bool | None]]) -> PairedCheck:
+    """Each side's rate and the paired difference (shadow minus primary) of one check."""
+    both = [(a, b) for a, b in bits if a is not None and b is not None]
+    a_only = sum(1 for a, b in both if a and not b)
+    b_only = sum(1 for a, b in both if b and not a)
+    return PairedCheck(
+        share([a for a, _ in bits]),
+        share([b for _, b in bits]),
+        paired_difference(len(both), a_only, b_only),
+    )
+
+
+def as_json(figures: Any) -> dict[str, Any]:
+    """The figures as plain JSON values (each proportion with its `value`)."""
+    return _with_values(asdict(figures))
+
+
+def _with_values(out: dict[str, Any]) -> dict[str, Any]:
     for value in out.values():
-        if isinstance(value, dict) and "k" in value and "n" in value:
-            value["value"] = value["k"] / value["n"] if value["n"] else None
+        if isinstance(value, dict):
+            _with_values(value)
+    if "k" in out and "n" in out:
+        out["value"] = out["k"] / out["n"] if out["n"] else None
     return out
 
 

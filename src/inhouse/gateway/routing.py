@@ -1,13 +1,18 @@
 """Routing: pick the least-loaded healthy replica that can serve a request, else queue
-(bounded in depth and wait) or send to the fallback, per the model's policy."""
+(bounded in depth and wait) or send to the fallback, per the model's policy.
+
+The queue is ordered by priority class (`priority`), then arrival; a request woken that
+finds no slot after all (another took it) goes back to its place, not to the end. Each
+class waits at most its `queue_max_wait_s`; when the queue is full, a request of a sooner
+class takes the place of the last one of a later class, which gets the 429."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +21,10 @@ from inhouse.api.errors import APIError
 from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.config import ModelRoute, Upstream
 from inhouse.gateway.needs import Needs, missing_capability
+from inhouse.gateway.priority import DEFAULT_CLASS, rank
 
 SATURATED_RETRY_S = 1.0
+SERVICE_EWMA = 0.3  # weight of the newest call in a model's recent time per call
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +35,7 @@ class Lease:
     backend: Backend | None
     fallback: bool
     queued_s: float
+    acquired_at: float = 0.0  # on the router's clock: how long the call held its slot
 
 
 class Overloaded(APIError):
@@ -55,15 +63,26 @@ class Router:
         }
         self._health_interval = health_interval_s
         self._clock = clock
-        self._waiters: dict[str, deque[asyncio.Future[None]]] = {r: deque() for r in self.routes}
+        # Per model, a heap of (class rank, arrival number, waiter).
+        self._waiters: dict[str, list[tuple[int, int, asyncio.Future[None]]]] = {
+            r: [] for r in self.routes
+        }
+        self._arrivals = itertools.count()
         self._picks = itertools.count(1)
+        self.service_s: dict[str, float] = {}  # per model: recent seconds a call holds a slot
+        self._holding: dict[str, dict[float, int]] = {}  # per model: slots held since when
         self.extra: list[Backend] = []  # replicas only a release names (see `canary`)
 
     def all_backends(self) -> list[Backend]:
         return [b for group in self.backends.values() for b in group] + self.extra
 
-    def queue_depth(self, model: str) -> int:
-        return sum(1 for w in self._waiters[model] if not w.done())
+    def queue_depth(self, model: str, up_to_rank: int | None = None) -> int:
+        """Requests waiting for `model` (of classes ranked `up_to_rank` or sooner)."""
+        return sum(
+            1
+            for r, _, w in self._waiters[model]
+            if not w.done() and (up_to_rank is None or r <= up_to_rank)
+        )
 
     def capability_gap(self, route: ModelRoute, needs: Needs, allow_fallback: bool) -> str | None:
         """Why no upstream of this model could ever serve the request (then answer 400)."""
@@ -79,11 +98,14 @@ class Router:
         allow_fallback: bool,
         exclude: frozenset[int] = frozenset(),
         pool: list[Backend] | None = None,
+        priority: str = DEFAULT_CLASS,
     ) -> Lease:
         """A slot on the least-loaded capable replica (of `pool`, default the model's
-        configured ones), the fallback, or Overloaded."""
+        configured ones), the fallback, or Overloaded; a request of class `priority` waits
+        behind the sooner classes and at most its class's wait."""
         start = self._clock()
-        deadline = start + route.queue_max_wait_s
+        deadline = start + route.max_wait(priority)
+        place = (rank(priority), next(self._arrivals))
         capable = [
             b
             for b in (self.backends[route.name] if pool is None else pool)
@@ -104,35 +126,71 @@ class Router:
                     chosen = min(ready, key=Backend.load)
                     chosen.in_flight += 1
                     chosen.picked = next(self._picks)
-                    return Lease(chosen.upstream, chosen, False, self._clock() - start)
+                    now = self._clock()
+                    held = self._holding.setdefault(chosen.model, {})
+                    held[now] = held.get(now, 0) + 1
+                    return Lease(chosen.upstream, chosen, False, now - start, now)
                 if may_fallback and (route.policy == "fallback" or not capable):
                     assert fallback is not None
                     return Lease(fallback, None, True, self._clock() - start)
                 remaining = deadline - self._clock()
-                if waiter is None and self.queue_depth(route.name) >= route.queue_max_depth:
+                if (
+                    waiter is None
+                    and self.queue_depth(route.name) >= route.queue_max_depth
+                    and not self._make_room(route, place[0], capable)
+                ):
                     raise self._overloaded(route, capable, "queue is full")
                 if remaining <= 0:
                     raise self._overloaded(route, capable, "no replica freed up in time")
                 waiter = asyncio.get_running_loop().create_future()
-                self._waiters[route.name].append(waiter)
+                heapq.heappush(self._waiters[route.name], (*place, waiter))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter, remaining)
         finally:
             if waiter is not None and not waiter.done():
                 waiter.cancel()
 
+    def _make_room(self, route: ModelRoute, place: int, capable: list[Backend]) -> bool:
+        """In a full queue, refuse the last waiter of a later class than `place` (its
+        request gets the 429 this one would have had); whether there was one."""
+        later = [w for w in self._waiters[route.name] if w[0] > place and not w[2].done()]
+        if not later:
+            return False
+        last = max(later, key=lambda w: (w[0], w[1]))
+        last[2].set_exception(self._overloaded(route, capable, "a sooner class took its place"))
+        return True
+
     def release(self, lease: Lease) -> None:
-        """Give back a replica slot and wake one waiter of that model."""
+        """Give back a replica slot, note how long it was held, and wake the first waiter
+        of that model."""
         if lease.backend is None:
             return
         lease.backend.in_flight -= 1
-        self.wake(lease.backend.model, everyone=False)
+        model = lease.backend.model
+        holding = self._holding.get(model, {})
+        if holding.get(lease.acquired_at, 0) > 1:
+            holding[lease.acquired_at] -= 1
+        else:
+            holding.pop(lease.acquired_at, None)
+        held = self._clock() - lease.acquired_at
+        recent = self.service_s.get(model)
+        self.service_s[model] = held if recent is None else recent + SERVICE_EWMA * (held - recent)
+        self.wake(model, everyone=False)
+
+    def recent_service_s(self, model: str) -> float:
+        """Seconds a call of `model` holds its slot: the recent average of those that
+        ended, else (none has yet) the age of the oldest still running, else 0."""
+        if model in self.service_s:
+            return self.service_s[model]
+        holding = self._holding.get(model)
+        return self._clock() - min(holding) if holding else 0.0
 
     def wake(self, model: str, everyone: bool = True) -> None:
-        """Let waiters retry (all of them after a health change, one after a release)."""
+        """Let waiters retry (all of them after a health change, the first in class order
+        after a release)."""
         waiters = self._waiters[model]
         while waiters:
-            waiter = waiters.popleft()
+            waiter = heapq.heappop(waiters)[2]
             if waiter.done():
                 continue
             waiter.set_result(None)

@@ -6,16 +6,16 @@ streamed from the candidate (so its TTFT is known) and read to the end. At most
 `shadow_max_in_flight` copies run at once: a copy over the bound is dropped and counted,
 never queued. The pair is stored when both ends are in (in batches, every `FLUSH_AFTER_S`);
 nothing of it is on the primary's path. A pair holds text only when the key logs content
-(redacted); otherwise only lengths, finish reasons, JSON validity, whether the answers are
-identical and the timings. A key that forbids fallback is never mirrored to a hosted
-(`openai` kind) candidate.
+(redacted); otherwise only lengths, finish reasons, the answer checks of both sides (JSON
+and tool-call validity, refusal: `answer_checks`), whether the answers are identical (text
+and tool calls), the timings and the prompt's peppered hash. A key that forbids fallback is
+never mirrored to a hosted (`openai` kind) candidate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import Engine, insert
 
+from inhouse.gateway.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
 from inhouse.gateway.audit import Redactor
 from inhouse.gateway.backends import Backend
 from inhouse.gateway.call import Call, Outcome
@@ -46,6 +47,7 @@ class Primary:
     outcome: Outcome
     latency_s: float
     ttft_s: float | None
+    checks: AnswerChecks = NOT_CHECKED
 
 
 class ShadowTicket:
@@ -140,6 +142,7 @@ class ShadowMirror:
         forward = prepare(
             backend.upstream, call.endpoint, apply_release(streamed, target),
             self._keys.cache_salt(call.key), capped(call.output_cap, target),
+            "batch",  # a mirrored copy is extra work: it never goes before real requests
         )  # fmt: skip
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -167,7 +170,12 @@ class ShadowMirror:
         assert call.release is not None
         mine = None if primary.outcome.text is None else "".join(primary.outcome.text)
         theirs = "".join(outcome.text or ()) if copy.status == 200 else None
-        wants_json = _wants_json(call)
+        checks = NOT_CHECKED
+        if theirs is not None and call.expects is not None:
+            checks = check_answer(call.expects, theirs, outcome.calls())
+        same = None
+        if mine is not None and theirs is not None:
+            same = (mine, primary.outcome.calls()) == (theirs, outcome.calls())
         keep = call.key.log_content
         return {
             "ts": call.ts,
@@ -187,9 +195,14 @@ class ShadowMirror:
             "shadow_latency_ms": None if copy.latency_s is None else copy.latency_s * 1000,
             "primary_ttft_ms": None if primary.ttft_s is None else primary.ttft_s * 1000,
             "shadow_ttft_ms": None if copy.ttft_s is None else copy.ttft_s * 1000,
-            "exact_match": None if mine is None or theirs is None else mine == theirs,
-            "primary_json_valid": json_valid(mine) if wants_json else None,
-            "shadow_json_valid": json_valid(theirs) if wants_json else None,
+            "exact_match": same,
+            "primary_json_valid": primary.checks.json_valid,
+            "shadow_json_valid": checks.json_valid,
+            "primary_refusal": primary.checks.refusal,
+            "shadow_refusal": checks.refusal,
+            "primary_tool_calls_valid": primary.checks.tool_calls_valid,
+            "shadow_tool_calls_valid": checks.tool_calls_valid,
+            "prompt_hash": call.prompt_hash,
             "primary_text": self._redact(mine) if keep and mine is not None else None,
             "shadow_text": self._redact(theirs) if keep and theirs is not None else None,
         }
@@ -221,18 +234,3 @@ class ShadowMirror:
 def _may_mirror(call: Call, target: Answering) -> bool:
     """A key that forbids fallback keeps its data in house: no hosted candidate."""
     return call.key.allow_fallback or all(b.upstream.kind != "openai" for b in target.pool)
-
-
-def _wants_json(call: Call) -> bool:
-    return "json_schema" in call.needs.features
-
-
-def json_valid(text: str | None) -> bool | None:
-    """Whether the text parses as JSON (None without text)."""
-    if text is None:
-        return None
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True

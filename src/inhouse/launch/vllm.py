@@ -57,4 +57,7 @@ class VllmEngine(Engine):
     def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
         flags.add("--host", endpoint.host, "--port", str(endpoint.port))
         flags.add("--served-model-name", endpoint.served_name)
+        # The gateway sends each key's class as `priority`, which vLLM refuses (400) unless
+        # it schedules by priority.
+        flags.add("--scheduling-policy", "priority")
         return {"VLLM_API_KEY": endpoint.api_key} if endpoint.api_key else {}

@@ -89,6 +89,27 @@ def plan(
     chunked_prefill: bool = typer.Option(
         True, "--chunked-prefill/--no-chunked-prefill", help="Whether long prompts are split."
     ),
+    scheduling_policy: str = typer.Option(
+        "fcfs", "--scheduling-policy", help="The engine's: fcfs, priority or fair."
+    ),
+    long_prefill_token_threshold: int | None = typer.Option(
+        None,
+        "--long-prefill-token-threshold",
+        help="The engine's cap on a step's prefill tokens under priority and fair "
+        "(default 256; 0: none).",
+    ),
+    batch_load: str | None = typer.Option(
+        None,
+        "--batch-load",
+        help="Predict interactive latency under this batch job, per policy: "
+        "'in-flight=16, prompt-tokens=1000, output-tokens=256[, priority=1, tenant=T]'.",
+    ),
+    interactive: str | None = typer.Option(
+        None,
+        "--interactive",
+        help="With --batch-load, the interactive chats (defaults shown): 'clients=1, "
+        "requests=20, prompt-tokens=64, output-tokens=64, priority=-1[, tenant=T, start=S]'.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the numbers as JSON."),
     explain: bool = typer.Option(False, "--explain", help="Spell out the arithmetic."),
 ) -> None:
@@ -104,20 +125,24 @@ def plan(
     from inhouse.plan.errors import PlanError
     from inhouse.plan.latency import Traffic, parse_steps
     from inhouse.plan.latency_report import LatencyOptions, latency_section, render_latency
+    from inhouse.plan.mixed import parse_batch_load, parse_interactive
     from inhouse.plan.perf_model import read_profile
     from inhouse.plan.plan_json import plan_as_dict
     from inhouse.plan.planner import PlanInputs, make_plan
     from inhouse.plan.report import render
+    from inhouse.plan.scheduling import check_policy
     from inhouse.plan.source import load_model
     from inhouse.plan.step_costs import CpuTarget
     from inhouse.plan.units import parse_bytes
 
-    wants_latency = latency or cpu or profile is not None
+    wants_latency = latency or cpu or profile is not None or batch_load is not None
     if emit is not None and emit not in ENGINES:
         known = ", ".join(ENGINES)
         typer.echo(f"inhouse plan: --emit takes one of {known}, not {emit!r}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     try:
+        if interactive is not None and batch_load is None:
+            raise PlanError("--interactive describes the chats beside a --batch-load; give both")
         inputs = PlanInputs(
             gpu=None if cpu else gpu,
             vram_bytes=parse_bytes(ram) if cpu else (parse_bytes(vram) if vram else None),
@@ -142,6 +167,10 @@ def plan(
                     chunked_prefill=chunked_prefill,
                     steps=tuple(parse_steps(steps)) if steps else None,
                     request_rate=request_rate,
+                    policy=check_policy(scheduling_policy),
+                    long_prefill_token_threshold=long_prefill_token_threshold,
+                    batch_load=parse_batch_load(batch_load) if batch_load else None,
+                    interactive=parse_interactive(interactive or ""),
                 ),
                 profile=read_profile(profile) if profile else None,
                 cpu=CpuTarget(parse_bytes(ram), cores, mem_bandwidth * 1e9) if cpu else None,

@@ -6,6 +6,12 @@ Decode probes (B requests together, each attending over L tokens, the median gap
 between tokens) fix the rest:  step = base + max(weights_s, token_s · B) + seq_s · B
 + context_s · B · L, with weights_s found by a search over its range. The prefill
 intercept less ``base_s`` is the per-request cost outside the engine (HTTP, template).
+
+``context_s`` is held at or above ``pair_s``: a decode attends over each context token as
+one (query, key) pair, which costs at least what a prefill pays a pair. Short probes hardly
+see a decode's attention (one 1,024-token sequence adds a few ms to a step), so on a noisy
+host the fit alone can put it at zero, and then 16 long sequences decoding together are
+predicted twice as fast as they run.
 """
 
 from __future__ import annotations
@@ -97,9 +103,13 @@ def fit_step_cost(
     decode_rows = [[1.0, d.batch, d.batch * d.context] for d in decode]
 
     def fit_decode(weights_s: float) -> tuple[float, float, list[float]]:
-        ys = [d.step - max(weights_s, token_s * d.batch) for d in decode]
+        # context_s = pair_s + a non-negative rest, fitted on what pair_s leaves unexplained.
+        ys = [
+            d.step - max(weights_s, token_s * d.batch) - pair_s * d.batch * d.context
+            for d in decode
+        ]
         x = nonnegative_least_squares(decode_rows, ys)
-        return _sse(decode_rows, ys, x), weights_s, x
+        return _sse(decode_rows, ys, x), weights_s, [x[0], x[1], x[2] + pair_s]
 
     floor = min(d.step for d in decode)
     coarse = min(

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from inhouse.plan.errors import PlanError
 from inhouse.plan.perf_model import StepCost
-from inhouse.plan.simulate import SchedulerLimits, Workload, simulate
+from inhouse.plan.sim_engine import SchedulerLimits
+from inhouse.plan.simulate import Workload, simulate
 
 SEARCH_CEILING = 4096
 

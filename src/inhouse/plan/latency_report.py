@@ -11,10 +11,14 @@ from rich.table import Table
 from inhouse.launch.settings import settings_from_plan
 from inhouse.plan.errors import PlanError
 from inhouse.plan.latency import LatencyPlan, LatencyPoint, Traffic, plan_latency
+from inhouse.plan.mixed import BatchLoad, InteractiveLoad, MixedPlan, plan_mixed
+from inhouse.plan.mixed_report import render_mixed
 from inhouse.plan.perf_model import Hardware, Profile, StepCost
 from inhouse.plan.planner import Plan
-from inhouse.plan.simulate import SchedulerLimits, Workload, simulate
+from inhouse.plan.sim_engine import SchedulerLimits
+from inhouse.plan.simulate import Workload, simulate
 from inhouse.plan.step_costs import CpuTarget, gpu_hardware, plan_roofline_cost
+from inhouse.plan.units import milliseconds
 
 OPEN_LOOP_REQUESTS = 200
 
@@ -30,6 +34,10 @@ class LatencyOptions:
     chunked_prefill: bool = True
     steps: tuple[int, ...] | None = None
     request_rate: float | None = None
+    policy: str = "fcfs"
+    long_prefill_token_threshold: int | None = None
+    batch_load: BatchLoad | None = None
+    interactive: InteractiveLoad = field(default_factory=InteractiveLoad)
 
     def __post_init__(self) -> None:
         if not self.slo_ttft > 0:
@@ -56,6 +64,7 @@ class LatencyReport:
     latency: LatencyPlan
     memory_limit: int
     open_loop: OpenLoopPoint | None
+    mixed: MixedPlan | None = None
 
     @property
     def binds(self) -> str:
@@ -75,6 +84,7 @@ class LatencyReport:
             "memory_max_concurrent": self.memory_limit,
             "binds": self.binds,
             "open_loop": asdict(self.open_loop) if self.open_loop else None,
+            "mixed": self.mixed.to_json() if self.mixed else None,
         }
 
 
@@ -82,8 +92,9 @@ def build_latency(
     plan: Plan, options: LatencyOptions, *, profile: Profile | None, hardware: Hardware | None
 ) -> LatencyReport:
     """Predict latencies from the profile when given, else from `hardware`'s roofline."""
+    speculation = None
     if profile is not None:
-        cost = profile.cost
+        cost, speculation = profile.cost, profile.speculation
         seqs = options.max_num_seqs or profile.max_num_seqs
         budget = options.max_num_batched_tokens or profile.max_num_batched_tokens
     else:
@@ -97,6 +108,9 @@ def build_latency(
         chunked_prefill=options.chunked_prefill,
         kv_tokens=plan.kv_cache.num_tokens,
         block_size=plan.inputs.block_size,
+        policy=options.policy,
+        long_prefill_token_threshold=options.long_prefill_token_threshold,
+        speculation=speculation,
     )
     latency = plan_latency(cost, limits, options.traffic, options.slo_ttft, options.steps)
     open_loop = None
@@ -117,7 +131,10 @@ def build_latency(
         open_loop = OpenLoopPoint(
             options.request_rate, result.ttft_p(50), result.ttft_p(99), result.tpot_p(50)
         )
-    return LatencyReport(cost, limits, options, latency, plan.max_concurrent, open_loop)
+    mixed = None
+    if options.batch_load is not None:
+        mixed = plan_mixed(cost, limits, options.interactive, options.batch_load)
+    return LatencyReport(cost, limits, options, latency, plan.max_concurrent, open_loop, mixed)
 
 
 def latency_section(
@@ -135,10 +152,6 @@ def latency_section(
     )
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:,.0f}" if seconds >= 0.01 else f"{seconds * 1000:.1f}"
-
-
 def _curve_table(points: tuple[LatencyPoint, ...], knee: int | None) -> Table:
     table = Table(title="Predicted latency (simulated scheduler)", title_justify="left")
     for name in ("concurrency", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "output tok/s"):
@@ -146,9 +159,9 @@ def _curve_table(points: tuple[LatencyPoint, ...], knee: int | None) -> Table:
     for p in points:
         table.add_row(
             f"{p.concurrency:,}",
-            _ms(p.ttft_p50),
-            _ms(p.ttft_p99),
-            _ms(p.tpot_p50),
+            milliseconds(p.ttft_p50),
+            milliseconds(p.ttft_p99),
+            milliseconds(p.tpot_p50),
             f"{p.output_tokens_per_s:,.0f}",
             style="red" if knee is not None and p.concurrency >= knee else None,
         )
@@ -163,9 +176,11 @@ def render_latency(report: LatencyReport, console: Console) -> None:
         f"\n[bold]Latency[/] · step cost from {report.cost.source} · "
         f"{traffic.prompt_tokens} prompt → {traffic.output_tokens} output tokens · "
         f"max-num-seqs {limits.max_num_seqs} · {limits.max_num_batched_tokens:,} tokens a step "
-        f"· {chunked} · SLO p99 TTFT ≤ {report.latency.slo_ttft:g} s",
+        f"· {chunked} · scheduling {limits.policy} · SLO p99 TTFT ≤ {report.latency.slo_ttft:g} s",
         soft_wrap=True,
     )
+    if limits.speculation is not None:
+        console.print(limits.speculation.describe(), soft_wrap=True)
     console.print(_curve_table(report.latency.points, report.latency.knee))
     within = report.latency.max_within_slo
     console.print(
@@ -177,7 +192,9 @@ def render_latency(report: LatencyReport, console: Console) -> None:
     if report.open_loop is not None:
         o = report.open_loop
         console.print(
-            f"Open loop at {o.rate:g} requests/s: TTFT p50 {_ms(o.ttft_p50)} ms, "
-            f"p99 {_ms(o.ttft_p99)} ms, TPOT p50 {_ms(o.tpot_p50)} ms.",
+            f"Open loop at {o.rate:g} requests/s: TTFT p50 {milliseconds(o.ttft_p50)} ms, "
+            f"p99 {milliseconds(o.ttft_p99)} ms, TPOT p50 {milliseconds(o.tpot_p50)} ms.",
             soft_wrap=True,
         )
+    if report.mixed is not None:
+        render_mixed(report.mixed, limits, console)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from inhouse.plan.errors import PlanError
+from inhouse.plan.speculation import Speculation, speculation_from_json
 
 PROFILE_KIND = "inhouse-step-profile"
 
@@ -120,13 +121,15 @@ def roofline_cost(
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """A calibration profile: the fitted step cost, the server's scheduler, the probes' points."""
+    """A calibration profile: the fitted step cost, the server's scheduler, the probes' points,
+    and the measured speculation (None: the server did not speculate)."""
 
     cost: StepCost
     model: str
     max_num_seqs: int
     max_num_batched_tokens: int
     measured: dict[str, Any]
+    speculation: Speculation | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the profile file."""
@@ -139,6 +142,7 @@ class Profile:
                 "max_num_batched_tokens": self.max_num_batched_tokens,
             },
             "measured": self.measured,
+            "speculation": self.speculation.to_json() if self.speculation else None,
         }
 
 
@@ -158,6 +162,7 @@ def profile_from_json(document: Any) -> Profile:
             max_num_seqs=int(scheduler["max_num_seqs"]),
             max_num_batched_tokens=int(scheduler["max_num_batched_tokens"]),
             measured=dict(document.get("measured") or {}),
+            speculation=speculation_from_json(document.get("speculation")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanError(f"the step profile is incomplete or malformed: {exc}") from exc

@@ -1,90 +1,75 @@
-"""A discrete-event simulation of one continuous-batching engine replica, step by step.
+"""A discrete-event simulation of continuous batching: workloads of clients sending requests
+to one simulated engine replica (`inhouse.plan.sim_engine`), step by step.
 
-The scheduler is the engine's (vLLM v1's): each step running sequences go first and
-each takes ``min(tokens not yet computed, budget left)``; then waiting requests are
-admitted in arrival order while the budget lasts, ``max_num_seqs`` allows and the KV
-cache can hold every admitted request to its ``max_tokens``. A step's length comes from
-a `StepCost`; a sequence whose prompt is all computed samples a token at the step's end.
 Clients are closed-loop (``concurrency`` in flight, the next sent when one finishes) or
-open-loop (Poisson arrivals at ``rate``). Queueing is what a closed formula leaves out,
-and what sets TTFT near the knee.
+open-loop (Poisson arrivals at ``rate``). Several workloads can share the engine, each with
+its own priority and tenant: a *counted* workload sends ``num_requests``; a *background* one
+(``num_requests`` None) keeps its requests in flight until every counted one is done, which
+is how a batch job sits under interactive traffic. Queueing is what a closed formula leaves
+out, and what sets TTFT near the knee.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 import random
 import statistics
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from inhouse.plan.errors import PlanError
-from inhouse.plan.perf_model import StepCost, prefill_pairs
+from inhouse.plan.perf_model import StepCost
+from inhouse.plan.sim_engine import SchedulerLimits, SimEngine
+from inhouse.plan.sim_request import SimRequest
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Requests as the benchmark sends them: token lengths uniform in mean·(1 ± spread)."""
+    """Requests as the benchmark sends them: token lengths uniform in mean·(1 ± spread).
+
+    ``num_requests`` None makes the workload background (closed loop only); ``delay_s`` is
+    when its clients start; ``priority`` (lower first) and ``tenant`` tag its requests.
+    """
 
     prompt_tokens: int
     output_tokens: int
-    num_requests: int
+    num_requests: int | None
     concurrency: int | None = None  # closed loop
     rate: float | None = None  # open loop, requests per second (Poisson)
     spread: float = 0.0
     seed: int = 0
+    priority: int = 0
+    tenant: str = ""
+    delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
             raise PlanError("a workload needs exactly one of concurrency (closed) or rate (open)")
-        if min(self.prompt_tokens, self.output_tokens, self.num_requests) < 1:
+        if min(self.prompt_tokens, self.output_tokens, self.num_requests or 1) < 1:
             raise PlanError("prompt tokens, output tokens and requests must be at least 1")
         if self.concurrency is not None and self.concurrency < 1:
             raise PlanError(f"concurrency must be at least 1, not {self.concurrency}")
         if self.rate is not None and not self.rate > 0:
             raise PlanError(f"the request rate must be positive, not {self.rate}")
+        if self.num_requests is None and self.rate is not None:
+            raise PlanError("a background workload (no request count) needs a concurrency")
         if not 0 <= self.spread < 1:
             raise PlanError(f"the length spread must lie in [0, 1), not {self.spread}")
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerLimits:
-    """The engine's flags that shape a step; ``kv_tokens`` None means the KV cache never binds."""
-
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    chunked_prefill: bool = True
-    kv_tokens: int | None = None
-    block_size: int = 16
-
-    def __post_init__(self) -> None:
-        if min(self.max_num_seqs, self.max_num_batched_tokens, self.block_size) < 1:
-            raise PlanError("max_num_seqs, max_num_batched_tokens and block size must be ≥ 1")
-
-
-@dataclass(slots=True)
-class _Request:
-    prompt: int
-    output: int
-    sent: float
-    computed: int = 0
-    generated: int = 0
-    first_token: float | None = None
-    last_token: float | None = None
+        if not 0 <= self.delay_s < float("inf"):
+            raise PlanError(f"a workload's start delay must be ≥ 0 seconds, not {self.delay_s}")
 
     @property
-    def uncomputed(self) -> int:
-        # Every sampled token is fed back once in the next step.
-        return self.prompt + self.generated - self.computed
-
-    def blocks_to_finish(self, block_size: int) -> int:
-        return math.ceil((self.prompt + self.output - 1) / block_size)
+    def background(self) -> bool:
+        return self.num_requests is None
 
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
-    """Per-request latencies (seconds) and the run's totals."""
+    """Per-request latencies (seconds) and the run's totals, for one workload.
+
+    A background workload's TTFT counts every request that got its first token, and its
+    output tokens and duration cover the window in which the counted workloads ran.
+    """
 
     ttft: list[float]
     tpot: list[float]
@@ -93,10 +78,12 @@ class SimResult:
     output_tokens: int
     steps: int
     peak_running: int
+    preemptions: int = 0
 
     def ttft_p(self, q: int) -> float:
-        """The q-th percentile (0–100) of TTFT, linear between ranks as numpy and `bench`."""
-        return quantile(self.ttft, q)
+        """The q-th percentile (0–100) of TTFT, linear between ranks as numpy and `bench`;
+        0 when no request got a first token."""
+        return quantile(self.ttft, q) if self.ttft else 0.0
 
     def tpot_p(self, q: int) -> float:
         """The q-th percentile of TPOT; 0 when no request produced two tokens."""
@@ -115,146 +102,144 @@ def quantile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def _lengths(workload: Workload) -> list[tuple[int, int]]:
+def _lengths(workload: Workload) -> Iterator[tuple[int, int]]:
+    """(prompt, output) of each request in turn, drawn as the benchmark draws them."""
     rng = random.Random(workload.seed)
 
     def draw(mean: int) -> int:
         low, high = round(mean * (1 - workload.spread)), round(mean * (1 + workload.spread))
         return max(1, rng.randint(low, high))
 
+    while True:
+        prompt = draw(workload.prompt_tokens)
+        yield prompt, draw(workload.output_tokens)
+
+
+class _Clients:
+    """Every workload's clients: when each sends, and what each has had answered."""
+
+    def __init__(self, cost: StepCost, workloads: Sequence[Workload]) -> None:
+        self.cost, self.workloads = cost, workloads
+        self.lengths = [_lengths(w) for w in workloads]
+        self.arrivals: list[tuple[float, int, int, SimRequest]] = []
+        self.issued = [0] * len(workloads)
+        self.done: list[list[SimRequest]] = [[] for _ in workloads]
+        self.sent: list[list[SimRequest]] = [[] for _ in workloads]
+        self.counted = [k for k, w in enumerate(workloads) if not w.background]
+        for k, w in enumerate(workloads):
+            if w.concurrency is not None:
+                for _ in range(min(w.concurrency, w.num_requests or w.concurrency)):
+                    self.send(k, w.delay_s)
+            else:
+                assert w.rate is not None and w.num_requests is not None
+                rng, at = random.Random(w.seed + 1), w.delay_s
+                for _ in range(w.num_requests):
+                    self.send(k, at)
+                    at += rng.expovariate(w.rate)
+
+    def send(self, k: int, at: float) -> None:
+        prompt, output = next(self.lengths[k])
+        w = self.workloads[k]
+        request = SimRequest(prompt, output, at, klass=k, priority=w.priority, tenant=w.tenant)
+        self.sent[k].append(request)
+        heapq.heappush(self.arrivals, (at + self.cost.request_s, k, self.issued[k], request))
+        self.issued[k] += 1
+
+    @property
+    def counted_done(self) -> bool:
+        """Whether every counted workload is answered (never, when there is none)."""
+        return bool(self.counted) and all(
+            len(self.done[k]) >= (self.workloads[k].num_requests or 0) for k in self.counted
+        )
+
+    def answered(self, request: SimRequest, now: float) -> None:
+        """A request finished: its closed-loop client sends the next one, if any is left."""
+        k = request.klass
+        self.done[k].append(request)
+        w = self.workloads[k]
+        if w.concurrency is None:
+            return
+        more = not self.counted_done if w.background else self.issued[k] < (w.num_requests or 0)
+        if more:
+            self.send(k, now)
+
+
+def simulate_workloads(
+    cost: StepCost,
+    workloads: Sequence[Workload],
+    limits: SchedulerLimits,
+    until_s: float | None = None,
+    since_s: float | None = None,
+) -> list[SimResult]:
+    """Run the workloads through one simulated engine until every counted one is done (or,
+    with `until_s`, until that simulated second); one result per workload, in order.
+    A background workload's output is counted from `since_s` (default: when the first
+    counted workload starts)."""
+    if not workloads or (all(w.background for w in workloads) and until_s is None):
+        raise PlanError("a simulation needs a workload with a request count, or an end time")
+    engine = SimEngine(cost, limits)
+    clients = _Clients(cost, workloads)
+    window = min((workloads[k].delay_s for k in clients.counted), default=0.0)
+    window = window if since_s is None else since_s
+    tokens = [0] * len(workloads)
+    now = 0.0
+    while not clients.counted_done:
+        if until_s is not None and now >= until_s:
+            break
+        while clients.arrivals and clients.arrivals[0][0] <= now:
+            engine.add(heapq.heappop(clients.arrivals)[3])
+        if engine.idle:
+            if not clients.arrivals:
+                break
+            now = clients.arrivals[0][0]
+            continue
+        now, finished, sampled = engine.step(now)
+        for request in sampled:
+            tokens[request.klass] += request.advanced if now > window else 0
+        for request in finished:
+            clients.answered(request, now)
     return [
-        (draw(workload.prompt_tokens), draw(workload.output_tokens))
-        for _ in range(workload.num_requests)
+        _result(w, clients.sent[k], clients.done[k], tokens[k], window, now, engine)
+        for k, w in enumerate(workloads)
     ]
 
 
-@dataclass(slots=True)
-class _Engine:
-    cost: StepCost
-    limits: SchedulerLimits
-    waiting: deque[_Request] = field(default_factory=deque)
-    running: list[_Request] = field(default_factory=list)
-    steps: int = 0
-    peak_running: int = 0
-
-    def _fits(self, request: _Request) -> bool:
-        if self.limits.kv_tokens is None:
-            return True
-        size = self.limits.block_size
-        total = self.limits.kv_tokens // size
-        reserved = sum(r.blocks_to_finish(size) for r in self.running)
-        return not self.running or reserved + request.blocks_to_finish(size) <= total
-
-    def step(self, now: float) -> tuple[float, list[_Request]]:
-        """Run one step from `now`; returns its end and the requests it finished."""
-        budget = self.limits.max_num_batched_tokens
-        prefill = decodes = context = pairs = 0
-        batch: list[tuple[_Request, int]] = []
-        for request in self.running:
-            take = min(request.uncomputed, budget)
-            if take <= 0:
-                continue
-            budget -= take
-            batch.append((request, take))
-            if request.computed >= request.prompt:
-                decodes += 1
-                context += request.computed + 1
-            else:
-                prefill += take
-                pairs += prefill_pairs(request.computed, take)
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
-            request = self.waiting[0]
-            if not self.limits.chunked_prefill and request.prompt > budget:
-                break
-            if not self._fits(request):
-                break
-            self.waiting.popleft()
-            take = min(request.prompt, budget)
-            budget -= take
-            self.running.append(request)
-            batch.append((request, take))
-            prefill += take
-            pairs += prefill_pairs(0, take)
-        if not batch:
-            raise PlanError(
-                f"a {self.waiting[0].prompt}-token prompt never fits a step of "
-                f"{self.limits.max_num_batched_tokens} tokens without chunked prefill"
-            )
-        self.peak_running = max(self.peak_running, len(self.running))
-        end = now + self.cost.step_time(prefill, decodes, context, pairs)
-        self.steps += 1
-        finished = []
-        for request, take in batch:
-            request.computed += take
-            if request.computed < request.prompt:
-                continue
-            request.generated += 1
-            request.last_token = end
-            if request.first_token is None:
-                request.first_token = end
-            if request.generated >= request.output:
-                finished.append(request)
-        for request in finished:
-            self.running.remove(request)
-        return end, finished
-
-
 def simulate(cost: StepCost, workload: Workload, limits: SchedulerLimits) -> SimResult:
-    """Run the workload through the simulated engine until every request finished."""
-    lengths = _lengths(workload)
-    engine = _Engine(cost, limits)
-    arrivals: list[tuple[float, int]] = []  # (time it reaches the engine, index)
-    sent_at: list[float] = []
-    rng = random.Random(workload.seed + 1)
-
-    def send(index: int, at: float) -> None:
-        sent_at.append(at)
-        heapq.heappush(arrivals, (at + cost.request_s, index))
-
-    if workload.concurrency is not None:
-        for index in range(min(workload.concurrency, workload.num_requests)):
-            send(index, 0.0)
-    else:
-        assert workload.rate is not None
-        at = 0.0
-        for index in range(workload.num_requests):
-            send(index, at)
-            at += rng.expovariate(workload.rate)
-    next_index = len(sent_at)
-    done: list[_Request] = []
-    now = 0.0
-    while len(done) < workload.num_requests:
-        while arrivals and arrivals[0][0] <= now:
-            _, index = heapq.heappop(arrivals)
-            prompt, output = lengths[index]
-            engine.waiting.append(_Request(prompt, output, sent_at[index]))
-        if not engine.running and not engine.waiting:
-            now = arrivals[0][0]
-            continue
-        now, finished = engine.step(now)
-        for request in finished:
-            done.append(request)
-            if workload.concurrency is not None and next_index < workload.num_requests:
-                send(next_index, now)
-                next_index += 1
-    return _result(done, now, engine)
+    """Run one counted workload through the simulated engine until every request finished."""
+    if workload.background:
+        raise PlanError("a lone workload needs a request count")
+    return simulate_workloads(cost, [workload], limits)[0]
 
 
-def _result(done: list[_Request], end: float, engine: _Engine) -> SimResult:
-    ttft, tpot, e2e = [], [], []
+def _result(
+    workload: Workload,
+    sent: list[SimRequest],
+    done: list[SimRequest],
+    tokens: int,
+    window: float,
+    end: float,
+    engine: SimEngine,
+) -> SimResult:
+    ttft = [r.first_token - r.sent for r in sent if r.first_token is not None]
+    tpot, e2e = [], []
     for request in done:
         assert request.first_token is not None and request.last_token is not None
-        ttft.append(request.first_token - request.sent)
         e2e.append(request.last_token - request.sent)
         if request.generated > 1:
             tpot.append((request.last_token - request.first_token) / (request.generated - 1))
-    start = min(r.sent for r in done)
+    if workload.background:
+        output, duration = tokens, end - window
+    else:
+        output = sum(r.generated for r in done)
+        last = max((r.last_token or 0.0 for r in done), default=end)
+        duration = last - min((r.sent for r in done), default=last)
     return SimResult(
         ttft=ttft,
         tpot=tpot,
         e2e=e2e,
-        duration=end - start,
-        output_tokens=sum(r.generated for r in done),
+        duration=duration,
+        output_tokens=output,
         steps=engine.steps,
         peak_running=engine.peak_running,
+        preemptions=engine.preemptions,
     )

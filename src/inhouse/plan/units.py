@@ -67,3 +67,8 @@ def both(n: float) -> str:
 def count(n: float) -> str:
     """A parameter count: '8.03 B', '134.5 M'."""
     return f"{n / 1e9:,.2f} B" if n >= 1e9 else f"{n / 1e6:,.1f} M"
+
+
+def milliseconds(seconds: float) -> str:
+    """Seconds as milliseconds: whole ones with thousands separators, one decimal below 10."""
+    return f"{seconds * 1000:,.0f}" if seconds >= 0.01 else f"{seconds * 1000:.1f}"

@@ -75,3 +75,13 @@ def duration(form: dict[str, str], field: str, default: str) -> float:
 
 def checked(form: dict[str, str], field: str) -> bool:
     return form.get(field) in ("on", "1", "true")
+
+
+def choice(form: dict[str, str], field: str, choices: tuple[str, ...]) -> str | None:
+    """One of `choices`, or None when the field is absent or empty."""
+    text = form.get(field, "").strip()
+    if not text:
+        return None
+    if text not in choices:
+        raise FormError(f"{field}: one of {', '.join(choices)} is expected")
+    return text

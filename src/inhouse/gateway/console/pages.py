@@ -20,6 +20,7 @@ from inhouse.gateway.console.session import LOGIN_COOKIE, SESSION_COOKIE, Sessio
 from inhouse.gateway.console.web import HEADERS, Web, same_origin
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import AuthError
+from inhouse.gateway.priority import CLASSES
 from inhouse.gateway.usage import GROUPINGS, usage
 
 WARN_AT = 0.8  # a team's share of its budget shown as a warning (as the Prometheus alert)
@@ -104,6 +105,8 @@ def console_pages(gateway: Gateway, web: Web) -> APIRouter:
             "quota_period_s": forms.duration(form, "period", "30d") if quota else None,
             "team": team, "admin": forms.checked(form, "admin"),
             "log_content": forms.checked(form, "log_content"),
+            "priority": forms.choice(form, "priority", CLASSES),
+            "allow_degrade": not forms.checked(form, "no_degrade"),
         }  # fmt: skip
         if team is not None:
             await asyncio.to_thread(teams.ensure, team)
@@ -117,6 +120,9 @@ def console_pages(gateway: Gateway, web: Web) -> APIRouter:
             for field in ("rpm", "tpm", "max_concurrent", "quota_tokens")
         }
         changes["team"] = forms.optional_name(form, "team")
+        priority = forms.choice(form, "priority", CLASSES)
+        if priority is not None:
+            changes["priority"] = priority
         if changes["quota_tokens"]:
             changes["quota_period_s"] = forms.duration(form, "period", "30d")
         if changes["team"] is not None:

@@ -1,0 +1,79 @@
+"""Checked values of the gateway's TOML: each bad value a ConfigError naming its key."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from typing import Any
+
+from inhouse.gateway.priority import CLASSES
+
+DEFAULT_QUEUE_WAIT_S = 30.0
+MAX_WAIT_S = 86_400.0  # a day: longer waits are a mistake, and asyncio timers need finite ones
+
+
+class ConfigError(ValueError):
+    """The gateway configuration is invalid; the message says which key and why."""
+
+
+def reject_unknown(table: dict[str, Any], where: str, known: set[str]) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in {where}: {', '.join(unknown)}")
+
+
+def queue_waits(value: Any, where: str) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """`queue_max_wait_s`: seconds for every class, or a table of seconds per class
+    (`{interactive = 5, batch = 120}`; classes it does not name wait its `default`, else
+    `DEFAULT_QUEUE_WAIT_S`). The default class's wait and the per-class ones."""
+    what = f"{where}.queue_max_wait_s"
+    if not isinstance(value, dict):
+        return seconds(value, what), ()
+    unknown = sorted(set(value) - set(CLASSES))
+    if unknown:
+        raise ConfigError(f"{what}: unknown class(es) {unknown}; classes are {list(CLASSES)}")
+    waits = {name: seconds(v, f"{what}.{name}") for name, v in value.items()}
+    return waits.get("default", DEFAULT_QUEUE_WAIT_S), tuple(sorted(waits.items()))
+
+
+def seconds(value: Any, what: str) -> float:
+    """A number of seconds from 0 to `MAX_WAIT_S`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{what} must be a number of seconds, got {value!r}")
+    if not 0 <= value <= MAX_WAIT_S:  # NaN fails this too
+        raise ConfigError(f"{what} must be from 0 to {MAX_WAIT_S:g} seconds, got {value!r}")
+    return float(value)
+
+
+def env_secret(table: dict[str, Any], key: str, where: str) -> str | None:
+    """The value of the environment variable `table[key]` names (None when `key` is absent);
+    a named variable that is unset is a ConfigError."""
+    if key not in table:
+        return None
+    value = os.environ.get(str(table[key]))
+    if not value:
+        raise ConfigError(f"{where}.{key}: ${table[key]} is not set (or is empty)")
+    return value
+
+
+def networks(value: Any, what: str) -> tuple[str, ...]:
+    """IP addresses or CIDR networks, each checked (no "*": trusting every client's
+    X-Forwarded-For is what the list exists to prevent)."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{what} must be a list of IP addresses or networks")
+    for item in value:
+        try:
+            ipaddress.ip_network(str(item), strict=False)
+        except ValueError:
+            raise ConfigError(f"{what}: not an IP address or network: {item!r}") from None
+    return tuple(str(item) for item in value)
+
+
+def optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{what} must be a positive integer, got {value!r}")
+    return value
