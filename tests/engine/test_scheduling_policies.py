@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 from test_scheduler import BS, EOS, step
 
+from inhouse.engine.class_step import URGENT_HOLD_STEPS
 from inhouse.engine.fair_share import FAIR_IDLE_GRACE_STEPS, FAIR_QUANTUM_TOKENS, TenantShares
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.sampling import SamplingParams
@@ -24,9 +25,12 @@ def make_scheduler(
     budget: int = 64,
     prefill_cap: int | None = None,
     num_blocks: int = 512,
+    background_rows: int = 0,
 ) -> Scheduler:
     kv = KVCacheManager(num_blocks, BS)
-    return Scheduler(kv, max_num_seqs, budget, 2000, {EOS}, 1.0, policy, prefill_cap)
+    return Scheduler(
+        kv, max_num_seqs, budget, 2000, {EOS}, 1.0, policy, prefill_cap, background_rows
+    )
 
 
 def make_seq(
@@ -249,3 +253,36 @@ def test_priority_preemptions_stay_bounded_under_a_stream_of_urgent_requests(pol
     assert not sched.has_unfinished() and all(s.finish_reason == "length" for s in batch)
     assert 0 < sched.preemptions["priority"] <= 40 and sched.preemptions["kv"] == 0
     assert sched.kv_cache.num_free_blocks == 512
+
+
+@pytest.mark.parametrize("policy", ["priority", "fair"])
+def test_batch_decodes_take_turns_in_short_steps_while_interactive_work_is_active(policy):
+    """8 batch sequences decode together; once an interactive request comes, its prefill
+    step runs it alone, then each step runs it and 2 batch decodes, the batch in turns (each
+    gets a token every 4 steps); some steps after it is done, the batch runs whole again."""
+    sched = make_scheduler(policy, background_rows=2)
+    for i in range(8):
+        sched.add([make_seq(f"b{i}", 4, priority=1, tenant="etl", max_tokens=60)])
+    step(sched)  # the 8 prompts
+    assert len(scheduled(step(sched))) == 8
+    sched.add([make_seq("chat", 10, priority=-1, tenant="alice", max_tokens=9)])
+    assert scheduled(step(sched)) == {"chat": 10}
+    turns: Counter[str] = Counter()
+    for _ in range(8):
+        got = scheduled(step(sched))
+        assert got.pop("chat") == 1 and len(got) == 2
+        turns.update(got)
+    assert turns == {f"b{i}": 2 for i in range(8)}
+    assert "chat" not in scheduled(step(sched))  # finished: 9 tokens
+    for _ in range(URGENT_HOLD_STEPS):
+        step(sched)
+    assert len(scheduled(step(sched))) == 8
+
+
+def test_no_background_cap_without_better_work_or_under_fcfs():
+    for policy in ("fcfs", "priority"):
+        sched = make_scheduler(policy, background_rows=2)
+        for i in range(6):
+            sched.add([make_seq(f"b{i}", 4, priority=1, max_tokens=60)])
+        step(sched)
+        assert len(scheduled(step(sched))) == 6

@@ -85,9 +85,9 @@ def test_an_urgent_request_overtakes_queued_batch_work_and_takes_the_seat(one_se
     assert time.monotonic() - started < 300
 
 
-def test_the_start_up_table_names_the_policy_and_its_prefill_cap(one_seat):
+def test_the_start_up_table_names_the_policy_and_its_caps(one_seat):
     table = one_seat.served.process.log.read_text()
-    line = r"\n  scheduling +priority \(prefill cap 128 tokens a step\)\n"
+    line = r"\n  scheduling +priority \(prefill cap 128 tokens a step, 4 background decodes\)\n"
     assert re.search(line, table), table[-600:]
 
 

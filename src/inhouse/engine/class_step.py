@@ -14,11 +14,19 @@ strictly worse priority exists preempts the worst running one (largest priority,
 at most one such preemption a step, and the victim's full blocks stay in the prefix cache,
 so its recompute is mostly cache hits (cause "priority"). Out of blocks, the worst-class
 running sequence not yet scheduled is preempted (cause "kv"), as fcfs preempts its newest.
+
+Background rows: while work of a better priority is active (a candidate now, or within
+the last ``URGENT_HOLD_STEPS`` steps), a step runs at most ``Scheduler.background_rows``
+decodes of worse priority, the ones that ran least recently first, and none in a step
+that prefills better work. A request that arrives mid-step waits for that step, and a
+CPU step's time grows with its rows, so short steps bound interactive TTFT; decoding
+the batch in turns costs it only the extra fixed cost of each step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from inhouse.engine.fair_share import class_key, step_order
@@ -26,6 +34,52 @@ from inhouse.engine.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
     from inhouse.engine.scheduler import Scheduler, SchedulerOutput
+
+URGENT_HOLD_STEPS = 32  # a chat client's next request comes within a few steps of the last
+
+
+class Urgency:
+    """The best priority seen among the candidates of the last ``URGENT_HOLD_STEPS`` steps."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, int] = {}  # priority -> the last step it was a candidate
+
+    def level(self, candidates: list[Sequence], step: int) -> int | None:
+        """Record this step's candidates; the best priority still held (None: none)."""
+        for seq in candidates:
+            self._seen[seq.priority] = step
+        self._seen = {p: at for p, at in self._seen.items() if step - at <= URGENT_HOLD_STEPS}
+        return min(self._seen, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Background:
+    """This step's decodes of a priority worse than ``above``: only those in ``allowed``."""
+
+    above: int
+    allowed: frozenset[int]
+
+    def holds_back(self, seq: Sequence) -> bool:
+        return seq.priority > self.above and seq.seq_id not in self.allowed
+
+
+def background_rows(
+    sched: Scheduler, candidates: list[Sequence], urgent: int | None
+) -> Background | None:
+    """Which worse-priority decodes this step runs (None: every one)."""
+    if not sched.background_rows or urgent is None:
+        return None
+    decodes = [s for s in candidates if s.priority > urgent and _left(s) == 1]
+    if any(s.priority == urgent and _left(s) > 1 for s in candidates):
+        return Background(urgent, frozenset())  # better work prefills: a short step
+    if len(decodes) <= sched.background_rows:
+        return None
+    decodes.sort(key=lambda s: s.last_step)  # the longest without a turn first
+    return Background(urgent, frozenset(s.seq_id for s in decodes[: sched.background_rows]))
+
+
+def _left(seq: Sequence) -> int:
+    return seq.num_tokens - seq.num_computed_tokens
 
 
 def schedule_by_class(
@@ -42,6 +96,9 @@ def schedule_by_class(
         return 1 if left == 1 else min(left, prefill_left)
 
     step = _Step(sched, out, budget, prefill_left)
+    step.background = background_rows(
+        sched, candidates, sched.urgency.level(candidates, sched.steps)
+    )
     seats_free = len(sched.running) < sched.max_num_seqs
     for seq in step_order(candidates, want, sched.shares, seats_free):
         if step.budget <= 0:
@@ -71,6 +128,7 @@ class _Step:
         self.yielded = False  # a priority preemption happened this step
         self.reserved = sched.reserved_blocks()
         self.scheduled: set[int] = set()
+        self.background: Background | None = None  # see background_rows
 
     def _may_prefill(self, seq: Sequence) -> bool:
         level = self.prefill_level
@@ -79,6 +137,7 @@ class _Step:
     def _took(self, seq: Sequence, used: int, prefill: bool) -> None:
         self.budget -= used
         self.scheduled.add(seq.seq_id)
+        seq.last_step = self.sched.steps
         if prefill and used:
             self.prefill_left -= used
             level = self.prefill_level
@@ -88,6 +147,8 @@ class _Step:
         left = seq.num_tokens - seq.num_computed_tokens
         prefill = left > 1
         if prefill and not self._may_prefill(seq):
+            return
+        if not prefill and self.background is not None and self.background.holds_back(seq):
             return
         num_new = min(left, self.budget, self.prefill_left) if prefill else 1
         before = len(self.out.preempted)

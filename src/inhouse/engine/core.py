@@ -10,7 +10,7 @@ step goes on; only a fault of the step itself (the forward pass) raises.
 
 from __future__ import annotations
 
-from inhouse.engine.config import EngineConfig, prefill_cap
+from inhouse.engine.config import EngineConfig, background_decode_rows, prefill_cap
 from inhouse.engine.errors import EngineInputError
 from inhouse.engine.info import EngineInfo
 from inhouse.engine.kv_budget import plan_kv_budget
@@ -52,6 +52,7 @@ class EngineCore:
             config.kv_reserve,
             config.scheduling_policy,
             prefill_cap(config),
+            background_decode_rows(config),
         )
         self.sampler = Sampler(config.seed)
         self.drafter = make_drafter(config.speculative, self.loaded, config, self.budget.num_blocks)

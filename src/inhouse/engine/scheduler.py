@@ -34,7 +34,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from inhouse.engine.class_step import schedule_by_class
+from inhouse.engine.class_step import Urgency, schedule_by_class
 from inhouse.engine.fair_share import TenantShares
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.outputs import SequenceOutput
@@ -93,6 +93,7 @@ class Scheduler:
         kv_reserve: float = 1.0,
         policy: str = "fcfs",
         prefill_cap: int | None = None,
+        background_rows: int = 0,
     ) -> None:
         self.kv_cache = kv_cache
         self.max_num_seqs = max_num_seqs
@@ -103,6 +104,9 @@ class Scheduler:
         self.policy = policy
         self.prefill_cap = prefill_cap or max_num_batched_tokens
         self.shares = TenantShares() if policy == "fair" else None
+        self.background_rows = background_rows
+        self.urgency = Urgency()
+        self.steps = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions: Counter[str] = Counter()  # by cause: "kv" or "priority"
@@ -142,6 +146,7 @@ class Scheduler:
         """The step's batch; ``drafts`` (by ``seq_id``) are scheduled after decoding
         sequences' last token where the budget and the free blocks allow."""
         out = SchedulerOutput()
+        self.steps += 1
         if self.policy != "fcfs":
             schedule_by_class(self, out, drafts or {})
             return out

@@ -50,6 +50,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     first_scheduled_time: float | None = None
+    last_step: int = 0  # the scheduler step that last ran it (background turns)
     generator: Any = None
     guide: Any = None
 

@@ -95,6 +95,13 @@ def serve_command(
             "than one request wants tokens (default 128; 0: the whole step budget).",
         ),
     ] = None,
+    background_decode_rows: Annotated[
+        int | None,
+        typer.Option(
+            help="Under priority and fair, the most decodes of a worse priority one step runs "
+            "while better-priority work is active, in turns (default 4; 0: no cap).",
+        ),
+    ] = None,
     speculative_config: Annotated[
         str | None,
         typer.Option(
@@ -138,6 +145,7 @@ def serve_command(
             kv_reserve=kv_reserve,
             scheduling_policy=scheduling_policy,
             long_prefill_token_threshold=long_prefill_token_threshold,
+            background_decode_rows=background_decode_rows,
             speculative=SpeculativeConfig.parse(speculative_config) if speculative_config else None,
         )
     except ValueError as err:  # a bad flag (EngineConfigError too): one line, exit 2
