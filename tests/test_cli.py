@@ -15,6 +15,8 @@ def test_a_bad_serve_flag_is_one_line_and_exit_2() -> None:
         (["--quantization", "int3"], "unknown quantization 'int3'"),
         (["--max-num-seqs", "0"], "max_num_seqs must be at least 1"),
         (["--kv-cache-memory", "lots"], "cannot read 'lots' as a size"),
+        (["--scheduling-policy", "lottery"], "unknown scheduling policy 'lottery'"),
+        (["--long-prefill-token-threshold", "-1"], "must be at least 0, got -1"),
     ):
         result = CliRunner().invoke(app, ["serve", *flags])
         assert result.exit_code == 2, result.output

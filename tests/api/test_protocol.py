@@ -26,6 +26,11 @@ def test_stop_string_becomes_list_and_limit_prefers_max_completion_tokens() -> N
     )
     assert req.stop == ["END"]
     assert req.completion_limit == 7
+    assert req.priority == 0  # vLLM's default class
+    assert (
+        ChatCompletionRequest.model_validate({"messages": USER, "priority": -1000}).priority
+        == -1000
+    )
 
 
 @pytest.mark.parametrize(
@@ -38,6 +43,8 @@ def test_stop_string_becomes_list_and_limit_prefers_max_completion_tokens() -> N
         {"top_logprobs": 3},
         {"stop": [""]},
         {"cache_salt": ""},
+        {"priority": 1001},
+        {"priority": True},
         {"tool_choice": "required"},
         {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
     ],

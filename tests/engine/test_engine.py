@@ -102,6 +102,38 @@ def test_admission_under_kv_pressure_queues_instead_of_preempting(batched, alone
     assert 1 < most_running < len(prompts)  # it batched, and it queued
 
 
+@pytest.mark.parametrize("policy", ["priority", "fair"])
+def test_batch_invariant_under_each_policy_with_classes_tenants_and_preemption(
+    batched, alone, policy
+):
+    """Later requests of a better priority and two tenants preempt for seats and for KV
+    (no reserve), and the step's prefill is shared: the same tokens as each alone."""
+    prompts, _, alone_tokens = alone
+    engine = tiny_engine(
+        batched,
+        num_blocks=40,
+        kv_reserve=0.0,
+        max_num_seqs=3,
+        max_num_batched_tokens=32,
+        scheduling_policy=policy,
+        long_prefill_token_threshold=12,
+    )
+    results: dict[str, Result] = {}
+    for k, (rid, prompt) in enumerate(prompts.items()):
+        if k == 8:
+            for _ in range(6):
+                step_into(engine, results)
+        salt = f"tenant{k % 2}"
+        add(engine, rid, prompt, greedy(NEW_TOKENS), priority=1 - 2 * (k >= 8), cache_salt=salt)
+    got = {
+        tuple(prompts[rid]): r.choices[0].token_ids
+        for rid, r in run_to_end(engine, results).items()
+    }
+    assert got == expected(alone_tokens, prompts)
+    causes = engine.stats().preemptions_by_cause
+    assert causes.get("priority", 0) > 0 and causes.get("kv", 0) > 0
+
+
 def test_batch_invariant_under_chunked_prefill(batched, alone):
     prompts, _, alone_tokens = alone
     engine = tiny_engine(batched, max_num_batched_tokens=7)

@@ -133,3 +133,14 @@ def test_sixteen_requests_together_equal_each_alone(weights, chat_prompts, reque
     together = run_to_end(engine)
     assert {rid: r.choices[0].token_ids for rid, r in together.items()} == alone
     assert engine.stats().prefix_cache_hits > 0  # the chat template's system prompt is shared
+    for policy in ("priority", "fair"):  # three classes, two tenants, a shared prefill cap
+        engine = smol_engine(
+            loaded,
+            max_num_batched_tokens=64,
+            scheduling_policy=policy,
+            long_prefill_token_threshold=24,
+        )
+        for k, (rid, p) in enumerate(prompts.items()):
+            add(engine, rid, p, params, priority=k % 3 - 1, cache_salt=f"tenant{k % 2}")
+        together = run_to_end(engine)
+        assert {rid: r.choices[0].token_ids for rid, r in together.items()} == alone, policy

@@ -47,6 +47,10 @@ def _chat(server: RunningServer, **body) -> httpx.Response:
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
         ({"messages": HI, "response_format": {"type": "json_schema"}}, "response_format"),
         ({"messages": HI, "tool_choice": "required"}, None),
+        ({"messages": HI, "priority": 1001}, "priority"),
+        ({"messages": HI, "priority": -1001}, "priority"),
+        ({"messages": HI, "priority": "high"}, "priority"),
+        ({"messages": HI, "priority": 1.5}, "priority"),
     ],
 )
 def test_bad_parameters_are_400_with_the_param_named(

@@ -40,6 +40,9 @@ PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's presence and frequency penalties
 REPETITION_PENALTY_MAX = 10.0  # vLLM only asks > 0; beyond 10 every repeat is banned anyway
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's
 MAX_EMBEDDING_DIMENSIONS = 65536  # above any embedding model's width
+# vLLM's per-request scheduling priority (lower is served earlier); vLLM takes any int, the
+# gateway's classes use -1..1, and a thousand levels either side is far more than any use.
+PRIORITY_RANGE = (-1000, 1000)
 MAX_JSON_DEPTH = 64  # nesting of a request body; real tool schemas stay under 20
 
 # Defaults of a field the request leaves out (OpenAI's, and vLLM's for its extensions).
@@ -61,6 +64,7 @@ OutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS, strict=True)]
 MinTokens = Annotated[int, Field(ge=0, le=MAX_OUTPUT_TOKENS, strict=True)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID, strict=True)]
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX, strict=True)]  # vLLM: int64
+Priority = Annotated[int, Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1], strict=True)]
 TopK = Annotated[int, Field(ge=-1, le=MAX_TOP_K, strict=True)]  # -1 and 0 disable it
 Temperature = Annotated[float, Field(ge=0.0, le=TEMPERATURE_MAX)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]

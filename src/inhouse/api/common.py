@@ -15,6 +15,7 @@ from inhouse.api.bounds import (
     MinP,
     MinTokens,
     Penalty,
+    Priority,
     RepetitionPenalty,
     Seed,
     Stop,
@@ -85,6 +86,7 @@ class SamplingFields(RequestModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    priority: Priority = 0
 
     @field_validator("stop")
     @classmethod

@@ -10,7 +10,7 @@ step goes on; only a fault of the step itself (the forward pass) raises.
 
 from __future__ import annotations
 
-from inhouse.engine.config import EngineConfig
+from inhouse.engine.config import EngineConfig, background_decode_rows, prefill_cap
 from inhouse.engine.errors import EngineInputError
 from inhouse.engine.info import EngineInfo
 from inhouse.engine.kv_budget import plan_kv_budget
@@ -50,6 +50,9 @@ class EngineCore:
             self.budget.max_model_len,
             self.loaded.eos_token_ids,
             config.kv_reserve,
+            config.scheduling_policy,
+            prefill_cap(config),
+            background_decode_rows(config),
         )
         self.sampler = Sampler(config.seed)
         self.drafter = make_drafter(config.speculative, self.loaded, config, self.budget.num_blocks)
@@ -88,6 +91,8 @@ class EngineCore:
         ):
             if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
                 raise EngineInputError(f"{param} token ids must be integers in [0, {vocab})", param)
+        if type(request.priority) is not int:
+            raise EngineInputError("priority must be an integer", "priority")
         salt = request.cache_salt
         if salt is not None and not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS:
             raise EngineInputError(
@@ -107,6 +112,8 @@ class EngineCore:
                 sampling_params=params,
                 index=i,
                 cache_salt=request.cache_salt,
+                priority=request.priority,
+                arrival_time=request.arrival_time,
                 guide=params.guide_factory() if params.guide_factory else None,
             )
             for i in range(params.n)
@@ -182,6 +189,7 @@ class EngineCore:
             prefix_cache_queries=counters.queries,
             prefix_cache_hits=counters.hits,
             num_preemptions=self.scheduler.num_preemptions,
+            preemptions_by_cause=dict(self.scheduler.preemptions),
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
             num_steps=self._num_steps,

@@ -15,10 +15,16 @@ from inhouse.engine.sampling import SamplingParams
 
 @dataclass(slots=True, frozen=True)
 class EngineRequest:
-    """What to generate: prompt ids, how to sample, the tenant's cache salt, when it arrived."""
+    """What to generate: prompt ids, how to sample, the tenant's cache salt, when it arrived.
+
+    ``priority`` is vLLM's: lower is served earlier (the gateway's classes interactive,
+    default and batch are -1, 0 and 1); ``cache_salt`` also names the tenant that
+    ``--scheduling-policy fair`` shares the engine between (None: one anonymous tenant).
+    """
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     cache_salt: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0

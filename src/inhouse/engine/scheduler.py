@@ -19,6 +19,11 @@ plus the draft, and ``update`` verifies the draft position by position (see
 :meth:`Scheduler.update`); rejected tokens' blocks go back to the pool, and a block is
 hashed for the prefix cache only once every token in it was accepted.
 
+Under ``--scheduling-policy priority`` or ``fair`` the batch is built by
+``class_step.schedule_by_class`` instead (by priority, tenants' fair shares, a shared
+prefill cap, see there); fcfs is the order described above. Preemptions are counted by
+cause: "kv" (the pool ran dry) and "priority" (yielded to a better priority).
+
 The scheduler only decides; ``KVCacheManager`` accounts; the runner computes.
 """
 
@@ -29,6 +34,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
+from inhouse.engine.class_step import Urgency, schedule_by_class
+from inhouse.engine.fair_share import TenantShares
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.outputs import SequenceOutput
 from inhouse.engine.sampler import SampledToken
@@ -84,6 +91,9 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: Collection[int] = (),
         kv_reserve: float = 1.0,
+        policy: str = "fcfs",
+        prefill_cap: int | None = None,
+        background_rows: int = 0,
     ) -> None:
         self.kv_cache = kv_cache
         self.max_num_seqs = max_num_seqs
@@ -91,16 +101,28 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.kv_reserve = kv_reserve
+        self.policy = policy
+        self.prefill_cap = prefill_cap or max_num_batched_tokens
+        self.shares = TenantShares() if policy == "fair" else None
+        self.background_rows = background_rows
+        self.urgency = Urgency()
+        self.steps = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.num_preemptions = 0
+        self.preemptions: Counter[str] = Counter()  # by cause: "kv" or "priority"
         self.finished_requests: Counter[str] = Counter()
         self._requests: dict[str, list[Sequence]] = {}
+
+    @property
+    def num_preemptions(self) -> int:
+        return sum(self.preemptions.values())
 
     def add(self, seqs: list[Sequence]) -> None:
         """Queue the sibling sequences of one request (index 0 leads the prompt)."""
         self._requests[seqs[0].request_id] = seqs
         self.waiting.extend(seqs)
+        if self.shares is not None:
+            self.shares.activate(seqs[0].cache_salt)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
@@ -124,6 +146,10 @@ class Scheduler:
         """The step's batch; ``drafts`` (by ``seq_id``) are scheduled after decoding
         sequences' last token where the budget and the free blocks allow."""
         out = SchedulerOutput()
+        self.steps += 1
+        if self.policy != "fcfs":
+            schedule_by_class(self, out, drafts or {})
+            return out
         budget = self._schedule_running(out, self.max_num_batched_tokens, drafts or {})
         if not out.preempted:
             self._schedule_waiting(out, budget)
@@ -139,82 +165,113 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
-            draft = drafts.get(seq.seq_id, [])[: budget - 1] if num_new == 1 else []
-            if draft and self.kv_cache.allocate_slots(seq, 1 + len(draft)):
-                out.drafts[len(out.scheduled)] = draft
-                out.scheduled.append((seq, 1 + len(draft)))
-                budget -= 1 + len(draft)
-                i += 1
-                continue
-            while not self.kv_cache.allocate_slots(seq, num_new):
-                victim = self.running.pop()
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is seq:
-                    break
-            else:
-                out.scheduled.append((seq, num_new))
-                budget -= num_new
-                i += 1
+            used = self.place_running(out, seq, num_new, budget, drafts, self._newest)
+            budget -= used
+            i += 1 if used else 0  # 0: the sequence preempted itself, the last one
         return budget
+
+    def place_running(
+        self,
+        out: SchedulerOutput,
+        seq: Sequence,
+        num_new: int,
+        budget: int,
+        drafts: Mapping[int, list[int]],
+        victim: Callable[[], Sequence],
+    ) -> int:
+        """Schedule ``num_new`` tokens (a decode's draft too, where it fits) of a running
+        sequence; tokens scheduled. Out of blocks, ``victim()`` is preempted until they
+        fit: 0 when that was the sequence itself."""
+        draft = drafts.get(seq.seq_id, [])[: budget - 1] if num_new == 1 else []
+        if draft and self.kv_cache.allocate_slots(seq, 1 + len(draft)):
+            out.drafts[len(out.scheduled)] = draft
+            out.scheduled.append((seq, 1 + len(draft)))
+            return 1 + len(draft)
+        while not self.kv_cache.allocate_slots(seq, num_new):
+            preempted = victim()
+            self.preempt(out, preempted, "kv")
+            if preempted is seq:
+                return 0
+        out.scheduled.append((seq, num_new))
+        return num_new
+
+    def _newest(self) -> Sequence:
+        return self.running[-1]
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         if not self.waiting:
             return
         skipped: list[Sequence] = []
-        reserved = sum(self._blocks_to_finish(seq) for seq in self.running)
+        reserved = self.reserved_blocks()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if self._waits_for_leader(seq):
+            if self.waits_for_leader(seq):
                 skipped.append(self.waiting.popleft())
                 continue
-            cached = self.kv_cache.find_cached_prefix(seq)
-            revived = sum(1 for block in cached if block.ref_cnt == 0)
-            need = self._blocks_to_finish(seq, len(cached)) + revived
-            if self.running and self.kv_reserve * (reserved + need) > self.kv_cache.num_free_blocks:
+            num_new = self.admit(out, seq, budget, reserved)
+            if not num_new:
                 break
-            num_cached = len(cached) * self.kv_cache.block_size
-            num_new = min(seq.num_tokens - num_cached, budget)
-            if not self.kv_cache.allocate_slots(seq, num_new, cached):
-                break
-            self.waiting.popleft()
-            self.kv_cache.record_lookup(seq.num_tokens, num_cached)
-            seq.num_computed_tokens = num_cached
-            if seq.first_scheduled_time is None:
-                seq.num_cached_tokens = num_cached
-                seq.first_scheduled_time = time.monotonic()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            out.scheduled.append((seq, num_new))
             budget -= num_new
-            reserved += self._blocks_to_finish(seq)
+            reserved += self.blocks_to_finish(seq)
         self.waiting.extendleft(reversed(skipped))
+
+    def reserved_blocks(self) -> int:
+        """Blocks the running sequences still need to reach their length limits."""
+        return sum(self.blocks_to_finish(seq) for seq in self.running)
+
+    def admit(self, out: SchedulerOutput, seq: Sequence, limit: int, reserved: int) -> int:
+        """Start a waiting sequence with at most ``limit`` tokens after its cached prefix,
+        if the free blocks cover ``kv_reserve`` times ``reserved`` plus what it needs;
+        tokens scheduled (0: not admitted)."""
+        cached = self.kv_cache.find_cached_prefix(seq)
+        revived = sum(1 for block in cached if block.ref_cnt == 0)
+        need = self.blocks_to_finish(seq, len(cached)) + revived
+        if self.running and self.kv_reserve * (reserved + need) > self.kv_cache.num_free_blocks:
+            return 0
+        num_cached = len(cached) * self.kv_cache.block_size
+        num_new = min(seq.num_tokens - num_cached, limit)
+        if not self.kv_cache.allocate_slots(seq, num_new, cached):
+            return 0
+        self.waiting.remove(seq)
+        self.kv_cache.record_lookup(seq.num_tokens, num_cached)
+        seq.num_computed_tokens = num_cached
+        if seq.first_scheduled_time is None:
+            seq.num_cached_tokens = num_cached
+            seq.first_scheduled_time = time.monotonic()
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        out.scheduled.append((seq, num_new))
+        return num_new
 
     def _max_tokens_total(self, seq: Sequence) -> int:
         """Where the sequence stops for length: prompt + max_tokens, at most max_model_len."""
         max_tokens = seq.sampling_params.max_tokens or self.max_model_len
         return min(seq.num_prompt_tokens + max_tokens, self.max_model_len)
 
-    def _blocks_to_finish(self, seq: Sequence, num_held: int | None = None) -> int:
+    def blocks_to_finish(self, seq: Sequence, num_held: int | None = None) -> int:
         """Blocks the sequence must still take to reach its length limit (its last token
         is never computed); ``num_held`` defaults to its block table's length."""
         held = len(seq.block_table) if num_held is None else num_held
         final = self.kv_cache.blocks_for_tokens(self._max_tokens_total(seq) - 1)
         return max(final - held, 0)
 
-    def _waits_for_leader(self, seq: Sequence) -> bool:
+    def waits_for_leader(self, seq: Sequence) -> bool:
         """Siblings start after their leader computed the prompt, so they share its blocks."""
         if seq.index == 0:
             return False
         leader = self._requests[seq.request_id][0]
         return not leader.is_finished and leader.num_computed_tokens < leader.num_prompt_tokens
 
-    def _preempt(self, seq: Sequence) -> None:
+    def preempt(self, out: SchedulerOutput, seq: Sequence, cause: str) -> None:
+        """Take a running sequence out: free its blocks (full ones stay in the prefix cache),
+        requeue it first, count it by ``cause``."""
+        self.running.remove(seq)
         self.kv_cache.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
-        self.num_preemptions += 1
+        out.preempted.append(seq)
+        self.preemptions[cause] += 1
 
     # -- the step's aftermath ---------------------------------------------------------
 
@@ -327,3 +384,5 @@ class Scheduler:
         if all(s.is_finished for s in siblings):
             del self._requests[seq.request_id]
             self.finished_requests[siblings[0].finish_reason or "abort"] += 1
+            if self.shares is not None:
+                self.shares.release(seq.cache_salt)

@@ -38,6 +38,8 @@ class Sequence:
     sampling_params: SamplingParams
     index: int = 0
     cache_salt: str | None = None
+    priority: int = 0
+    arrival_time: float = 0.0
     seq_id: int = field(default_factory=lambda: next(_seq_ids))
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0
@@ -48,6 +50,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     first_scheduled_time: float | None = None
+    last_step: int = 0  # the scheduler step that last ran it (background turns)
     generator: Any = None
     guide: Any = None
 

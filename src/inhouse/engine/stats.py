@@ -26,6 +26,7 @@ class EngineStats:
     generation_tokens: int
     num_steps: int
     finished_requests: dict[str, int] = field(default_factory=dict)
+    preemptions_by_cause: dict[str, int] = field(default_factory=dict)  # "kv", "priority"
     spec_decode: SpecDecodeCounters | None = None  # None: speculative decoding is off
 
 

@@ -64,6 +64,15 @@ class EngineStatsCollector(Collector):
             "generation_tokens": ("Tokens generated.", stats.generation_tokens),
         }
         yield from _model_counters(counters, self._model)
+        preemptions = CounterMetricFamily(
+            PREFIX + "num_preemptions_by_cause",
+            "Sequences preempted, by cause: kv (the pool ran dry) or priority (yielded to a "
+            "waiting request of a better priority).",
+            labels=["model_name", "cause"],
+        )
+        for cause in sorted({"kv", "priority"} | set(stats.preemptions_by_cause)):
+            preemptions.add_metric([self._model, cause], stats.preemptions_by_cause.get(cause, 0))
+        yield preemptions
         success = CounterMetricFamily(
             PREFIX + "request_success",
             "Finished requests by finish reason.",

@@ -80,6 +80,28 @@ def serve_command(
             "admission keeps free (1: no preemption; 0: admit whenever the prompt fits).",
         ),
     ] = 1.0,
+    scheduling_policy: Annotated[
+        str,
+        typer.Option(
+            help="fcfs (arrival order), priority (by the request's priority field, lower "
+            "first, then arrival) or fair (priority, then an equal share of tokens between "
+            "tenants, a tenant being a request's cache_salt).",
+        ),
+    ] = "fcfs",
+    long_prefill_token_threshold: Annotated[
+        int | None,
+        typer.Option(
+            help="Under priority and fair, the most prefill tokens one step gives while more "
+            "than one request wants tokens (default 128; 0: the whole step budget).",
+        ),
+    ] = None,
+    background_decode_rows: Annotated[
+        int | None,
+        typer.Option(
+            help="Under priority and fair, the most decodes of a worse priority one step runs "
+            "while better-priority work is active, in turns (default 4; 0: no cap).",
+        ),
+    ] = None,
     speculative_config: Annotated[
         str | None,
         typer.Option(
@@ -121,6 +143,9 @@ def serve_command(
             enable_prefix_caching=enable_prefix_caching,
             seed=seed,
             kv_reserve=kv_reserve,
+            scheduling_policy=scheduling_policy,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            background_decode_rows=background_decode_rows,
             speculative=SpeculativeConfig.parse(speculative_config) if speculative_config else None,
         )
     except ValueError as err:  # a bad flag (EngineConfigError too): one line, exit 2
@@ -201,6 +226,7 @@ def _announce(ctx, server, host: str, port: int) -> None:
         typer.echo(f"inhouse serve: {ctx.load_error}", err=True)
         server.should_exit = True
         return
+    from inhouse.engine.config import describe_scheduling
     from inhouse.engine.models.precision import WEIGHT_FORMATS
 
     info = ctx.engine.info
@@ -219,6 +245,7 @@ def _announce(ctx, server, host: str, port: int) -> None:
         ("KV tokens", f"{budget.num_tokens}"),
         ("max concurrency", f"{budget.max_concurrency:.2f}x at {budget.max_model_len} tokens"),
         ("speculative", info.speculative.describe() if info.speculative else "off"),
+        ("scheduling", describe_scheduling(ctx.engine.core.config)),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

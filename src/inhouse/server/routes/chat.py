@@ -102,7 +102,9 @@ async def _prepare(ctx: ServerContext, body: ChatCompletionRequest) -> PreparedC
     )
     known = {t.function.name for t in tools or []}
     tool_choice = body.tool_choice if use_tools else None
-    request = EngineRequest(request_id("chatcmpl"), prompt_ids, params, body.cache_salt)
+    request = EngineRequest(
+        request_id("chatcmpl"), prompt_ids, params, body.cache_salt, priority=body.priority
+    )
     return PreparedChat(request, lambda: translator_for(tool_choice, known), top)
 
 

@@ -43,7 +43,8 @@ async def create_completion(
     params = sampling_params(body, max_tokens=body.completion_limit, logprobs=body.logprobs)
     rid = request_id("cmpl")
     requests = [
-        EngineRequest(f"{rid}-{k}", p, params, body.cache_salt) for k, p in enumerate(prompts)
+        EngineRequest(f"{rid}-{k}", p, params, body.cache_salt, priority=body.priority)
+        for k, p in enumerate(prompts)
     ]
     echoes = [""] * len(prompts)
     if body.echo:
