@@ -64,6 +64,8 @@ class InhouseEngine(Engine):
     def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
         flags.add("--host", endpoint.host, "--port", str(endpoint.port))
         flags.add("--served-model-name", endpoint.served_name)
+        # The gateway in front sends each key's class as `priority`: schedule by it.
+        flags.add("--scheduling-policy", "priority")
         if not endpoint.embeddings:
             flags.add("--embedding-model", "none")
         return {"INHOUSE_API_KEY": endpoint.api_key} if endpoint.api_key else {}
