@@ -66,7 +66,7 @@ def main() -> None:
                 for name, cls in (("chat", "interactive"), ("etl", "batch"), ("etl2", "batch"))
             }
             bench = [sys.executable, str(Path(__file__).with_name("fair_share.py")),
-                     "--base-url", f"http://127.0.0.1:{gateway_port}/v1", "--model", MODEL,
+                     "--base-url", f"http://127.0.0.1:{gateway_port}", "--model", MODEL,
                      "--tenancy", "keys", "--interactive-key", keys["chat"],
                      "--batch-key", keys["etl"], "--batch-key-2", keys["etl2"], *rest]  # fmt: skip
             print(f"through the gateway; engine --scheduling-policy {args.policy}", flush=True)
