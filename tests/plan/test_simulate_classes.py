@@ -30,7 +30,7 @@ def test_fcfs_makes_a_chat_wait_for_the_batch_prefill_priority_lets_it_through()
     chat, _ = batch_and_chat("fcfs")
     # Step 1 prefills both prompts (2,000 tokens: 1.02 s); the chat joins step 2 (32 ms).
     assert chat.ttft == [pytest.approx(1.02 + 0.032 - 0.001)]
-    chat, _ = batch_and_chat("priority")
+    chat, _ = batch_and_chat("priority", long_prefill_token_threshold=256)
     # Step 1 gives the batch 256 prefill tokens (148 ms); step 2 is the chat's alone, the
     # batch's prefill waiting behind the better priority (30 ms); step 3 takes 256 again.
     assert chat.ttft == [pytest.approx(0.148 + 0.030 - 0.001)]

@@ -96,7 +96,7 @@ def plan(
         None,
         "--long-prefill-token-threshold",
         help="The engine's cap on a step's prefill tokens under priority and fair "
-        "(default 256; 0: none).",
+        "(default 128; 0: none).",
     ),
     batch_load: str | None = typer.Option(
         None,

@@ -50,7 +50,7 @@ def render_mixed(mixed: MixedPlan, limits: SchedulerLimits, console: Console) ->
     """The workload in words, the table, and the `bench --mix` run that measures it."""
     i, b = mixed.interactive, mixed.batch
     threshold = limits.long_prefill_token_threshold
-    cap = "default 256" if threshold is None else (f"{threshold:,}" if threshold else "none")
+    cap = "default 128" if threshold is None else (f"{threshold:,}" if threshold else "none")
     console.print(
         f"\n[bold]Mixed classes[/] · interactive ({i.tenant}, priority {i.priority}): "
         f"{i.clients} client(s) × {i.requests} chats of {i.prompt_tokens} → {i.output_tokens} "

@@ -31,7 +31,7 @@ from inhouse.plan.sim_request import SimRequest
 
 POLICIES = ("fcfs", "priority", "fair")
 Want = Callable[[SimRequest], int]
-DEFAULT_LONG_PREFILL_THRESHOLD = 256  # the engine's default under priority and fair
+DEFAULT_LONG_PREFILL_THRESHOLD = 128  # the engine's default under priority and fair
 FAIR_QUANTUM = 64  # tokens a tenant may lead the level's least within a step; credit kept
 FAIR_IDLE_GRACE_STEPS = 32  # steps a tenant may be idle and keep its virtual time
 
