@@ -130,8 +130,11 @@ def _checked_fields(endpoint: str, body: dict[str, Any]) -> RequestModel:
     """The body's fields checked against the ranges of `inhouse.api.bounds`. ``stream`` is
     written back as the bool it means ("false" is false), so the gateway and the backend
     agree on whether the answer is a stream."""
+    # `priority` is the gateway's to read (a class name too: `priority.effective_class`),
+    # and the client's own value never reaches a backend (`proxy.prepare`).
+    checked = {name: value for name, value in body.items() if name != "priority"}
     try:
-        fields = ENDPOINT_FIELDS[endpoint].model_validate(body)
+        fields = ENDPOINT_FIELDS[endpoint].model_validate(checked)
     except ValidationError as err:
         refused = invalid_fields(err.errors())
         raise BadRequest(refused.message, refused.param) from None
