@@ -132,7 +132,9 @@ def _checked_fields(endpoint: str, body: dict[str, Any]) -> RequestModel:
     agree on whether the answer is a stream."""
     # `priority` is the gateway's to read (a class name too: `priority.effective_class`),
     # and the client's own value never reaches a backend (`proxy.prepare`).
-    checked = {name: value for name, value in body.items() if name != "priority"}
+    checked = body
+    if "priority" in body:
+        checked = {name: value for name, value in body.items() if name != "priority"}
     try:
         fields = ENDPOINT_FIELDS[endpoint].model_validate(checked)
     except ValidationError as err:
