@@ -128,6 +128,10 @@ def test_a_batch_load_predicts_interactive_latency_per_policy(tmp_path: Path) ->
         assert 0 < p["idle_ttft_p99"] <= p["ttft_p50"] <= p["ttft_p99"]
         assert p["ttft_p99_over_idle"] == p["ttft_p99"] / p["idle_ttft_p99"]
         assert p["batch_tokens_per_s"] > 0 and 0 < p["batch_share_of_alone"] <= 1.1
+    rows = run(*args, "--scheduling-policy", "priority", "--background-decode-rows", "0", "--json")
+    scheduler = json.loads(rows.stdout)["latency"]["scheduler"]
+    assert latency["scheduler"]["background_decode_rows"] is None  # the engine's default
+    assert scheduler["background_decode_rows"] == 0
     text = run(*args, "--interactive", "requests=10, start=30")
     assert text.exit_code == 0, text.stderr
     assert "Interactive latency (ms) under the batch load" in text.stdout
@@ -146,6 +150,7 @@ def test_bad_mixed_class_options_are_one_clear_error(tmp_path: Path) -> None:
         ((*MIXED, "--interactive", "think=1"), "'think=1' is not one of"),
         ((*MIXED, "--scheduling-policy", "lifo"), "one of fcfs, priority, fair, not 'lifo'"),
         ((*MIXED, "--long-prefill-token-threshold", "-1"), "0 (no cap) or more"),
+        ((*MIXED, "--background-decode-rows", "-1"), "background decode rows must be 0"),
     ):
         result = run(*profile, *flags)
         assert result.exit_code == EXIT_BAD_INPUT, flags

@@ -36,7 +36,10 @@ def test_fcfs_makes_a_chat_wait_for_the_batch_prefill_priority_lets_it_through()
     assert chat.ttft == [pytest.approx(0.148 + 0.030 - 0.001)]
     assert chat.tpot == [pytest.approx(0.02 + 0.0005 * 257 + 0.001)]
     chat, _ = batch_and_chat("priority", long_prefill_token_threshold=0)
-    assert chat.ttft == [pytest.approx(1.02 + 0.032 - 0.001)]  # no cap: a whole first step
+    # No cap: a whole first step; the chat's prefill then runs without the batch's decodes.
+    assert chat.ttft == [pytest.approx(1.02 + 0.030 - 0.001)]
+    chat, _ = batch_and_chat("priority", long_prefill_token_threshold=0, background_decode_rows=0)
+    assert chat.ttft == [pytest.approx(1.02 + 0.032 - 0.001)]  # beside both decodes
 
 
 def test_a_chat_preempts_batch_work_that_holds_every_seat_at_most_once_a_step() -> None:
@@ -129,9 +132,29 @@ def test_impossible_classes_and_policies_are_refused() -> None:
         SchedulerLimits(policy="lifo")
     with pytest.raises(PlanError, match="0 \\(no cap\\) or more"):
         SchedulerLimits(long_prefill_token_threshold=-1)
+    with pytest.raises(PlanError, match="background decode rows must be 0"):
+        SchedulerLimits(background_decode_rows=-1)
     with pytest.raises(PlanError, match="background workload"):
         Workload(10, 10, None, rate=1.0)
     with pytest.raises(PlanError, match="a request count, or an end time"):
         simulate_workloads(COST, [Workload(10, 10, None, concurrency=1)], SchedulerLimits())
     with pytest.raises(PlanError, match="start delay"):
         Workload(10, 10, 1, concurrency=1, delay_s=-1)
+
+
+def test_background_rows_shorten_the_chats_steps_as_the_engines_do() -> None:
+    """16 batch decodes cost 10 ms each: with the engine's default 4 background rows a
+    chat's decode step runs 4 of them (30 ms + 10 ms a row, its own too), without a cap
+    all 16."""
+    cost = replace(COST, seq_s=0.01, token_s=0.0, request_s=0.004)
+    chats = InteractiveLoad(requests=10, prompt_tokens=20, output_tokens=8)
+    batch = BatchLoad(in_flight=16, prompt_tokens=200, output_tokens=64)
+    capped = plan_mixed(cost, SchedulerLimits(), chats, batch, ["priority"]).points[0]
+    uncapped = plan_mixed(
+        cost, SchedulerLimits(background_decode_rows=0), chats, batch, ["priority"]
+    ).points[0]
+    assert capped.tpot_p50 == pytest.approx(0.03 + 0.01 * 5)
+    # (a batch seat between one answer and the next now and then)
+    assert uncapped.tpot_p50 == pytest.approx(0.03 + 0.01 * 17, rel=0.05)
+    assert capped.ttft_p99 < uncapped.ttft_p99
+    assert capped.batch_share < uncapped.batch_share  # the batch pays for it in turns

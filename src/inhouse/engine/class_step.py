@@ -64,13 +64,15 @@ class Background:
 
 
 def background_rows(
-    sched: Scheduler, candidates: list[Sequence], urgent: int | None
+    sched: Scheduler, order: list[Sequence], urgent: int | None
 ) -> Background | None:
-    """Which worse-priority decodes this step runs (None: every one)."""
+    """Which worse-priority decodes this step runs (None: every one), picked from the
+    step's order: under fair a tenant that yields the step has none there, so its decodes
+    never take a row the others could have used (the step would run empty)."""
     if not sched.background_rows or urgent is None:
         return None
-    decodes = [s for s in candidates if s.priority > urgent and _left(s) == 1]
-    if any(s.priority == urgent and _left(s) > 1 for s in candidates):
+    decodes = [s for s in order if s.priority > urgent and _left(s) == 1]
+    if any(s.priority == urgent and _left(s) > 1 for s in order):
         return Background(urgent, frozenset())  # better work prefills: a short step
     if len(decodes) <= sched.background_rows:
         return None
@@ -96,11 +98,11 @@ def schedule_by_class(
         return 1 if left == 1 else min(left, prefill_left)
 
     step = _Step(sched, out, budget, prefill_left)
-    step.background = background_rows(
-        sched, candidates, sched.urgency.level(candidates, sched.steps)
-    )
+    urgent = sched.urgency.level(candidates, sched.steps)
     seats_free = len(sched.running) < sched.max_num_seqs
-    for seq in step_order(candidates, want, sched.shares, seats_free):
+    order = step_order(candidates, want, sched.shares, seats_free)
+    step.background = background_rows(sched, order, urgent)
+    for seq in order:
         if step.budget <= 0:
             break
         if seq in out.preempted:

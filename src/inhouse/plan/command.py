@@ -98,6 +98,12 @@ def plan(
         help="The engine's cap on a step's prefill tokens under priority and fair "
         "(default 128; 0: none).",
     ),
+    background_decode_rows: int | None = typer.Option(
+        None,
+        "--background-decode-rows",
+        help="The engine's cap on a step's worse-priority decodes while better work is "
+        "active, under priority and fair (default 4; 0: none).",
+    ),
     batch_load: str | None = typer.Option(
         None,
         "--batch-load",
@@ -169,6 +175,7 @@ def plan(
                     request_rate=request_rate,
                     policy=check_policy(scheduling_policy),
                     long_prefill_token_threshold=long_prefill_token_threshold,
+                    background_decode_rows=background_decode_rows,
                     batch_load=parse_batch_load(batch_load) if batch_load else None,
                     interactive=parse_interactive(interactive or ""),
                 ),

@@ -36,6 +36,7 @@ class LatencyOptions:
     request_rate: float | None = None
     policy: str = "fcfs"
     long_prefill_token_threshold: int | None = None
+    background_decode_rows: int | None = None
     batch_load: BatchLoad | None = None
     interactive: InteractiveLoad = field(default_factory=InteractiveLoad)
 
@@ -110,6 +111,7 @@ def build_latency(
         block_size=plan.inputs.block_size,
         policy=options.policy,
         long_prefill_token_threshold=options.long_prefill_token_threshold,
+        background_decode_rows=options.background_decode_rows,
         speculation=speculation,
     )
     latency = plan_latency(cost, limits, options.traffic, options.slo_ttft, options.steps)

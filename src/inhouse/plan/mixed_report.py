@@ -51,12 +51,15 @@ def render_mixed(mixed: MixedPlan, limits: SchedulerLimits, console: Console) ->
     i, b = mixed.interactive, mixed.batch
     threshold = limits.long_prefill_token_threshold
     cap = "default 128" if threshold is None else (f"{threshold:,}" if threshold else "none")
+    rows = limits.background_decode_rows
+    background = "default 4" if rows is None else (f"{rows:,}" if rows else "none")
     console.print(
         f"\n[bold]Mixed classes[/] · interactive ({i.tenant}, priority {i.priority}): "
         f"{i.clients} client(s) × {i.requests} chats of {i.prompt_tokens} → {i.output_tokens} "
         f"tokens one after another, from {mixed.start_s:.1f} s · batch ({b.tenant}, priority "
         f"{b.priority}): {b.in_flight} in flight of {b.prompt_tokens:,} → {b.output_tokens:,} "
-        f"tokens · long-prefill cap under priority and fair: {cap}",
+        f"tokens · under priority and fair, long-prefill cap {cap}, background decode rows "
+        f"{background}",
         soft_wrap=True,
     )
     console.print(_table(mixed, limits.policy))

@@ -14,8 +14,9 @@ walks them: the order in which a step offers its token budget to sequences.
   Backlogged tenants of one level thus get equal tokens whatever their requests in flight.
 
 The rules on prefill (a step's prefill tokens capped at the long-prefill threshold, a worse
-priority getting none once a better one got some) and on preemption live in the step itself
-(`inhouse.plan.sim_engine`), as in the engine (`inhouse.engine.class_step`).
+priority getting none once a better one got some), on background rows (`Urgency`,
+`background_rows`) and on preemption live in the step itself (`inhouse.plan.sim_engine`),
+as in the engine (`inhouse.engine.class_step`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from inhouse.plan.sim_request import SimRequest
 POLICIES = ("fcfs", "priority", "fair")
 Want = Callable[[SimRequest], int]
 DEFAULT_LONG_PREFILL_THRESHOLD = 128  # the engine's default under priority and fair
+DEFAULT_BACKGROUND_DECODE_ROWS = 4  # the engine's default under priority and fair
+URGENT_HOLD_STEPS = 32  # steps a priority stays urgent after it was last a candidate
 FAIR_QUANTUM = 64  # tokens a tenant may lead the level's least within a step; credit kept
 FAIR_IDLE_GRACE_STEPS = 32  # steps a tenant may be idle and keep its virtual time
 
@@ -115,6 +118,47 @@ class FairShare:
             if queues[tenant]:
                 heapq.heappush(heap, (finish + want(queues[tenant][0]), rank, tenant, finish))
         return ordered
+
+
+class Urgency:
+    """The best priority among the candidates of the last `URGENT_HOLD_STEPS` steps."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, int] = {}  # priority -> the last step it was a candidate
+
+    def level(self, candidates: Iterable[SimRequest], step: int) -> int | None:
+        """Record this step's candidates; the best priority still held (None: none)."""
+        for request in candidates:
+            self._seen[request.priority] = step
+        self._seen = {p: at for p, at in self._seen.items() if step - at <= URGENT_HOLD_STEPS}
+        return min(self._seen, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Background:
+    """This step's decodes of a priority worse than `above`: only those in `allowed` (ids)."""
+
+    above: int
+    allowed: frozenset[int]
+
+    def holds_back(self, request: SimRequest) -> bool:
+        return request.priority > self.above and id(request) not in self.allowed
+
+
+def background_rows(order: list[SimRequest], urgent: int | None, rows: int) -> Background | None:
+    """Which worse-priority decodes a step runs (`rows` ≥ 1), picked from the step's order
+    (`candidate_order`) as the engine picks them: none while a sequence of the urgent level
+    has prefill left (a short step for it), else the `rows` that ran least recently; None:
+    every one (nothing urgent, or few enough)."""
+    if urgent is None:
+        return None
+    if any(r.priority == urgent and r.pending > 1 for r in order):
+        return Background(urgent, frozenset())
+    decodes = [r for r in order if r.priority > urgent and r.pending == 1]
+    if len(decodes) <= rows:
+        return None
+    decodes.sort(key=lambda r: r.last_step)  # the longest without a turn first (stable)
+    return Background(urgent, frozenset(id(r) for r in decodes[:rows]))
 
 
 def candidate_order(

@@ -10,7 +10,10 @@ is admitted while ``max_num_seqs`` allows and the KV cache can hold every runnin
 when more than one sequence wants the step, a worse priority gets no prefill tokens once a
 better one got some, and a waiting sequence that cannot be admitted preempts the worst
 running one of strictly worse priority (at most one a step; its full KV blocks stay in the
-prefix cache, so it recomputes only the rest). A step's length comes from a `StepCost`; a
+prefix cache, so it recomputes only the rest). While a better priority is urgent (a
+candidate within the last `URGENT_HOLD_STEPS` steps) a step runs at most
+``background_decode_rows`` decodes of worse priority, those that ran least recently, and
+none while the urgent level has prefill left. A step's length comes from a `StepCost`; a
 sequence that has caught up samples a token at the step's end.
 
 With ``speculation`` (`inhouse.plan.speculation`), a step whose decoding sequences are no
@@ -27,8 +30,11 @@ from dataclasses import dataclass, field
 from inhouse.plan.errors import PlanError
 from inhouse.plan.perf_model import StepCost, prefill_pairs
 from inhouse.plan.scheduling import (
+    DEFAULT_BACKGROUND_DECODE_ROWS,
     DEFAULT_LONG_PREFILL_THRESHOLD,
     FairShare,
+    Urgency,
+    background_rows,
     candidate_order,
     check_policy,
 )
@@ -41,7 +47,9 @@ class SchedulerLimits:
     """The engine's flags that shape a step; ``kv_tokens`` None means the KV cache never binds.
 
     ``long_prefill_token_threshold`` caps a step's prefill tokens under ``priority`` and
-    ``fair`` (None: the engine's default, 256; 0: no cap); ``fcfs`` has no cap.
+    ``fair`` (None: the engine's default, 128; 0: no cap); ``fcfs`` has no cap.
+    ``background_decode_rows`` caps, under ``priority`` and ``fair``, a step's worse-priority
+    decodes while better work is urgent (None: the engine's default, 4; 0: no cap).
     ``speculation`` None: no speculative decoding.
     """
 
@@ -52,6 +60,7 @@ class SchedulerLimits:
     block_size: int = 16
     policy: str = "fcfs"
     long_prefill_token_threshold: int | None = None
+    background_decode_rows: int | None = None
     speculation: Speculation | None = None
 
     def __post_init__(self) -> None:
@@ -60,6 +69,8 @@ class SchedulerLimits:
         check_policy(self.policy)
         if (self.long_prefill_token_threshold or 0) < 0:
             raise PlanError("the long-prefill token threshold must be 0 (no cap) or more")
+        if (self.background_decode_rows or 0) < 0:
+            raise PlanError("the background decode rows must be 0 (no cap) or more")
 
     @property
     def prefill_threshold(self) -> int:
@@ -69,6 +80,14 @@ class SchedulerLimits:
         if self.long_prefill_token_threshold is not None:
             return self.long_prefill_token_threshold
         return DEFAULT_LONG_PREFILL_THRESHOLD
+
+    @property
+    def background_rows(self) -> int:
+        """The effective cap on worse-priority decodes; 0 means none (always under fcfs)."""
+        if self.policy == "fcfs":
+            return 0
+        rows = self.background_decode_rows
+        return DEFAULT_BACKGROUND_DECODE_ROWS if rows is None else rows
 
 
 @dataclass(slots=True)
@@ -84,9 +103,10 @@ class _Step:
     pairs: int = 0
     best_prefill: int | None = None  # the priority of the first sequence given prefill
 
-    def take(self, request: SimRequest, tokens: int) -> None:
+    def take(self, request: SimRequest, tokens: int, step: int) -> None:
         self.budget -= tokens
         self.batch.append((request, tokens))
+        request.last_step = step
         if request.decoding:
             self.decodes += 1
             self.context += request.computed + 1
@@ -96,6 +116,12 @@ class _Step:
         self.pairs += prefill_pairs(request.computed, tokens)
         if self.best_prefill is None:
             self.best_prefill = request.priority
+
+    def may_prefill(self, request: SimRequest, policy: str) -> bool:
+        """Prefill cap left, and (but under fcfs) no better priority given prefill yet."""
+        best = self.best_prefill
+        worse = policy != "fcfs" and best is not None and request.priority > best
+        return self.prefill_left > 0 and not worse
 
 
 @dataclass(slots=True)
@@ -107,6 +133,7 @@ class SimEngine:
     waiting: list[SimRequest] = field(default_factory=list)
     running: list[SimRequest] = field(default_factory=list)
     fair: FairShare = field(default_factory=FairShare)
+    urgency: Urgency = field(default_factory=Urgency)
     steps: int = 0
     peak_running: int = 0
     preemptions: int = 0
@@ -157,41 +184,41 @@ class SimEngine:
         lone = len(self.running) + len(self.waiting) == 1
         cap = budget if lone else min(limits.prefill_threshold or budget, budget)
         step = _Step(budget, cap)
+        now = self.steps + 1  # the engine numbers steps from 1
 
         def want(request: SimRequest) -> int:
-            return 1 if request.decoding else min(request.uncomputed, cap)
+            return 1 if request.pending == 1 else min(request.pending, cap)
 
-        reserved = sum(self._blocks(r) for r in self.running)
-        admitting, preempted = True, False
         seats_free = len(self.running) < limits.max_num_seqs
         order = candidate_order(policy, self.running, self.waiting, self.fair, want, seats_free)
+        background = None
+        if limits.background_rows:
+            urgent = self.urgency.level([*self.running, *self.waiting], now)
+            background = background_rows(order, urgent, limits.background_rows)
+        reserved = sum(self._blocks(r) for r in self.running)
+        admitting, preempted = True, False
         for request in order:
             if step.budget <= 0:
                 break
             if request.decoding:
-                step.take(request, 1)
+                if background is None or not background.holds_back(request):
+                    step.take(request, 1, now)
                 continue
-            worse = step.best_prefill is not None and request.priority > step.best_prefill
-            if (policy != "fcfs" and worse) or (not request.running and not admitting):
+            if not step.may_prefill(request, policy) or not (request.running or admitting):
                 continue
             if not request.running:
                 if not self._admissible(request, reserved) and policy != "fcfs" and not preempted:
-                    preempted = True
-                    reserved -= self._preempt_for(request, {id(r) for r, _ in step.batch})
+                    freed = self._preempt_for(request, {id(r) for r, _ in step.batch})
+                    preempted, reserved = freed > 0, reserved - freed
                 fits_budget = limits.chunked_prefill or request.uncomputed <= step.budget
                 if not fits_budget or not self._admissible(request, reserved):
                     admitting = False
                     continue
-            tokens = min(request.uncomputed, step.budget, step.prefill_left)
-            if tokens <= 0:
-                admitting = admitting and request.running
-                continue
-            if not request.running:
                 self.waiting.remove(request)
                 self.running.append(request)
                 request.running = True
                 reserved += self._blocks(request)
-            step.take(request, tokens)
+            step.take(request, min(request.uncomputed, step.budget, step.prefill_left), now)
         return step
 
     def _step_time(self, step: _Step, drafts: int) -> float:
@@ -203,7 +230,12 @@ class SimEngine:
 
     def step(self, now: float) -> tuple[float, list[SimRequest], list[SimRequest]]:
         """Run one step from `now`: its end, the requests it finished, those that sampled."""
+        preemptions = self.preemptions
         step = self._plan()
+        if not step.batch and self.preemptions > preemptions:
+            self.steps += 1  # the engine's empty step: it only made room for a better priority
+            self.fair.charge([])
+            return now, [], []
         if not step.batch:
             raise PlanError(
                 f"a {self.waiting[0].prompt}-token prompt never fits a step of "

@@ -28,6 +28,7 @@ class SimRequest:
     last_token: float | None = None
     advanced: int = 0  # tokens the last step that sampled gave it
     credit: float = 0.0  # speculation's fractional tokens carried to the next step
+    last_step: int = 0  # the step that last gave it tokens (background rows' turns)
 
     def speculate(self, mean_accepted_length: float) -> int:
         """Whole tokens a verified step yields: the credit so far plus the mean accepted
@@ -41,6 +42,12 @@ class SimRequest:
     def uncomputed(self) -> int:
         """Tokens not yet computed; every sampled token is fed back once in the next step."""
         return self.prompt + self.generated - self.computed
+
+    @property
+    def pending(self) -> int:
+        """Tokens left as the engine's scheduler counts them: a waiting sequence (new or
+        preempted) shows its whole length until admission finds its cached prefix."""
+        return self.uncomputed if self.running else self.prompt + self.generated
 
     @property
     def decoding(self) -> bool:
