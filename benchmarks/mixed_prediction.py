@@ -1,7 +1,7 @@
 """Predict interactive TTFT under a batch load, then measure it, in one command (issue 27).
 
-Starts `inhouse serve` on the bundled model on a loopback port (``--serve-args`` adds flags,
-e.g. ``--scheduling-policy priority`` where the engine has it), then:
+Starts `inhouse serve --scheduling-policy POLICY` (``--policy``, unless ``--serve-args``
+names one) on the bundled model on a loopback port (``--serve-args`` adds flags), then:
 
 1. `inhouse bench calibrate` → profile.json (``--profile FILE`` reuses one instead);
 2. `inhouse plan --profile … --batch-load … --interactive … --json` → the prediction for
@@ -12,6 +12,9 @@ e.g. ``--scheduling-policy priority`` where the engine has it), then:
    together, the chats delayed as in the plan;
 5. prints predicted vs measured interactive TTFT p50/p99 (and their ratio), TPOT and the
    batch's output rate, for the policy the server ran.
+
+``--long-prefill-token-threshold`` and ``--background-decode-rows`` in ``--serve-args`` go
+to the plan as well, so it simulates the step the server runs.
 
     .venv/bin/python benchmarks/mixed_prediction.py [--batch 16:1000:256] [--chats 20:40:16]
         [--policy fcfs] [--serve-args '--scheduling-policy priority'] [--profile FILE]
@@ -38,11 +41,26 @@ from vs_llamacpp import free_port, wait_ready
 KEY = "mixed-prediction-key"
 
 
-def plan(profile: Path, batch: str, chats: str, policy: str) -> dict:
+# `inhouse serve` flags that shape a step under priority and fair, which the plan takes too.
+SCHEDULER_FLAGS = ("--long-prefill-token-threshold", "--background-decode-rows")
+
+
+def scheduler_flags(serve_args: str) -> list[str]:
+    """The serve flags of `SCHEDULER_FLAGS` in `serve_args` (either spelling), for the plan."""
+    words, flags = shlex.split(serve_args), []
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name in SCHEDULER_FLAGS:
+            flags += [name, value if eq else words[i + 1]]
+    return flags
+
+
+def plan(profile: Path, batch: str, chats: str, policy: str, flags: list[str]) -> dict:
     """`inhouse plan`'s mixed section for these classes."""
     document = run(
         [inhouse(), "plan", "--cpu", "--profile", str(profile), "--steps", "1",
-         "--scheduling-policy", policy, "--batch-load", batch, "--interactive", chats, "--json"],
+         "--scheduling-policy", policy, "--batch-load", batch, "--interactive", chats, *flags,
+         "--json"],
         capture_output=True,
     ).stdout  # fmt: skip
     return json.loads(document)["latency"]["mixed"]
@@ -118,7 +136,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", default="16:1000:256", help="in_flight:prompt:output")
     parser.add_argument("--chats", default="20:40:16", help="requests:prompt:output")
-    parser.add_argument("--policy", default="fcfs", help="the policy the server runs")
+    parser.add_argument("--policy", default="fcfs", help="the policy predicted (and served)")
     parser.add_argument("--serve-args", default="", help="extra `inhouse serve` flags")
     parser.add_argument("--kv-cache-memory", default="1GiB")
     parser.add_argument("--start-factor", type=float, default=1.5)
@@ -156,6 +174,8 @@ def serve_and_loop(
         "--max-model-len", "2048", "--kv-cache-memory", args.kv_cache_memory,
         *shlex.split(args.serve_args),
     ]  # fmt: skip
+    if "--scheduling-policy" not in args.serve_args:
+        command += ["--scheduling-policy", args.policy]  # the server runs what is predicted
     with (out / "server.log").open("w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -178,9 +198,10 @@ def loop(
         profile = out / "profile.json"
         seconds = calibrate(base_url, DEFAULT_CHAT_MODEL_NAME, 64, profile)
         print(f"calibrated in {seconds:.0f} s")
-    ramp = plan(profile, batch, chat_spec, args.policy)["interactive_start_s"]
+    flags = scheduler_flags(args.serve_args)
+    ramp = plan(profile, batch, chat_spec, args.policy, flags)["interactive_start_s"]
     start = round(ramp * args.start_factor)
-    mixed = plan(profile, batch, f"{chat_spec}, start={start}", args.policy)
+    mixed = plan(profile, batch, f"{chat_spec}, start={start}", args.policy, flags)
     (out / "mixed_plan.json").write_text(json.dumps(mixed, indent=1))
     return measure(base_url, mixed, chats, out), mixed, start
 
