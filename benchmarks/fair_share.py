@@ -21,10 +21,17 @@ gateway derives both from the API keys ``--interactive-key`` and ``--batch-key``
 
 Output tokens are counted as they stream (vLLM's ``continuous_usage_stats``), over the
 window after every batch slot has received its first token, so a 256-token request need
-not finish within it. Prints the load average and one compact table.
+not finish within it. Prints each server's serve flags, the load average at the start and
+after each round, and one compact table a round (p99 / idle and batch mixed / alone are the
+same-run ratios); with ``--rounds N`` > 1, each server's median ratios and their range.
+
+``--variant NAME=POLICY [serve flags]`` (repeatable, instead of ``--policies``) starts one
+server per variant, e.g. to compare background rows:
+``--variant rows4=fair --variant 'rows8=fair --background-decode-rows=8'``.
 
     .venv/bin/python benchmarks/fair_share.py [--policies fcfs,fair] [--seconds 60]
-        [--prompt-tokens 1000] [--output-tokens 256] [--base-url URL --tenancy keys ...]
+        [--prompt-tokens 1000] [--output-tokens 256] [--rounds 3] [--variant ...]
+        [--base-url URL --tenancy keys ...]
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ import asyncio
 import itertools
 import os
 import random
+import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -201,14 +210,16 @@ def p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def start_serve(policy: str, args, log_dir: Path) -> tuple[subprocess.Popen, str]:
+def start_serve(
+    name: str, policy: str, extra: list[str], args, log_dir: Path
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     command = [
         inhouse(), "serve", "--port", str(port), "--scheduling-policy", policy,
         "--max-model-len", str(args.max_model_len), "--kv-cache-memory", args.kv_cache_memory,
-        "--embedding-model", "none", *args.serve_arg,
+        "--embedding-model", "none", *args.serve_arg, *extra,
     ]  # fmt: skip
-    log = (log_dir / f"serve-{policy}.log").open("w")
+    log = (log_dir / f"serve-{name}.log").open("w")
     proc = subprocess.Popen(
         command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "INHOUSE_API_KEY": "k"}
     )
@@ -247,10 +258,34 @@ async def run(servers: dict[str, str], model: str, args) -> dict[str, dict]:
     return out
 
 
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min), {os.cpu_count()} CPUs"
+
+
+def ratios(r: dict) -> tuple[float | None, float | None]:
+    """(interactive p99 TTFT mixed / idle, batch tok/s mixed / alone) of one round."""
+    idle, mixed, alone, batch = r.get("idle"), r.get("mixed_ttft"), r.get("alone"), r.get("mixed")
+    ttft = p(mixed, 0.99) / p(idle, 0.99) if idle and mixed else None
+    return ttft, (batch / alone if alone and batch is not None else None)
+
+
+def summary(rounds: list[dict[str, dict]]) -> None:
+    """Each server's ratios over the rounds: median, and the range."""
+    print(f"\nover {len(rounds)} rounds: median (min–max)")
+    for name in rounds[0]:
+        cells = [f"{name:<9}"]
+        for label, k in (("p99/idle", 0), ("batch mixed/alone", 1)):
+            got = sorted(x for x in (ratios(r[name])[k] for r in rounds) if x is not None)
+            if got:
+                cells.append(f"{label} {statistics.median(got):.2f} ({got[0]:.2f}–{got[-1]:.2f})")
+        print(" | ".join(cells))
+
+
 def show(results: dict[str, dict], args) -> None:
-    """One row per policy; a scenario not run shows as a dash."""
+    """One row per server; a scenario not run shows as a dash."""
     big, small = args.split.split(",")
-    print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
+    print(f"\n{load()} at the end")
     print(
         f"{'policy':<9} | {'idle TTFT p50/p99':>17} | {'mixed TTFT p50/p99':>18} "
         f"{'p99/idle':>8} | {'batch tok/s alone':>17} {'mixed':>6} {'ratio':>5} | "
@@ -258,15 +293,16 @@ def show(results: dict[str, dict], args) -> None:
     )
     for name, r in results.items():
         idle, mixed = r.get("idle"), r.get("mixed_ttft")
+        ttft_ratio, batch_ratio = ratios(r)
         cells = [f"{name:<9}"]
         cells.append(f"{p(idle, 0.5):8.3f}/{p(idle, 0.99):.3f} s" if idle else f"{'—':>17}")
         if mixed:
-            ratio = f"{p(mixed, 0.99) / p(idle, 0.99):8.2f}" if idle else f"{'—':>8}"
+            ratio = f"{ttft_ratio:8.2f}" if ttft_ratio is not None else f"{'—':>8}"
             cells.append(f"{p(mixed, 0.5):8.3f}/{p(mixed, 0.99):.3f} s {ratio}")
         else:
             cells.append(f"{'—':>18} {'—':>8}")
         alone, batch = r.get("alone"), r.get("mixed")
-        share = f"{batch / alone:5.2f}" if alone and batch is not None else f"{'—':>5}"
+        share = f"{batch_ratio:5.2f}" if batch_ratio is not None else f"{'—':>5}"
         alone_cell = f"{alone:17.1f}" if alone is not None else f"{'—':>17}"
         batch_cell = f"{batch:6.1f}" if batch is not None else f"{'—':>6}"
         cells.append(f"{alone_cell} {batch_cell} {share}")
@@ -297,27 +333,46 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-cache-memory", default="768MiB")
     parser.add_argument("--serve-arg", action="append", default=[], help="more serve flags")
+    parser.add_argument(
+        "--variant", action="append", default=[],
+        help="a server to compare, NAME=POLICY [serve flags], e.g. 'rows2=fair "
+        "--background-decode-rows=2' (repeatable; replaces --policies)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run the scenarios this many times; print each"
+    )
     args = parser.parse_args()
     args.tenancy = args.tenancy or ("keys" if args.base_url else "body")
-    procs = []
+    procs, commands, rounds = [], {}, []
     try:
         if args.base_url:
             servers = {"external": args.base_url.rstrip("/")}
         else:
             log_dir = Path(tempfile.mkdtemp(prefix="fair-share-"))
             servers = {}
-            for policy in args.policies.split(","):
-                proc, url = start_serve(policy, args, log_dir)
+            for spec in args.variant or args.policies.split(","):
+                name, _, rest = spec.partition("=")
+                policy, *extra = shlex.split(rest or name)
+                proc, url = start_serve(name, policy, extra, args, log_dir)
                 procs.append(proc)
-                servers[policy] = url
+                servers[name] = url
+                flags = ["--scheduling-policy", policy, *args.serve_arg, *extra]
+                commands[name] = shlex.join(flags)
             print(f"server logs in {log_dir}")
         model = args.model or _served_model(next(iter(servers.values())), args.batch_key)
-        results = asyncio.run(run(servers, model, args))
+        for name, flags in commands.items():
+            print(f"{name}: inhouse serve {flags}")
+        print(f"{load()} at the start")
+        for number in range(1, args.rounds + 1):
+            print(f"round {number} of {args.rounds}")
+            rounds.append(asyncio.run(run(servers, model, args)))
+            show(rounds[-1], args)
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
-    show(results, args)
+    if len(rounds) > 1:
+        summary(rounds)
 
 
 def _served_model(base_url: str, key: str) -> str:

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from test_scheduler import BS, EOS, step
 
-from inhouse.engine.class_step import URGENT_HOLD_STEPS
+from inhouse.engine.class_step import GAP_ROWS, URGENT_HOLD_STEPS
 from inhouse.engine.fair_share import FAIR_IDLE_GRACE_STEPS, FAIR_QUANTUM_TOKENS, TenantShares
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.sampling import SamplingParams
@@ -277,6 +277,32 @@ def test_batch_decodes_take_turns_in_short_steps_while_interactive_work_is_activ
     for _ in range(URGENT_HOLD_STEPS):
         step(sched)
     assert len(scheduled(step(sched))) == 8
+
+
+@pytest.mark.parametrize("policy", ["priority", "fair"])
+def test_between_interactive_requests_the_batch_runs_one_decode_and_no_prefill(policy):
+    """Once the chat is done (urgency still held), each step runs GAP_ROWS batch decode in
+    turns and the waiting batch prompt does not start: the client's next chat will wait
+    for that step. A chat back decodes beside 2 batch decodes again."""
+    sched = make_scheduler(policy, max_num_seqs=8, background_rows=2)
+    for i in range(6):
+        sched.add([make_seq(f"b{i}", 4, priority=1, tenant="etl", max_tokens=200)])
+    step(sched)
+    sched.add([make_seq("chat", 10, priority=-1, tenant="alice", max_tokens=3)])
+    for _ in range(3):  # its prefill alone, then two decodes beside 2 batch rows
+        step(sched)
+    sched.add([make_seq("late", 40, priority=1, tenant="etl", max_tokens=20)])
+    turns: Counter[str] = Counter()
+    for _ in range(6):
+        got = scheduled(step(sched))
+        assert len(got) == GAP_ROWS and "late" not in got and "chat" not in got
+        turns.update(got)
+    assert turns == {f"b{i}": 1 for i in range(6)}  # in turns
+    sched.add([make_seq("chat2", 10, priority=-1, tenant="alice", max_tokens=3)])
+    assert scheduled(step(sched)) == {"chat2": 10}
+    got = scheduled(step(sched))
+    assert got.pop("chat2") == 1 and len([r for r, n in got.items() if n == 1]) == 2
+    assert got.get("late", 0) > 1  # prefill runs again beside a decoding chat
 
 
 def test_no_background_cap_without_better_work_or_under_fcfs():

@@ -112,3 +112,5 @@ def test_the_simulated_steps_are_the_engines(policy: str) -> None:
     if policy != "fcfs":  # the background rows held the batch back while chats were on
         assert any(len(s) == 1 + 4 and any(n.startswith("chat") for n in s) for s in engine)
         assert engine_preemptions > 0  # a chat took a seat from the batch
+        gaps = [s for s in engine if len(s) == 1 and not any(n.startswith("chat") for n in s)]
+        assert len(gaps) >= 5  # steps between chats: one batch decode

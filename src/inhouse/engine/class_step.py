@@ -15,12 +15,19 @@ at most one such preemption a step, and the victim's full blocks stay in the pre
 so its recompute is mostly cache hits (cause "priority"). Out of blocks, the worst-class
 running sequence not yet scheduled is preempted (cause "kv"), as fcfs preempts its newest.
 
-Background rows: while work of a better priority is active (a candidate now, or within
-the last ``URGENT_HOLD_STEPS`` steps), a step runs at most ``Scheduler.background_rows``
-decodes of worse priority, the ones that ran least recently first, and none in a step
-that prefills better work. A request that arrives mid-step waits for that step, and a
-CPU step's time grows with its rows, so short steps bound interactive TTFT; decoding
-the batch in turns costs it only the extra fixed cost of each step.
+Background rows: while work of a better priority is urgent (a candidate now, or within
+the last ``URGENT_HOLD_STEPS`` steps), worse work runs in turns, the decodes that ran
+least recently first (of those the step's order holds):
+
+- beside better work that prefills (or waits to), nothing: its first token's step is short;
+- beside better work that decodes, at most ``Scheduler.background_rows`` decodes (and
+  prefill within the cap);
+- between better requests (urgent, but none a candidate: a client sending its next
+  request), ``GAP_ROWS`` decode and no prefill, since the next one will wait for that step.
+
+A request that arrives mid-step waits for that step, and a CPU step's time grows with its
+rows, so short steps where urgent work arrives bound interactive TTFT, while the steps
+beside a decoding request (most of them) keep the batch's rate.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ if TYPE_CHECKING:
     from inhouse.engine.scheduler import Scheduler, SchedulerOutput
 
 URGENT_HOLD_STEPS = 32  # a chat client's next request comes within a few steps of the last
+GAP_ROWS = 1  # worse decodes a step runs between urgent requests (0 would spin empty steps)
 
 
 class Urgency:
@@ -54,13 +62,18 @@ class Urgency:
 
 @dataclass(frozen=True, slots=True)
 class Background:
-    """This step's decodes of a priority worse than ``above``: only those in ``allowed``."""
+    """This step's work of a priority worse than ``above``: only the decodes in ``allowed``,
+    and prefill only if ``prefills``."""
 
     above: int
     allowed: frozenset[int]
+    prefills: bool = True
 
     def holds_back(self, seq: Sequence) -> bool:
-        return seq.priority > self.above and seq.seq_id not in self.allowed
+        """Whether a worse sequence's decode (or, without ``prefills``, prefill) waits."""
+        if seq.priority <= self.above:
+            return False
+        return seq.seq_id not in self.allowed if _left(seq) == 1 else not self.prefills
 
 
 def background_rows(
@@ -71,13 +84,16 @@ def background_rows(
     never take a row the others could have used (the step would run empty)."""
     if not sched.background_rows or urgent is None:
         return None
-    decodes = [s for s in order if s.priority > urgent and _left(s) == 1]
-    if any(s.priority == urgent and _left(s) > 1 for s in order):
+    urgent_here = [s for s in order if s.priority == urgent]
+    if any(_left(s) > 1 for s in urgent_here):
         return Background(urgent, frozenset())  # better work prefills: a short step
-    if len(decodes) <= sched.background_rows:
+    rows = sched.background_rows if urgent_here else GAP_ROWS
+    decodes = [s for s in order if s.priority > urgent and _left(s) == 1]
+    if urgent_here and len(decodes) <= rows:
         return None
     decodes.sort(key=lambda s: s.last_step)  # the longest without a turn first
-    return Background(urgent, frozenset(s.seq_id for s in decodes[: sched.background_rows]))
+    allowed = frozenset(s.seq_id for s in decodes[:rows])
+    return Background(urgent, allowed, prefills=bool(urgent_here))
 
 
 def _left(seq: Sequence) -> int:
@@ -133,7 +149,9 @@ class _Step:
         self.background: Background | None = None  # see background_rows
 
     def _may_prefill(self, seq: Sequence) -> bool:
-        level = self.prefill_level
+        level, background = self.prefill_level, self.background
+        if background is not None and background.holds_back(seq):
+            return False
         return self.prefill_left > 0 and (level is None or seq.priority <= level)
 
     def _took(self, seq: Sequence, used: int, prefill: bool) -> None:

@@ -35,6 +35,7 @@ Want = Callable[[SimRequest], int]
 DEFAULT_LONG_PREFILL_THRESHOLD = 128  # the engine's default under priority and fair
 DEFAULT_BACKGROUND_DECODE_ROWS = 4  # the engine's default under priority and fair
 URGENT_HOLD_STEPS = 32  # steps a priority stays urgent after it was last a candidate
+GAP_ROWS = 1  # worse decodes a step runs while the urgent level has no candidate
 FAIR_QUANTUM = 64  # tokens a tenant may lead the level's least within a step; credit kept
 FAIR_IDLE_GRACE_STEPS = 32  # steps a tenant may be idle and keep its virtual time
 
@@ -136,29 +137,38 @@ class Urgency:
 
 @dataclass(frozen=True, slots=True)
 class Background:
-    """This step's decodes of a priority worse than `above`: only those in `allowed` (ids)."""
+    """This step's work of a priority worse than `above`: only the decodes in `allowed`
+    (ids), and prefill only if `prefills`."""
 
     above: int
     allowed: frozenset[int]
+    prefills: bool = True
 
     def holds_back(self, request: SimRequest) -> bool:
-        return request.priority > self.above and id(request) not in self.allowed
+        """Whether a worse request's decode (or, without `prefills`, prefill) waits."""
+        if request.priority <= self.above:
+            return False
+        return id(request) not in self.allowed if request.pending == 1 else not self.prefills
 
 
 def background_rows(order: list[SimRequest], urgent: int | None, rows: int) -> Background | None:
-    """Which worse-priority decodes a step runs (`rows` ≥ 1), picked from the step's order
-    (`candidate_order`) as the engine picks them: none while a sequence of the urgent level
-    has prefill left (a short step for it), else the `rows` that ran least recently; None:
-    every one (nothing urgent, or few enough)."""
+    """Which worse-priority work a step runs (`rows` ≥ 1), from the step's order
+    (`candidate_order`) as the engine picks it, decodes that ran least recently first:
+    nothing while the urgent level has prefill left (a short step for it), `rows` decodes
+    beside it decoding, `GAP_ROWS` and no prefill while none of it is here (its next
+    request will wait for this step); None: everything (nothing urgent, or few enough)."""
     if urgent is None:
         return None
-    if any(r.priority == urgent and r.pending > 1 for r in order):
+    urgent_here = [r for r in order if r.priority == urgent]
+    if any(r.pending > 1 for r in urgent_here):
         return Background(urgent, frozenset())
+    rows = rows if urgent_here else GAP_ROWS
     decodes = [r for r in order if r.priority > urgent and r.pending == 1]
-    if len(decodes) <= rows:
+    if urgent_here and len(decodes) <= rows:
         return None
     decodes.sort(key=lambda r: r.last_step)  # the longest without a turn first (stable)
-    return Background(urgent, frozenset(id(r) for r in decodes[:rows]))
+    allowed = frozenset(id(r) for r in decodes[:rows])
+    return Background(urgent, allowed, prefills=bool(urgent_here))
 
 
 def candidate_order(

@@ -11,9 +11,10 @@ when more than one sequence wants the step, a worse priority gets no prefill tok
 better one got some, and a waiting sequence that cannot be admitted preempts the worst
 running one of strictly worse priority (at most one a step; its full KV blocks stay in the
 prefix cache, so it recomputes only the rest). While a better priority is urgent (a
-candidate within the last `URGENT_HOLD_STEPS` steps) a step runs at most
-``background_decode_rows`` decodes of worse priority, those that ran least recently, and
-none while the urgent level has prefill left. A step's length comes from a `StepCost`; a
+candidate within the last `URGENT_HOLD_STEPS` steps) worse work runs in turns
+(`inhouse.plan.scheduling.background_rows`): none while the urgent level has prefill left,
+at most ``background_decode_rows`` decodes beside it decoding, and `GAP_ROWS` decode and
+no prefill while it has no candidate. A step's length comes from a `StepCost`; a
 sequence that has caught up samples a token at the step's end.
 
 With ``speculation`` (`inhouse.plan.speculation`), a step whose decoding sequences are no
@@ -204,7 +205,8 @@ class SimEngine:
                 if background is None or not background.holds_back(request):
                     step.take(request, 1, now)
                 continue
-            if not step.may_prefill(request, policy) or not (request.running or admitting):
+            held = background is not None and background.holds_back(request)
+            if held or not step.may_prefill(request, policy) or not (request.running or admitting):
                 continue
             if not request.running:
                 if not self._admissible(request, reserved) and policy != "fcfs" and not preempted:
