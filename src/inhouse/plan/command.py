@@ -119,9 +119,9 @@ def plan(
 
     from rich.console import Console
 
-    from inhouse.bundled import BundledModelMissing
     from inhouse.launch import ENGINES
     from inhouse.launch.emit import emit as emit_command
+    from inhouse.manifests.bundled import BundledModelMissing
     from inhouse.plan.errors import PlanError
     from inhouse.plan.latency import Traffic, parse_steps
     from inhouse.plan.latency_report import LatencyOptions, latency_section, render_latency

@@ -1,4 +1,4 @@
-"""The HTTP side stays light: the wire formats, the gateway and the bench never load the
+"""The HTTP side stays light: the answer readers, the gateway and the bench never load the
 engine, the server or torch."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 
 @pytest.mark.parametrize(
-    "module", ["inhouse.wire.openai", "inhouse.gateway.app", "inhouse.bench.command"]
+    "module", ["inhouse.api.answers", "inhouse.gateway.app", "inhouse.bench.command"]
 )
 def test_importing_pulls_in_neither_torch_engine_nor_server(module: str) -> None:
     code = (
