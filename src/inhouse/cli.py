@@ -12,9 +12,9 @@ from inhouse.gateway.command import audit_command, gateway_command, keys_app
 from inhouse.gateway.release_command import release_app
 from inhouse.gateway.teams_command import teams_app
 from inhouse.gateway.usage_command import usage_command
+from inhouse.launch.plan_command import plan
 from inhouse.manifests.command import models_app
 from inhouse.observe.command import observe_app
-from inhouse.plan.command import plan
 from inhouse.server.serve import serve_command
 from inhouse.up.command import up_command
 
