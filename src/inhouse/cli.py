@@ -6,9 +6,9 @@ import typer
 
 from inhouse import __version__
 from inhouse.bench.command import bench_app
-from inhouse.cost.command import cost_command
 from inhouse.eval.command import eval_command
 from inhouse.gateway.command import audit_command, gateway_command, keys_app
+from inhouse.gateway.cost_command import cost_command
 from inhouse.gateway.release_command import release_app
 from inhouse.gateway.teams_command import teams_app
 from inhouse.gateway.usage_command import usage_command
