@@ -312,6 +312,15 @@ def show(results: dict[str, dict], args) -> None:
         else:
             cells.append(f"{'—':>16} {'—':>5}")
         print(" | ".join(cells))
+    for name, r in results.items():
+        idle, mixed = r.get("idle"), r.get("mixed_ttft")
+        if idle and mixed and len(mixed) > 1:
+            rest = p(mixed[1:], 0.99)
+            print(
+                f"{name}: the first chat {mixed[0]:.3f} s (it meets the batch's steps before any "
+                f"interactive work), the other {len(mixed) - 1} p99 {rest:.3f} s "
+                f"({rest / p(idle, 0.99):.2f}× idle p99)"
+            )
 
 
 def main() -> None:

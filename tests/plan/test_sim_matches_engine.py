@@ -12,7 +12,7 @@ import pytest
 from inhouse.engine.config import EngineConfig, background_decode_rows, prefill_cap
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.sampler import SampledToken
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 from inhouse.engine.scheduler import Scheduler
 from inhouse.engine.sequence import Sequence
 from inhouse.plan.perf_model import StepCost
