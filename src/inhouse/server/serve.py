@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
+from inhouse.manifests.command import checked_manifest
+from inhouse.plan.units import parse_bytes
 
 if TYPE_CHECKING:
     from inhouse.server.context import ServerContext
@@ -115,8 +117,6 @@ def serve_command(
     """Serve a model over an OpenAI-compatible HTTP API."""
     pinned = None  # checked before the heavy imports: a mismatch exits at once
     if manifest is not None:
-        from inhouse.manifests.command import checked_manifest
-
         if model is not None:
             raise typer.BadParameter("give MODEL or --manifest, not both (the manifest names it)")
         pinned = checked_manifest(manifest)
@@ -124,10 +124,11 @@ def serve_command(
         served_model_name = served_model_name or pinned.name
         dtype = pinned.dtype if dtype == "auto" else dtype
         quantization = pinned.quantization if quantization == "auto" else quantization
+    # Loaded when the command runs, not with the CLI: the engine's config, then (once the
+    # flags are good) uvicorn and the app, with torch, transformers and FastAPI.
     from inhouse.engine.config import EngineConfig
     from inhouse.engine.speculative.config import SpeculativeConfig
     from inhouse.manifests.bundled import default_embedding_model
-    from inhouse.plan.units import parse_bytes
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -208,6 +209,7 @@ def _then_gc_on(load: Callable[[ServerContext], None]) -> Callable[[ServerContex
 
 
 def _default_model_name(model: str | None) -> str:
+    # Loaded when the command runs, not with the CLI (start-up time).
     from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME
 
     if model is None:
@@ -226,6 +228,7 @@ def _announce(ctx, server, host: str, port: int) -> None:
         typer.echo(f"inhouse serve: {ctx.load_error}", err=True)
         server.should_exit = True
         return
+    # Loaded already by serve_command; local like its imports there.
     from inhouse.engine.config import describe_scheduling
     from inhouse.engine.models.precision import WEIGHT_FORMATS
 
