@@ -57,7 +57,7 @@ async def generate(ctx: ServerContext, request: EngineRequest) -> AsyncIterator[
         finished = True
         raise server_error(f"The request failed in the engine: {exc}") from exc
     except EngineDeadError as exc:
-        ctx.mark_engine_dead(str(exc))
+        ctx.model.die(str(exc))
         raise service_unavailable(f"The engine has stopped: {exc}") from exc
     finally:
         if not finished:

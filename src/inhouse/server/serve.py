@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -19,6 +18,7 @@ import typer
 from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
 from inhouse.manifests.command import checked_manifest
 from inhouse.plan.units import parse_bytes
+from inhouse.server.model_state import Phase
 
 if TYPE_CHECKING:
     from inhouse.server.context import ServerContext
@@ -181,7 +181,7 @@ def serve_command(
     )
     threading.Thread(target=_announce, args=(ctx, server, host, port), daemon=True).start()
     server.run()
-    if ctx.load_error is not None:  # a server that can never be ready does not stay up
+    if ctx.model.phase is Phase.FAILED:  # a server that can never be ready does not stay up
         raise typer.Exit(EXIT_LOAD_FAILED)
     if not server.started:  # uvicorn said why (the port is taken, say)
         raise typer.Exit(EXIT_NOT_STARTED)
@@ -222,17 +222,16 @@ def _announce(ctx, server, host: str, port: int) -> None:
     """Print the capacity table and the URL once the model is loaded; if it failed to load,
     the reason, and stop the server."""
     typer.echo(f"inhouse serve: loading {ctx.model_name} ... (/health answers 503 until ready)")
-    while ctx.engine is None and ctx.load_error is None:
-        time.sleep(0.2)
-    if ctx.load_error:
-        typer.echo(f"inhouse serve: {ctx.load_error}", err=True)
+    if ctx.model.wait() is Phase.FAILED:
+        typer.echo(f"inhouse serve: {ctx.model.error}", err=True)
         server.should_exit = True
         return
     # Loaded already by serve_command; local like its imports there.
     from inhouse.engine.config import describe_scheduling
     from inhouse.engine.models.precision import WEIGHT_FORMATS
 
-    info = ctx.engine.info
+    engine = ctx.model.require().engine
+    info = engine.info
     budget = info.budget
     rows = [
         ("model", ctx.model_name),
@@ -248,7 +247,7 @@ def _announce(ctx, server, host: str, port: int) -> None:
         ("KV tokens", f"{budget.num_tokens}"),
         ("max concurrency", f"{budget.max_concurrency:.2f}x at {budget.max_model_len} tokens"),
         ("speculative", info.speculative.describe() if info.speculative else "off"),
-        ("scheduling", describe_scheduling(ctx.engine.core.config)),
+        ("scheduling", describe_scheduling(engine.core.config)),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
