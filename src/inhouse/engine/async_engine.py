@@ -21,12 +21,11 @@ from dataclasses import dataclass
 
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.core import EngineCore
-from inhouse.engine.engine import apply_finishes
 from inhouse.engine.errors import EngineInputError, RequestFailedError
 from inhouse.engine.info import EngineInfo
 from inhouse.engine.models.loader import LoadedModel
-from inhouse.engine.output_processor import Finish, OutputProcessor
-from inhouse.engine.outputs import CoreOutput, RequestOutput
+from inhouse.engine.output_processor import OutputProcessor
+from inhouse.engine.outputs import CoreOutput, Finish, RequestOutput
 from inhouse.engine.request import EngineRequest
 from inhouse.engine.stats import EngineStats
 
@@ -169,10 +168,10 @@ class AsyncEngine:
             if isinstance(command, _Abort):
                 self._deliver([self.core.abort(command.request_id)])
             elif isinstance(command, Finish):
-                apply_finishes(self.core, [command])
+                self.core.apply_finish(command)
             else:
                 try:
-                    self.core.add(command)
+                    self.core.enqueue(command)  # validated in _open
                 except Exception as error:  # bad input, or a guide factory that failed
                     self._deliver_error(command.request_id, error)
 
