@@ -62,9 +62,9 @@ async def closed_loop(jobs: list, concurrency: int, run_one) -> tuple[float, int
 
 
 async def direct(ctx: ServerContext, messages: list, max_tokens: int) -> int:
-    engine = ctx.require_engine()
-    assert ctx.renderer is not None
-    prompt = ctx.renderer.render([ChatMessage.model_validate(m) for m in messages])
+    loaded = ctx.model.require()
+    engine = loaded.engine
+    prompt = loaded.renderer.render([ChatMessage.model_validate(m) for m in messages])
     ids = engine.info.tokenizer.encode(prompt, add_special_tokens=False)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     made = 0

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from fastapi.testclient import TestClient
 
 from inhouse.server.app import build_app
 from inhouse.server.context import ServerConfig, ServerContext
+from inhouse.server.model_state import Phase
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -90,9 +89,7 @@ def test_a_failed_load_is_reported_by_health() -> None:
 
     ctx = ServerContext.create(ServerConfig(), "m")
     with TestClient(build_app(ctx, fail)) as client:
-        deadline = time.monotonic() + 10
-        while ctx.load_error is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert ctx.model.wait(10) is Phase.FAILED
         health = client.get("/health")
         assert health.status_code == 503 and health.json()["status"] == "failed"
         assert "no such model file" in health.json()["detail"]

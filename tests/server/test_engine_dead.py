@@ -13,6 +13,7 @@ from inhouse.engine.config import EngineConfig
 from inhouse.server.app import build_app
 from inhouse.server.context import ServerConfig, ServerContext
 from inhouse.server.loading import ContextLoader
+from inhouse.server.model_state import Phase
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +23,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "ign
 def test_a_dead_engine_makes_the_server_unhealthy_and_503() -> None:
     ctx = ServerContext.create(ServerConfig(), "m")
     ContextLoader(EngineConfig(max_model_len=256, kv_cache_memory=16 * 2**20))(ctx)
-    assert ctx.engine is not None
+    engine = ctx.model.require().engine
     client = TestClient(build_app(ctx))
     assert client.get("/health").status_code == 200
     answers = []
@@ -31,12 +32,12 @@ def test_a_dead_engine_makes_the_server_unhealthy_and_503() -> None:
     )
     in_flight.start()
     for _ in range(1200):  # bounded (60 s): the request runs once the engine has stepped it
-        if ctx.engine.stats().num_running:
+        if engine.stats().num_running:
             break
         if answers:  # it finished before the engine stopped: nothing was tested
             pytest.fail(f"the request ended first: {answers[0].status_code}")
         in_flight.join(0.05)
-    asyncio.run(ctx.engine.shutdown())
+    asyncio.run(engine.shutdown())
     in_flight.join(60)
     later = client.post("/v1/chat/completions", json=CHAT)
     for response in (*answers, later):
@@ -44,6 +45,7 @@ def test_a_dead_engine_makes_the_server_unhealthy_and_503() -> None:
         assert response.json()["error"]["type"] == "service_unavailable"
     health = client.get("/health")
     assert health.status_code == 503 and health.json()["status"] == "dead"
+    assert ctx.model.phase is Phase.DEAD and "restart the server" in health.json()["detail"]
 
 
 def test_a_dead_engine_ends_a_streamed_batch_with_an_error_event() -> None:
@@ -51,7 +53,7 @@ def test_a_dead_engine_ends_a_streamed_batch_with_an_error_event() -> None:
     the merge waiting for its end forever, and the client with it."""
     ctx = ServerContext.create(ServerConfig(), "m")
     ContextLoader(EngineConfig(max_model_len=256, kv_cache_memory=16 * 2**20))(ctx)
-    assert ctx.engine is not None
+    engine = ctx.model.require().engine
     client = TestClient(build_app(ctx))
     body = {"prompt": ["a", "b"], "max_tokens": 200, "ignore_eos": True, "stream": True}
     lines: list[str] = []
@@ -66,7 +68,7 @@ def test_a_dead_engine_ends_a_streamed_batch_with_an_error_event() -> None:
         if any(line.startswith("data: ") for line in lines):
             break
         in_flight.join(0.05)
-    asyncio.run(ctx.engine.shutdown())
+    asyncio.run(engine.shutdown())
     in_flight.join(30)
     assert not in_flight.is_alive(), "the stream never ended"
     events = [line for line in lines if line.startswith("data: ")]

@@ -1,15 +1,20 @@
 """`inhouse bench run` and `inhouse bench sweep`: options in, a session out.
 
-Only typer is imported at module level; httpx, rich and matplotlib load when a command runs.
+Only typer and small modules load with the module; httpx, rich, matplotlib and the bench's own
+modules load when a command runs (start-up time of every `inhouse` command).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from inhouse.plan.errors import PlanError
 
 if TYPE_CHECKING:
     from inhouse.bench.settings import SessionSettings
@@ -124,8 +129,6 @@ def _settings(
 
 def _session(coroutine_factory) -> None:  # type: ignore[no-untyped-def]
     """Run a session; endpoint and dataset problems end it with one clear line and exit 2."""
-    import asyncio
-
     from inhouse.bench.datasets import DatasetError
     from inhouse.bench.preflight import EndpointError
 
@@ -300,7 +303,6 @@ def sweep(
     prediction = None
     if profile is not None:
         from inhouse.bench.predicted import predict_sweep
-        from inhouse.plan.errors import PlanError
 
         try:
             prediction = predict_sweep(
@@ -356,13 +358,9 @@ def calibrate(
     """Fit the plan's step-time model with short probes (a minute or two); write a profile for
     `inhouse plan --profile` and `inhouse bench sweep --profile`. A server that speculates
     (`/version`'s speculative_config) also gets its acceptance measured."""
-    import asyncio
-    import json
-
     from inhouse.bench.calibrate import CalibrationError, Target, calibrate, describe
     from inhouse.bench.datasets import DatasetError, read_jsonl
     from inhouse.bench.preflight import EndpointError
-    from inhouse.plan.errors import PlanError
 
     try:
         prompts = None if acceptance_dataset is None else read_jsonl(acceptance_dataset, 128)

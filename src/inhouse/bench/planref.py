@@ -6,6 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from inhouse.plan.errors import PlanError
+from inhouse.plan.planner import PlanInputs, make_plan
+from inhouse.plan.source import load_model
+
 # Keys under which a plan states its computed capacity, most specific first.
 CAPACITY_KEYS = ("max_concurrent_sequences", "max_concurrency", "max_concurrent")
 
@@ -75,10 +79,6 @@ def plan_prediction(source: str, gpu: str | None, avg_context: int) -> float:
 
 def run_planner(model: str, gpu: str, avg_context: int) -> float:
     """Plan `model` (config.json, folder, GGUF or catalogue name) on `gpu`; its max concurrency."""
-    from inhouse.plan.errors import PlanError
-    from inhouse.plan.planner import PlanInputs, make_plan
-    from inhouse.plan.source import load_model
-
     try:
         plan = make_plan(load_model(model), PlanInputs(gpu=gpu, avg_context=avg_context))
     except PlanError as exc:

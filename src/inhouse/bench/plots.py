@@ -15,6 +15,7 @@ THROUGHPUT_PNG = "throughput_vs_concurrency.png"
 
 
 def _pyplot():  # type: ignore[no-untyped-def]
+    # matplotlib: loaded only when this runs, not with the module.
     import matplotlib
 
     matplotlib.use("Agg")

@@ -194,6 +194,7 @@ def save_sweep(
     comparison: Comparison | None = None,
 ) -> None:
     """Write `results.json` and the two PNG plots (with the predicted curves when given)."""
+    # matplotlib (in plots): loaded only when a sweep is saved.
     from inhouse.bench.plots import plot_sweep
 
     document = results_document(

@@ -21,21 +21,20 @@ from dataclasses import dataclass
 
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.core import EngineCore
-from inhouse.engine.engine import apply_finishes
 from inhouse.engine.errors import EngineInputError, RequestFailedError
 from inhouse.engine.info import EngineInfo
 from inhouse.engine.models.loader import LoadedModel
-from inhouse.engine.output_processor import Finish, OutputProcessor
-from inhouse.engine.outputs import CoreOutput, RequestOutput
+from inhouse.engine.output_processor import OutputProcessor
+from inhouse.engine.outputs import CoreOutput, Finish, RequestOutput
 from inhouse.engine.request import EngineRequest
 from inhouse.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
 # The engine thread needs the GIL back after every C++ call; while the event loop runs
-# Python (SSE chunks, JSON, new prompts) it would wait up to the default 5 ms for it. At
-# 0.5 ms, 50 decode linears on a 2-core host beside a busy Python thread took 303 ms
-# instead of 1,375 ms.
+# Python (SSE chunks, JSON, new prompts) it would wait up to the default 5 ms for it, and
+# a decode step's many short calls would each pay that wait: a shorter interval lets it
+# back in soon after each one.
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
@@ -169,10 +168,10 @@ class AsyncEngine:
             if isinstance(command, _Abort):
                 self._deliver([self.core.abort(command.request_id)])
             elif isinstance(command, Finish):
-                apply_finishes(self.core, [command])
+                self.core.apply_finish(command)
             else:
                 try:
-                    self.core.add(command)
+                    self.core.enqueue(command)  # validated in _open
                 except Exception as error:  # bad input, or a guide factory that failed
                     self._deliver_error(command.request_id, error)
 

@@ -130,6 +130,7 @@ def default_kv_cache_memory(device: str, one_sequence_bytes: int = 0) -> tuple[i
     in the quarter. CPU pages become resident only once a block is written.
     """
     if device.startswith("cuda"):
+        # torch: only a CUDA device needs it; the config imports without it (serve's CLI).
         import torch
 
         free, _total = torch.cuda.mem_get_info(torch.device(device))

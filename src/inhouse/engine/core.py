@@ -16,7 +16,7 @@ from inhouse.engine.info import EngineInfo
 from inhouse.engine.kv_budget import plan_kv_budget
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.models.loader import LoadedModel, load_model
-from inhouse.engine.outputs import CoreOutput, SequenceOutput
+from inhouse.engine.outputs import CoreOutput, Finish, SequenceOutput
 from inhouse.engine.request import EngineRequest
 from inhouse.engine.runner import ModelRunner
 from inhouse.engine.sampler import Sampler
@@ -102,6 +102,11 @@ class EngineCore:
     def add(self, request: EngineRequest) -> None:
         """Validate and queue a request (``params.n`` sibling sequences)."""
         self.validate(request)
+        self.enqueue(request)
+
+    def enqueue(self, request: EngineRequest) -> None:
+        """Queue a request that :meth:`validate` passed (``AsyncEngine`` validates it on the
+        caller's side, then queues it here on the engine thread)."""
         if self.scheduler.sequences(request.request_id):
             raise EngineInputError(f"request id {request.request_id!r} is already running")
         params = request.params
@@ -137,6 +142,14 @@ class EngineCore:
                 self.scheduler.finish(seq, reason, stop_reason)
         if self.drafter is not None:
             self.drafter.keep_only(self.scheduler.running)
+
+    def apply_finish(self, finish: Finish) -> None:
+        """Finish what the output processor ended: one sequence (a stop string), or the
+        whole request (it failed there)."""
+        if finish.index is None:
+            self.abort(finish.request_id, finish.reason)
+        else:
+            self.finish(finish.request_id, finish.index, finish.reason, finish.stop_reason)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -12,7 +12,7 @@ from inhouse.engine.config import EngineConfig
 from inhouse.engine.core import EngineCore
 from inhouse.engine.info import EngineInfo
 from inhouse.engine.models.loader import LoadedModel
-from inhouse.engine.output_processor import Finish, OutputProcessor
+from inhouse.engine.output_processor import OutputProcessor
 from inhouse.engine.outputs import CoreOutput, RequestOutput
 from inhouse.engine.request import EngineRequest
 from inhouse.engine.stats import EngineStats
@@ -47,19 +47,11 @@ class LLMEngine:
         outputs = []
         for item in news:
             output, finishes = self.processor.process(item)
-            apply_finishes(self.core, finishes)
+            for finish in finishes:
+                self.core.apply_finish(finish)
             if output is not None:
                 outputs.append(output)
         return outputs
 
     def stats(self) -> EngineStats:
         return self.core.stats()
-
-
-def apply_finishes(core: EngineCore, finishes: list[Finish]) -> None:
-    """Finish in the core what the output processor ended (stop strings, failures)."""
-    for finish in finishes:
-        if finish.index is None:
-            core.abort(finish.request_id, finish.reason)
-        else:
-            core.finish(finish.request_id, finish.index, finish.reason, finish.stop_reason)

@@ -2,7 +2,8 @@
 
 ``SequenceOutput`` / ``CoreOutput``: the engine thread's news, token ids only (written by
 ``Scheduler.update``). ``RequestOutput``: per-request deltas of text, tokens and logprobs,
-made from them by the ``OutputProcessor`` on the caller's side.
+made from them by the ``OutputProcessor`` on the caller's side. ``Finish``: what that
+processor ended (a stop string, a failure) going back to the core.
 """
 
 from __future__ import annotations
@@ -80,3 +81,13 @@ class RequestOutput:
     finished: bool
     timing: RequestTiming | None = None
     error: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Finish:
+    """Tell the engine to finish a sequence (``index``) or, with index None, a whole request."""
+
+    request_id: str
+    index: int | None
+    reason: str
+    stop_reason: str | None = None

@@ -135,6 +135,7 @@ class GrammarCompiler:
     def _xgrammar_compiler(self) -> xgr.GrammarCompiler:
         with self._setup_lock:
             if self._compiler is None:
+                # xgrammar: loaded when the first grammar is compiled.
                 import xgrammar as xgr
 
                 info = xgr.TokenizerInfo.from_huggingface(

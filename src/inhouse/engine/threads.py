@@ -1,10 +1,9 @@
 """CPU threads for torch, set in every thread that runs a model.
 
-``torch.set_num_threads`` takes effect for the calling thread's parallel regions; a
+``torch.set_num_threads`` takes effect for the calling thread's parallel regions: a
 step loop on a thread of its own, with the setting made on the thread that loaded the
-model, ran a decode step of the bundled model 40% slower on a 2-core host (q8: 42 ms
-instead of 30 ms; fp16: 66 ms instead of 50 ms), though ``torch.get_num_threads()``
-read the same there. So each thread that runs a forward pass sets it once, itself.
+model, ran its decode steps measurably slower, though ``torch.get_num_threads()`` read
+the same there. So each thread that runs a forward pass sets it once, itself.
 """
 
 from __future__ import annotations

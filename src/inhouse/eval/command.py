@@ -41,6 +41,7 @@ def eval_command(
     fresh: Annotated[bool, typer.Option(help="Ask again, ignoring stored answers.")] = False,
 ) -> None:
     """Run an eval set against an endpoint (or two: the paired comparison, McNemar, flips)."""
+    # httpx, rich, jsonschema: loaded when the command runs, not with the CLI.
     from inhouse.eval.session import run_eval
 
     run_eval(

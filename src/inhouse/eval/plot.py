@@ -12,6 +12,7 @@ ACCURACY_PNG = "accuracy_by_tag.png"
 
 def plot_accuracy(summaries: list[EndpointSummary], path: Path) -> Path:
     """Grouped bars: one group per tag plus "all", one bar per endpoint, Wilson error bars."""
+    # matplotlib: loaded only when this runs, not with the module.
     import matplotlib
 
     matplotlib.use("Agg")

@@ -5,6 +5,10 @@ Heavy imports (FastAPI, SQLAlchemy, uvicorn) happen inside the commands.
 
 from __future__ import annotations
 
+import dataclasses
+import time
+import tomllib
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -36,8 +40,6 @@ def gateway_command(
     ] = None,
 ) -> None:
     """Run the authenticated gateway (keys, limits, audit, routing, health, fallback)."""
-    import dataclasses
-
     from inhouse.gateway.serve import run_gateway
 
     settings = _load_config(config)
@@ -145,8 +147,6 @@ def keys_create(
 @keys_app.command("list")
 def keys_list(config: ConfigOption = None, database: DatabaseOption = None) -> None:
     """List keys with their limits and state (never their secrets)."""
-    import time
-
     from rich.console import Console
     from rich.table import Table
 
@@ -242,8 +242,6 @@ def keys_update(
 def _load_config(path: Path) -> Any:
     """The gateway config at `path`; a file that cannot be read or is invalid ends the
     command with one line on stderr (exit 2), not a traceback."""
-    import tomllib
-
     from inhouse.gateway.config import ConfigError, load_config
 
     try:
@@ -259,8 +257,6 @@ def settings_for(config: Path | None, database: str | None) -> Any:
 
     settings = _load_config(config) if config else GatewayConfig(models=())
     if database:
-        import dataclasses
-
         settings = dataclasses.replace(settings, database=database)
     return settings
 
@@ -308,9 +304,6 @@ def _period(text: str) -> float:
 
 
 def _expiry(text: str | None) -> float | None:
-    import time
-    from datetime import datetime
-
     if text is None:
         return None
     try:
@@ -347,6 +340,4 @@ def _quota(key: ApiKey, now: float) -> str:
 
 
 def _time(ts: float | None) -> str:
-    from datetime import datetime
-
     return "" if ts is None else datetime.fromtimestamp(ts).strftime("%m-%d %H:%M:%S")

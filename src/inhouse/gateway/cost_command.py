@@ -27,6 +27,7 @@ def cost_command(
     in `[cost]`, and the break-even volume. A successful task: answered 200 with finish
     reason stop or tool_calls, and not retried with the same prompt by the same key within
     `[cost] retry_window_s`."""
+    # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.cost.compare import compare, report_lines
     from inhouse.cost.settings import CostConfigError, load_cost
     from inhouse.gateway.db import open_database

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from inhouse.gateway.command import ConfigOption, DatabaseOption, settings_for
+from inhouse.manifests.command import checked_manifest
 
 if TYPE_CHECKING:
     from inhouse.gateway.config import GatewayConfig
@@ -39,6 +40,7 @@ def status_command(
     database: DatabaseOption = None,
 ) -> None:
     """Shares, releases, live figures with their intervals, and the latest changes."""
+    # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.gateway.release_report import print_status, status_json
 
     store = _store(config, database)
@@ -87,6 +89,7 @@ def canary_command(
 ) -> None:
     """Send PERCENT of MODEL's keys to a candidate release (sticky per key), and mirror
     SHADOW percent of the rest to it."""
+    # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.gateway.releases import BackendRef, Guardrails, NewRelease
 
     settings = settings_for(config, database)
@@ -158,6 +161,7 @@ def compare_command(
     tool-call validity on both releases with their paired differences and exact McNemar
     p-values; TTFT, TPOT and latency p50/p99, output length; the canary's live figures;
     optionally the answers graded with an eval set; and a PNG."""
+    # SQLAlchemy, httpx, rich: loaded when the command runs, not with the CLI.
     from inhouse.gateway.release_compare import compare, compare_text
 
     items = None if grade is None else _eval_set(grade)  # checked before anything is opened
@@ -174,6 +178,7 @@ def compare_command(
 
 
 def _eval_set(path: Path) -> list[Any]:
+    # jsonschema: loaded when the command runs, not with the CLI.
     from inhouse.eval.items import EvalSetError, load_eval_set
 
     try:
@@ -183,6 +188,7 @@ def _eval_set(path: Path) -> list[Any]:
 
 
 def _store(config: Path | None, database: str | None) -> ReleaseStore:
+    # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.gateway.db import open_database
     from inhouse.gateway.releases import ReleaseStore
 
@@ -192,6 +198,7 @@ def _store(config: Path | None, database: str | None) -> ReleaseStore:
 def _first(settings: GatewayConfig, model: str) -> NewRelease | None:
     """Release 1 if the model has none yet: its backends in the gateway config (None
     without a config)."""
+    # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.gateway.releases import BackendRef, NewRelease
 
     if not settings.models:
@@ -212,8 +219,6 @@ def _check_names(settings: GatewayConfig, refs: Any) -> None:
 def pinned_manifest(path: Path, pinned: Manifest | None = None) -> tuple[str, dict[str, Any]]:
     """The manifest file's sha256 and what it pins; unless given the `pinned` manifest
     already verified, the model's files are verified against it first."""
-    from inhouse.manifests.command import checked_manifest
-
     if pinned is None:
         pinned = checked_manifest(path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -261,6 +266,7 @@ def _summary(state: ReleaseState) -> str:
 
 
 def _or_exit(action: Any) -> Any:
+    # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.gateway.releases import ReleaseError
 
     try:

@@ -54,6 +54,7 @@ def plot_compare(
     grading: Grading | None, path: Path,
 ) -> Path:  # fmt: skip
     """Write the three panels to `path`."""
+    # matplotlib: loaded only when this runs, not with the module.
     import matplotlib
 
     matplotlib.use("Agg")

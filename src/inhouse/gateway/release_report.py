@@ -40,6 +40,7 @@ def _release(release: Any) -> dict[str, Any]:
 
 def print_status(report: dict[str, Any]) -> None:
     """The report as tables on the terminal."""
+    # rich: loaded when the report is printed, not with the CLI.
     from rich.console import Console
     from rich.table import Table
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -54,6 +55,7 @@ def teams_update(
     database: DatabaseOption = None,
 ) -> None:
     """Change a team's quota, budget, period or hard stop; applies from its next request."""
+    # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.gateway.teams import UnknownTeam
 
     changes = _limits(quota_tokens, budget, hard_stop)
@@ -73,8 +75,7 @@ def teams_update(
 def teams_list(config: ConfigOption = None, database: DatabaseOption = None) -> None:
     """List teams with what their current period has used of their quota and budget (a
     team's usage in full: `inhouse usage --by team`)."""
-    import time
-
+    # rich: loaded when the command runs, not with the CLI.
     from rich.console import Console
     from rich.table import Table
 
@@ -110,6 +111,7 @@ def _limits(quota: int | None, budget: float | None, hard_stop: bool | None) -> 
 
 
 def _teams(config: Path | None, database: str | None) -> Any:
+    # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.gateway.db import open_database
     from inhouse.gateway.teams import TeamStore
 

@@ -20,6 +20,7 @@ def usage_command(
     database: DatabaseOption = None,
 ) -> None:
     """Requests, errors, tokens and their cost per group, aggregated in the database."""
+    # SQLAlchemy, rich: loaded when the command runs, not with the CLI.
     from rich.console import Console
     from rich.table import Table
 

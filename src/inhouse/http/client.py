@@ -1,6 +1,6 @@
 """A lean HTTP/1.1 client: one write per request, keep-alive, chunked decoding on asyncio streams.
-A general client (httpx) spends ~70 µs of CPU per streamed chunk on its protocol machinery; this
-one a fraction of that. bench sends its measured requests with it (so the client stays far from
+A general client (httpx) spends much of its CPU per streamed chunk on its protocol machinery;
+this one a fraction of that. bench sends its measured requests with it (so the client stays far from
 being the bottleneck, see benchmarks/bench_client_overhead.py) and the gateway its upstream
 requests. Setup, scraping and health checks keep using httpx."""
 

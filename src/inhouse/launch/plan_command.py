@@ -5,9 +5,15 @@ plan knows no engine."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import typer
+
+from inhouse.launch import ENGINES
+from inhouse.plan.errors import PlanError
+from inhouse.plan.units import parse_bytes
 
 EXIT_DOES_NOT_FIT = 1
 EXIT_BAD_INPUT = 2
@@ -123,16 +129,12 @@ def plan(
     explain: bool = typer.Option(False, "--explain", help="Spell out the arithmetic."),
 ) -> None:
     """Compute it beforehand: weights + KV cache + overhead → sequences that fit, and flags."""
-    import json
-    import sys
-
+    # rich: loaded when the command runs, not with the CLI.
     from rich.console import Console
 
-    from inhouse.launch import ENGINES
     from inhouse.launch.emit import emit as emit_command
     from inhouse.launch.emit import flags_json, print_recommended
     from inhouse.manifests.bundled import BundledModelMissing
-    from inhouse.plan.errors import PlanError
     from inhouse.plan.latency import Traffic, parse_steps
     from inhouse.plan.latency_report import LatencyOptions, latency_section, render_latency
     from inhouse.plan.mixed import parse_batch_load, parse_interactive
@@ -143,7 +145,6 @@ def plan(
     from inhouse.plan.scheduling import check_policy
     from inhouse.plan.source import load_model
     from inhouse.plan.step_costs import CpuTarget
-    from inhouse.plan.units import parse_bytes
 
     wants_latency = latency or cpu or profile is not None or batch_load is not None
     if emit is not None and emit not in ENGINES:

@@ -42,6 +42,7 @@ def rules_command(
     out: Annotated[Path | None, typer.Option(help="File to write (default: stdout).")] = None,
 ) -> None:
     """Recording and alerting rules for the serve, vLLM and gateway metrics."""
+    # PyYAML: loaded when the command runs, not with the CLI.
     from inhouse.bench.metrics import parse_slo
     from inhouse.observe.rules import AlertThresholds, rules_yaml
 
@@ -83,6 +84,7 @@ def prometheus_command(
     ] = None,
 ) -> None:
     """A prometheus.yml scraping the gateway and every backend it routes to."""
+    # PyYAML: loaded when the command runs, not with the CLI.
     from inhouse.observe.scrape import prometheus_yaml
 
     _write(prometheus_yaml(gateway, rules_file, scrape_interval, metrics_token_file), out)
@@ -93,6 +95,7 @@ def dashboard_command(
     out: Annotated[Path | None, typer.Option(help="File to write (default: stdout).")] = None,
 ) -> None:
     """The Grafana dashboard JSON (import it, then pick the Prometheus data source)."""
+    # PyYAML: loaded when the command runs, not with the CLI.
     from inhouse.observe.dashboard import dashboard
 
     _write(json.dumps(dashboard(), indent=2) + "\n", out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from inhouse.manifests.bundled import default_chat_model
 from inhouse.plan.catalogue import catalogue_spec, checkpoint_format_of
 from inhouse.plan.errors import PlanError
 from inhouse.plan.gguf_header import TensorInventory, read_gguf
@@ -50,8 +51,6 @@ def load_model(argument: str | Path | None) -> ModelSource:
     None means the bundled default chat model.
     """
     if argument is None:
-        from inhouse.manifests.bundled import default_chat_model
-
         return _from_gguf(default_chat_model())
     path = Path(argument).expanduser()
     if path.is_dir():

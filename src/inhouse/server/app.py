@@ -21,8 +21,8 @@ Loader = Callable[[ServerContext], None]
 
 
 def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
-    """An app over ``ctx``. ``load`` fills ``ctx`` in a thread after start-up; until it
-    finishes, /health says 503 and model routes answer 503."""
+    """An app over ``ctx``. ``load`` makes ``ctx.model`` ready in a thread after start-up;
+    until it does, /health says 503 and model routes answer 503."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -33,8 +33,8 @@ def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
         finally:
             if task is not None:
                 task.cancel()
-            if ctx.engine is not None:
-                await ctx.engine.shutdown()
+            if ctx.model.loaded is not None:
+                await ctx.model.loaded.engine.shutdown()
             ctx.heap.close()
             ctx.prompt_workers.shutdown()
             ctx.grammar_workers.shutdown()
@@ -59,11 +59,11 @@ def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
 
 
 async def _load(ctx: ServerContext, load: Loader) -> None:
-    """Run ``load``; a failure is kept in ``ctx.load_error`` (with a traceback in the log
-    unless the model was refused, which the error says in full)."""
+    """Run ``load``; a failure fails ``ctx.model`` (with a traceback in the log unless the
+    model was refused, which the error says in full)."""
     try:
         await asyncio.to_thread(load, ctx)
     except Exception as exc:
         if not isinstance(exc, ModelRefused):
             log.exception("loading the model failed")
-        ctx.load_error = f"Loading the model failed: {exc}"
+        ctx.model.fail(f"Loading the model failed: {exc}")

@@ -1,4 +1,4 @@
-"""What the routes need, in one object per app: config, engine (once loaded), helpers."""
+"""What the routes need, in one object per app: config, the model's state, helpers."""
 
 from __future__ import annotations
 
@@ -13,15 +13,14 @@ from inhouse.api.errors import APIError, not_found, service_unavailable
 from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
 from inhouse.server.memory import HeapTrimmer
 from inhouse.server.metrics import ServerMetrics
+from inhouse.server.model_state import ModelState
 from inhouse.server.workers import GRAMMAR_THREADS, PROMPT_THREADS, WorkerPool
 
 if TYPE_CHECKING:
     from inhouse.engine.async_engine import AsyncEngine
     from inhouse.engine.embedding_scheduler import EmbeddingScheduler
     from inhouse.engine.stats import EmbeddingStats
-    from inhouse.engine.structured import GrammarCompiler
     from inhouse.manifests.manifest import Manifest
-    from inhouse.server.chat_template import ChatRenderer
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +72,18 @@ def _loading() -> Future:
     return future
 
 
+def _embedding_stats(embeddings: Future[EmbeddingScheduler]) -> EmbeddingStats | None:
+    """The embedding scheduler's numbers once it is running, else None."""
+    ready = embeddings.done() and embeddings.exception() is None
+    return embeddings.result().stats() if ready else None
+
+
 @dataclass(slots=True)
 class ServerContext:
-    """Shared state of one app. ``engine`` is None until the chat model is loaded; the
-    embedding model loads after it (``embeddings`` completes then). Tokenizing and
-    templates run on ``prompt_workers``, schema compiles on ``grammar_workers``; ``heap``
-    gives back what heavy requests freed."""
+    """Shared state of one app. ``model`` says whether the chat model is loading, ready,
+    failed or dead; the embedding model loads after it (``embeddings`` completes then).
+    Tokenizing and templates run on ``prompt_workers``, schema compiles on
+    ``grammar_workers``; ``heap`` gives back what heavy requests freed."""
 
     config: ServerConfig
     metrics: ServerMetrics
@@ -86,12 +91,8 @@ class ServerContext:
     heap: HeapTrimmer
     prompt_workers: WorkerPool
     grammar_workers: WorkerPool
-    engine: AsyncEngine | None = None
-    renderer: ChatRenderer | None = None
-    grammars: GrammarCompiler | None = None
-    embeddings: Future[EmbeddingScheduler] = field(default_factory=_loading)
-    load_error: str | None = None
-    engine_error: str | None = None
+    model: ModelState
+    embeddings: Future[EmbeddingScheduler]
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
@@ -99,38 +100,27 @@ class ServerContext:
         """A context whose metrics read the engine's stats once it is loaded, and whose
         worker pools have the heap trimmed after their jobs."""
         heap = HeapTrimmer()
-        ctx = cls(
+        model, embeddings = ModelState(), _loading()
+        metrics = ServerMetrics(
+            model_name,
+            model.engine_stats,
+            lambda: _embedding_stats(embeddings),
+            config.embedding_name,
+        )
+        return cls(
             config=config,
-            metrics=None,  # type: ignore[arg-type]
+            metrics=metrics,
             model_name=model_name,
             heap=heap,
             prompt_workers=WorkerPool("prompt", PROMPT_THREADS, after=heap.note),
             grammar_workers=WorkerPool("grammar", GRAMMAR_THREADS, after=heap.note),
+            model=model,
+            embeddings=embeddings,
         )
-        ctx.metrics = ServerMetrics(
-            model_name,
-            lambda: ctx.engine.stats() if ctx.engine else None,
-            ctx.embedding_stats,
-            config.embedding_name,
-        )
-        return ctx
-
-    def embedding_stats(self) -> EmbeddingStats | None:
-        """The embedding scheduler's numbers once it is running, else None."""
-        ready = self.embeddings.done() and self.embeddings.exception() is None
-        return self.embeddings.result().stats() if ready else None
 
     def require_engine(self) -> AsyncEngine:
         """The engine, or a 503 while it is still loading, or if it failed to load or died."""
-        if self.engine_error is not None:
-            raise service_unavailable(self.engine_error)
-        if self.engine is None:
-            raise service_unavailable(self.load_error or "The model is still loading; retry soon.")
-        return self.engine
-
-    def mark_engine_dead(self, reason: str) -> None:
-        """The engine cannot serve any more: health and every model route say 503."""
-        self.engine_error = f"The engine has stopped ({reason}); restart the server."
+        return self.model.require().engine
 
     def check_model(self, requested: str | None) -> None:
         """404 when the request names a model this server does not serve."""

@@ -37,31 +37,24 @@ async def generate(ctx: ServerContext, request: EngineRequest) -> AsyncIterator[
     Bad input raises a 400 :class:`APIError` before anything is yielded; a request
     that fails inside the engine, a 500 (the others go on); a dead engine a 503 (and
     the server reports unhealthy from then on). If the consumer stops early (a client
-    disconnect), the request is aborted.
+    disconnect), closing the engine's stream aborts the request.
     """
     engine = ctx.require_engine()
     clock = TokenClock(ctx.metrics.itl, time.monotonic)
-    finished = False
     try:
         async with aclosing(engine.generate(request)) as outputs:
             async for output in outputs:
                 clock.tick(output)
-                if output.finished:
-                    finished = True
-                    if output.timing is not None:
-                        ctx.metrics.observe_finished(output.timing)
+                if output.finished and output.timing is not None:
+                    ctx.metrics.observe_finished(output.timing)
                 yield output
     except EngineInputError as exc:
         raise engine_input_error(exc) from exc
     except RequestFailedError as exc:
-        finished = True
         raise server_error(f"The request failed in the engine: {exc}") from exc
     except EngineDeadError as exc:
-        ctx.mark_engine_dead(str(exc))
+        ctx.model.die(str(exc))
         raise service_unavailable(f"The engine has stopped: {exc}") from exc
-    finally:
-        if not finished:
-            engine.abort(request.request_id)
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:

@@ -13,6 +13,7 @@ from inhouse.engine.structured import GrammarCompiler
 from inhouse.server.chat_template import ChatRenderer
 from inhouse.server.context import ServerContext
 from inhouse.server.errors import ModelRefused
+from inhouse.server.model_state import LoadedChat
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,8 @@ def read_chat_template(value: str | None) -> str | None:
 
 
 class ContextLoader:
-    """Loads the model and helpers into a context (run in a thread by the app)."""
+    """Loads the model and helpers for a context (run in a thread by the app): the context's
+    model is ready once the chat model is, and its embeddings complete after."""
 
     def __init__(self, engine_config: EngineConfig) -> None:
         self.engine_config = engine_config
@@ -45,15 +47,15 @@ class ContextLoader:
             engine = AsyncEngine(self.engine_config)
             info = engine.info
             template = read_chat_template(ctx.config.chat_template) or info.chat_template
-            ctx.renderer = ChatRenderer(info.tokenizer, template, ctx.model_name)
-            ctx.grammars = GrammarCompiler(info.tokenizer, info.vocab_size, info.eos_token_ids)
+            renderer = ChatRenderer(info.tokenizer, template, ctx.model_name)
+            grammars = GrammarCompiler(info.tokenizer, info.vocab_size, info.eos_token_ids)
             engine.start()
         except Exception as exc:
             ctx.embeddings.set_exception(RuntimeError(f"the chat model failed first ({exc})"))
             if isinstance(exc, UNSERVABLE):
                 raise ModelRefused(" ".join(str(exc).split())) from exc  # one line
             raise
-        ctx.engine = engine
+        ctx.model.ready(LoadedChat(engine, renderer, grammars))
         if ctx.config.embedding_model is not None:
             try:
                 embedder = Embedder(ctx.config.embedding_model, ctx.config.embedding_name)

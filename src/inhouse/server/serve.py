@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -17,6 +16,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
+from inhouse.manifests.command import checked_manifest
+from inhouse.plan.units import parse_bytes
+from inhouse.server.model_state import Phase
 
 if TYPE_CHECKING:
     from inhouse.server.context import ServerContext
@@ -115,8 +117,6 @@ def serve_command(
     """Serve a model over an OpenAI-compatible HTTP API."""
     pinned = None  # checked before the heavy imports: a mismatch exits at once
     if manifest is not None:
-        from inhouse.manifests.command import checked_manifest
-
         if model is not None:
             raise typer.BadParameter("give MODEL or --manifest, not both (the manifest names it)")
         pinned = checked_manifest(manifest)
@@ -124,10 +124,11 @@ def serve_command(
         served_model_name = served_model_name or pinned.name
         dtype = pinned.dtype if dtype == "auto" else dtype
         quantization = pinned.quantization if quantization == "auto" else quantization
+    # Loaded when the command runs, not with the CLI: the engine's config, then (once the
+    # flags are good) uvicorn and the app, with torch, transformers and FastAPI.
     from inhouse.engine.config import EngineConfig
     from inhouse.engine.speculative.config import SpeculativeConfig
     from inhouse.manifests.bundled import default_embedding_model
-    from inhouse.plan.units import parse_bytes
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -180,7 +181,7 @@ def serve_command(
     )
     threading.Thread(target=_announce, args=(ctx, server, host, port), daemon=True).start()
     server.run()
-    if ctx.load_error is not None:  # a server that can never be ready does not stay up
+    if ctx.model.phase is Phase.FAILED:  # a server that can never be ready does not stay up
         raise typer.Exit(EXIT_LOAD_FAILED)
     if not server.started:  # uvicorn said why (the port is taken, say)
         raise typer.Exit(EXIT_NOT_STARTED)
@@ -208,6 +209,7 @@ def _then_gc_on(load: Callable[[ServerContext], None]) -> Callable[[ServerContex
 
 
 def _default_model_name(model: str | None) -> str:
+    # Loaded when the command runs, not with the CLI (start-up time).
     from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME
 
     if model is None:
@@ -220,16 +222,16 @@ def _announce(ctx, server, host: str, port: int) -> None:
     """Print the capacity table and the URL once the model is loaded; if it failed to load,
     the reason, and stop the server."""
     typer.echo(f"inhouse serve: loading {ctx.model_name} ... (/health answers 503 until ready)")
-    while ctx.engine is None and ctx.load_error is None:
-        time.sleep(0.2)
-    if ctx.load_error:
-        typer.echo(f"inhouse serve: {ctx.load_error}", err=True)
+    if ctx.model.wait() is Phase.FAILED:
+        typer.echo(f"inhouse serve: {ctx.model.error}", err=True)
         server.should_exit = True
         return
+    # Loaded already by serve_command; local like its imports there.
     from inhouse.engine.config import describe_scheduling
     from inhouse.engine.models.precision import WEIGHT_FORMATS
 
-    info = ctx.engine.info
+    engine = ctx.model.require().engine
+    info = engine.info
     budget = info.budget
     rows = [
         ("model", ctx.model_name),
@@ -245,7 +247,7 @@ def _announce(ctx, server, host: str, port: int) -> None:
         ("KV tokens", f"{budget.num_tokens}"),
         ("max concurrency", f"{budget.max_concurrency:.2f}x at {budget.max_model_len} tokens"),
         ("speculative", info.speculative.describe() if info.speculative else "off"),
-        ("scheduling", describe_scheduling(ctx.engine.core.config)),
+        ("scheduling", describe_scheduling(engine.core.config)),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from inhouse.gateway.config import GatewayConfig
 from inhouse.gateway.release_command import pinned_manifest
 from inhouse.launch.base import Endpoint, Engine, Health, LaunchSettings
 from inhouse.launch.ports import free_port
@@ -27,6 +26,7 @@ from inhouse.manifests.command import checked_manifest
 from inhouse.manifests.manifest import Manifest
 
 if TYPE_CHECKING:
+    from inhouse.gateway.config import GatewayConfig
     from inhouse.gateway.releases import ReleaseStore
     from inhouse.launch.replicas import Replica
 

@@ -20,25 +20,23 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from inhouse.cost.settings import CostConfigError, parse_cost
-from inhouse.gateway.config import GatewayConfig, default_database_url, parse_config
-from inhouse.gateway.serve import gateway_server, run_gateway
 from inhouse.launch import ENGINES
 from inhouse.launch.base import Endpoint, Engine, EngineMissing, Health, LaunchSettings
 from inhouse.launch.ports import free_port
-from inhouse.launch.settings import settings_from_plan
-from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME, BundledModelMissing
 from inhouse.manifests.command import checked_manifest
 from inhouse.plan.errors import PlanError
-from inhouse.plan.planner import PlanInputs, make_plan
-from inhouse.plan.source import load_model
 from inhouse.plan.units import parse_bytes
-from inhouse.up.canary import CanaryWatch, start_candidate
 
 if TYPE_CHECKING:
     import uvicorn
 
+    from inhouse.gateway.config import GatewayConfig
     from inhouse.launch.replicas import Replica
+    from inhouse.plan.planner import PlanInputs
+
+# The imports inside functions load when `inhouse up` runs, not with every CLI command:
+# `inhouse --help` imports this module, and they are the gateway, the planner, httpx and
+# SQLAlchemy (start-up time).
 
 __all__ = ["ensure_admin_key", "up_command"]
 
@@ -89,8 +87,10 @@ def up_command(
     ] = None,
 ) -> None:
     """Start engine replicas and the gateway in front of them on http://127.0.0.1:8000."""
-    # httpx: loaded when `up` runs, not with the CLI.
+    from inhouse.gateway.config import default_database_url
+    from inhouse.gateway.serve import gateway_server, run_gateway
     from inhouse.launch.replicas import stop_replicas
+    from inhouse.up.canary import CanaryWatch, start_candidate
 
     cost_table = _cost_table(cost)  # checked before any replica starts
     chosen = ENGINES.get(engine)
@@ -177,6 +177,8 @@ def plan_inputs(
     max_model_len: int | None,
 ) -> PlanInputs | None:
     """What to plan for, or None without --gpu/--vram (then each engine sizes itself)."""
+    from inhouse.plan.planner import PlanInputs
+
     if gpu is None and vram is None:
         return None
     return PlanInputs(
@@ -198,6 +200,11 @@ def launch_settings(
     max_num_seqs: int | None,
 ) -> LaunchSettings:
     """The plan's settings when there are plan inputs; otherwise the engine's own sizing."""
+    from inhouse.launch.settings import settings_from_plan
+    from inhouse.manifests.bundled import BundledModelMissing
+    from inhouse.plan.planner import make_plan
+    from inhouse.plan.source import load_model
+
     try:
         source = load_model(model)
     except BundledModelMissing as error:
@@ -223,7 +230,7 @@ def start_replicas(
     engine: Engine, settings: LaunchSettings, name: str, count: int, embeddings: bool
 ) -> list[Replica]:
     """Start `count` replicas on free loopback ports, each with its own random key."""
-    from inhouse.launch.replicas import start_replica  # httpx, as in up_command
+    from inhouse.launch.replicas import start_replica
 
     started = []
     for index in range(1, count + 1):
@@ -251,7 +258,7 @@ class StartWatch(threading.Thread):
         self.all_failed = False
 
     def run(self) -> None:
-        from inhouse.launch.replicas import wait_started  # httpx, as in up_command
+        from inhouse.launch.replicas import wait_started
 
         states = wait_started(self.replicas)
         for replica in self.replicas:
@@ -277,6 +284,8 @@ class StartWatch(threading.Thread):
 
 
 def served_name(model: str | None) -> str:
+    from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME
+
     if model is None:
         return DEFAULT_CHAT_MODEL_NAME
     path = Path(model)
@@ -294,6 +303,7 @@ def up_config(
     cost: dict[str, Any] | None = None,
 ) -> GatewayConfig:
     """The gateway config `inhouse up` runs with: one backend per replica, queue policy."""
+    from inhouse.gateway.config import parse_config
 
     def backend(replica: Replica, features: list[str]) -> dict[str, object]:
         key = replica.endpoint.api_key
@@ -318,6 +328,8 @@ def _cost_table(path: Path | None) -> dict[str, Any]:
     """The raw `[cost]` table of `--cost` (checked when the config is parsed)."""
     if path is None:
         return {}
+    from inhouse.cost.settings import CostConfigError, parse_cost
+
     try:
         with open(path, "rb") as f:
             table = tomllib.load(f).get("cost", {})
@@ -329,7 +341,6 @@ def _cost_table(path: Path | None) -> dict[str, Any]:
 
 def ensure_admin_key(config: GatewayConfig) -> str | None:
     """Create the admin key on first start; returns its secret then, else None."""
-    # SQLAlchemy: loaded when `up` runs, not with the CLI.
     from inhouse.gateway.db import open_database
     from inhouse.gateway.keys import KeyStore, load_pepper
 

@@ -86,6 +86,7 @@ def _compiler() -> str | None:
 
 
 def _command(compiler: str, out: Path, caps: tuple[str, ...]) -> list[str]:
+    # torch.utils.cpp_extension loads setuptools: only a build needs it.
     from torch.utils.cpp_extension import include_paths
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)

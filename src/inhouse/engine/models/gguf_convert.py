@@ -81,6 +81,7 @@ def main_block_type(folder: Path, source: Path) -> str:
     with ``gguf`` takes seconds: it reads the whole vocabulary)."""
     record = folder / BLOCK_TYPES_FILE
     if not record.is_file():
+        # gguf (and numpy): only a first load of this GGUF file reads it.
         from gguf import GGUFReader
 
         write_block_types(folder, Counter(t.tensor_type.name for t in GGUFReader(source).tensors))
@@ -90,6 +91,7 @@ def main_block_type(folder: Path, source: Path) -> str:
 
 def convert_gguf(path: Path, out_dir: Path) -> None:
     """Write the HF folder for GGUF ``path`` to ``out_dir`` atomically (a rename at the end)."""
+    # gguf, safetensors, transformers: only a conversion needs them.
     from gguf import GGUFReader, dequantize
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoTokenizer

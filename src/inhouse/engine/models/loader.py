@@ -22,6 +22,7 @@ from inhouse.engine.models.gguf_convert import convert_gguf, main_block_type
 from inhouse.engine.models.llama import LlamaArgs, LlamaForCausalLM
 from inhouse.engine.models.precision import choose_precision
 from inhouse.engine.models.row_blocks import describe_blocks
+from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
 from inhouse.manifests.hashing import CACHE_FILE, HashCache, default_cache_dir
 from inhouse.manifests.pickles import PickleRefused, refuse_pickle
 
@@ -73,8 +74,6 @@ def _folder_fingerprint(folder: Path) -> str:
 def _resolve(source: str | Path | None, cache_dir: Path) -> tuple[Path, Path, str, str]:
     """-> (hf_folder, source_path, sha256, model_id)."""
     if source is None:
-        from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
-
         path = default_chat_model()
         folder, sha = _cached_gguf(path, cache_dir)
         return folder, path, sha, DEFAULT_CHAT_MODEL_NAME
@@ -237,6 +236,7 @@ def build_model(
         inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
         scaling = 1.0
     else:
+        # transformers' RoPE tables: only a scaled RoPE needs them.
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
@@ -259,6 +259,7 @@ def load_model(
     quantized projections are converted one by one as they load (fp16 ones read straight
     into float16), so loading never holds every projection twice.
     """
+    # transformers: loaded with a model, not with the module (start-up time).
     from transformers import AutoConfig, AutoTokenizer
 
     dev = torch.device(device)

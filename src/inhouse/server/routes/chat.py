@@ -21,7 +21,7 @@ from inhouse.api.common import Usage
 from inhouse.api.errors import invalid_request
 from inhouse.engine.outputs import RequestOutput
 from inhouse.engine.request import EngineRequest
-from inhouse.engine.structured import CompiledGuide, GrammarError
+from inhouse.engine.structured import CompiledGuide, GrammarCompiler, GrammarError
 from inhouse.server.choices import ChoiceTranslator, merge_deltas, translator_for
 from inhouse.server.context import ServerContext
 from inhouse.server.generation import collect, generate, request_id, unless_disconnected
@@ -81,18 +81,17 @@ async def create_chat_completion(
 
 
 async def _prepare(ctx: ServerContext, body: ChatCompletionRequest) -> PreparedChat:
-    ctx.require_engine()
-    assert ctx.renderer is not None and ctx.grammars is not None
+    loaded = ctx.model.require()
     use_tools = bool(body.tools) and body.tool_choice != "none"
     tools = body.tools if use_tools else None
     prompt_ids = await ctx.prompt_workers.run(
-        ctx.renderer.token_ids,
+        loaded.renderer.token_ids,
         body.messages,
         tools,
         body.add_generation_prompt,
         body.chat_template_kwargs,
     )
-    guide = await _guide(ctx, body, tools is not None)
+    guide = await _guide(ctx, loaded.grammars, body, tools is not None)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(
         body,
@@ -109,23 +108,22 @@ async def _prepare(ctx: ServerContext, body: ChatCompletionRequest) -> PreparedC
 
 
 async def _guide(
-    ctx: ServerContext, body: ChatCompletionRequest, use_tools: bool
+    ctx: ServerContext, grammars: GrammarCompiler, body: ChatCompletionRequest, use_tools: bool
 ) -> CompiledGuide | None:
-    assert ctx.grammars is not None
     forced = use_tools and body.tool_choice not in (None, "auto", "none")
     try:
         if forced:
             schema = forced_tool_schema(
                 body.tools or [], body.tool_choice, body.parallel_tool_calls
             )  # type: ignore[arg-type]
-            return await ctx.grammar_workers.run(ctx.grammars.json_schema, schema)
+            return await ctx.grammar_workers.run(grammars.json_schema, schema)
         fmt = body.response_format
         if fmt is None or fmt.type == "text":
             return None
         if fmt.type == "json_object":
-            return await ctx.grammar_workers.run(ctx.grammars.json_object)
+            return await ctx.grammar_workers.run(grammars.json_object)
         assert fmt.json_schema is not None and fmt.json_schema.schema_ is not None
-        return await ctx.grammar_workers.run(ctx.grammars.json_schema, fmt.json_schema.schema_)
+        return await ctx.grammar_workers.run(grammars.json_schema, fmt.json_schema.schema_)
     except GrammarError as exc:
         param = "tools" if forced else "response_format"
         raise invalid_request(str(exc), param=param) from exc

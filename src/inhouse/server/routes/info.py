@@ -21,6 +21,7 @@ from inhouse.api.tokenize import (
 from inhouse.engine.speculative.config import SpeculativeConfig
 from inhouse.server.chat_template import template_sha256
 from inhouse.server.context import ServerContext
+from inhouse.server.model_state import Phase
 from inhouse.server.routes.deps import context, require_api_key
 
 IDS_PER_SLICE = 65536
@@ -31,11 +32,9 @@ authorized = APIRouter(dependencies=[Depends(require_api_key)])
 @router.get("/health")
 async def health(ctx: ServerContext = Depends(context)) -> JSONResponse:
     """200 when the model is loaded, 503 while it loads, if loading failed or the engine died."""
-    if ctx.engine_error is not None:
-        return JSONResponse({"status": "dead", "detail": ctx.engine_error}, status_code=503)
-    if ctx.engine is None:
-        status = "failed" if ctx.load_error else "loading"
-        return JSONResponse({"status": status, "detail": ctx.load_error}, status_code=503)
+    phase = ctx.model.phase
+    if phase is not Phase.READY:
+        return JSONResponse({"status": phase.value, "detail": ctx.model.error}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
@@ -62,18 +61,16 @@ async def version(ctx: ServerContext = Depends(context)) -> dict:
         "manifest": pinned.path,
         "manifest_verified": pinned.verified,
     }
-    engine = ctx.engine
-    if engine is not None:
-        described = engine.info
+    loaded = ctx.model.loaded
+    if loaded is not None:
+        described = loaded.engine.info
         tokenizer_file = described.hf_folder / "tokenizer.json"
         info |= {
             "model_id": described.model_id,
             "model_source": str(described.source_path),
             "model_sha256": described.source_sha256,
             "tokenizer_sha256": _file_sha256(tokenizer_file) if tokenizer_file.is_file() else None,
-            "chat_template_sha256": template_sha256(
-                ctx.renderer.template if ctx.renderer else None
-            ),
+            "chat_template_sha256": template_sha256(loaded.renderer.template),
             "dtype": described.dtype,
             "quantization": described.quantization,
             "kv_cache_dtype": described.kv_cache_dtype,
@@ -121,10 +118,10 @@ async def tokenize(body: TokenizeRequest, ctx: ServerContext = Depends(context))
 
 
 def _tokenize_json(ctx: ServerContext, body: TokenizeRequest) -> bytes:
-    info = ctx.require_engine().info
+    loaded = ctx.model.require()
+    info = loaded.engine.info
     if body.messages is not None:
-        assert ctx.renderer is not None
-        tokens = ctx.renderer.token_ids(body.messages, None, body.add_generation_prompt)
+        tokens = loaded.renderer.token_ids(body.messages, None, body.add_generation_prompt)
     else:
         assert body.prompt is not None
         tokens = info.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
