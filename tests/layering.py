@@ -19,7 +19,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({ROOT, "api", "http", "plan", "manifests", "cost"}),
     frozenset({"engine", "launch"}),
     frozenset({"server", "gateway", "bench", "eval", "observe"}),
-    frozenset({"up", "cli"}),
+    frozenset({"up", "cli", "__main__"}),
 )
 
 # They speak HTTP to an engine: importing the engine or the server would load torch.

@@ -7,7 +7,7 @@ allows no free whitespace, so a tiny model cannot pad forever, and it ends the
 generation by allowing the end-of-sequence token only once the JSON is complete.
 
 Why xgrammar and not llguidance: ``benchmarks/structured_libraries.py`` (numbers in
-``docs/structured-output.md``).
+``docs/benchmarks.md``, section "Structured output").
 
 xgrammar is imported, and the tokenizer's vocabulary read into it (~0.5 s together on a
 2-core CPU), by the first schema compiled, not at server start: most servers never get

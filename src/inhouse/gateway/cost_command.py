@@ -18,15 +18,15 @@ def cost_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     cost_file: Annotated[
         Path | None,
-        typer.Option("--cost", help="A TOML file whose [cost] section to use (else --config's)."),
+        typer.Option("--cost", help="A TOML file whose \\[cost] section to use (else --config's)."),
     ] = None,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
     """Cost per million tokens, per request and per successful task against the hosted API
-    in `[cost]`, and the break-even volume. A successful task: answered 200 with finish
+    in `\\[cost]`, and the break-even volume. A successful task: answered 200 with finish
     reason stop or tool_calls, and not retried with the same prompt by the same key within
-    `[cost] retry_window_s`."""
+    `\\[cost] retry_window_s`."""
     # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.cost.compare import compare, report_lines
     from inhouse.cost.settings import CostConfigError, load_cost

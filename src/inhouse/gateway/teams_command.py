@@ -17,7 +17,7 @@ teams_app = typer.Typer(
 
 QuotaOption = Annotated[int | None, typer.Option(help="Tokens per period (0: no quota).")]
 BudgetOption = Annotated[
-    float | None, typer.Option(help="Money per period, at [cost] prices (0: no budget).")
+    float | None, typer.Option(help="Money per period, at \\[cost] prices (0: no budget).")
 ]
 SoftOption = Annotated[
     bool | None,

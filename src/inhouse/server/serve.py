@@ -101,7 +101,8 @@ def serve_command(
         int | None,
         typer.Option(
             help="Under priority and fair, the most decodes of a worse priority one step runs "
-            "while better-priority work is active, in turns (default 4; 0: no cap).",
+            "while better-priority work is active, in turns (default 4; 0: no cap); "
+            "between interactive requests one, and no worse prefill.",
         ),
     ] = None,
     speculative_config: Annotated[

@@ -83,7 +83,7 @@ def up_command(
     shadow: Annotated[float, typer.Option(help="Share mirrored to the --canary.")] = 0.0,
     cost: Annotated[
         Path | None,
-        typer.Option(help="TOML file whose [cost] section prices team budgets (inhouse cost)."),
+        typer.Option(help="TOML file whose \\[cost] section prices team budgets (inhouse cost)."),
     ] = None,
 ) -> None:
     """Start engine replicas and the gateway in front of them on http://127.0.0.1:8000."""
