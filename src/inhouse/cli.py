@@ -9,10 +9,10 @@ from inhouse.bench.command import bench_app
 from inhouse.cost.command import cost_command
 from inhouse.eval.command import eval_command
 from inhouse.gateway.command import audit_command, gateway_command, keys_app
-from inhouse.gateway.release_command import release_app
-from inhouse.gateway.teams_command import teams_app
+from inhouse.gateway.releases.command import release_app
 from inhouse.gateway.up import up_command
-from inhouse.gateway.usage_command import usage_command
+from inhouse.gateway.usage.command import usage_command
+from inhouse.gateway.usage.teams_command import teams_app
 from inhouse.models.command import models_app
 from inhouse.observe.command import observe_app
 from inhouse.plan.command import plan

@@ -22,7 +22,7 @@ from inhouse.gateway.audit import recent_rows
 from inhouse.gateway.config import parse_config
 from inhouse.gateway.db import shadow_pairs
 from inhouse.gateway.handler import Gateway
-from inhouse.gateway.releases import BackendRef, Guardrails, NewRelease
+from inhouse.gateway.releases.store import BackendRef, Guardrails, NewRelease
 
 HELLO = [{"role": "user", "content": "hello"}]
 STABLE, CANDIDATE = "Hi!", "Yo!"

@@ -24,8 +24,8 @@ from sqlalchemy import create_engine, text
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.gateway.releases import BackendRef, NewRelease, ReleaseStore
-from inhouse.gateway.teams import TeamStore
+from inhouse.gateway.releases.store import BackendRef, NewRelease, ReleaseStore
+from inhouse.gateway.usage.teams import TeamStore
 from serving import Process, audit_rows, burst, free_port, inhouse_command, serve_process
 
 pgserver = pytest.importorskip("pgserver", reason="pip install -e '.[dev]' (pgserver)")

@@ -19,7 +19,7 @@ from inhouse.gateway.backends import HealthChecker
 from inhouse.gateway.config import parse_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.teams import TeamStore
+from inhouse.gateway.usage.teams import TeamStore
 
 DAY = 86400.0
 ManualClock = Any  # tests/gateway/conftest.py's clock fixture: call it, advance it

@@ -25,7 +25,7 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.gateway.teams import TeamStore
+from inhouse.gateway.usage.teams import TeamStore
 from inhouse.observe.dashboard import queries
 from inhouse.observe.rules import AlertThresholds, rules_yaml
 from inhouse.observe.scrape import prometheus_yaml

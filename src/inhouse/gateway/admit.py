@@ -14,8 +14,8 @@ from inhouse.gateway.limits import Admission, KeyLimiter, LimitCalls, limit_erro
 from inhouse.gateway.parse import Parsed
 from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
-from inhouse.gateway.teams import TeamStore, team_exhausted
 from inhouse.gateway.tokens import budget
+from inhouse.gateway.usage.teams import TeamStore, team_exhausted
 
 UNMETERED_ENDPOINTS = frozenset({"tokenize", "detokenize"})  # no model runs: no RPM, TPM, quota
 

@@ -23,17 +23,17 @@ from inhouse.gateway.console.install import install_console
 from inhouse.gateway.db import open_database, sqlite_path
 from inhouse.gateway.front import GatewayFront
 from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
-from inhouse.gateway.guardrail import Guardrail
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.limits import KeyLimiter
 from inhouse.gateway.metrics import GatewayMetrics, scrape_targets
 from inhouse.gateway.openapi import install_openapi
 from inhouse.gateway.proxy import UpstreamClients
-from inhouse.gateway.releases import ReleaseStore
+from inhouse.gateway.releases.guardrail import Guardrail
+from inhouse.gateway.releases.store import ReleaseStore
 from inhouse.gateway.routing import Router
 from inhouse.gateway.scrape_auth import may_scrape, public_health, scrape_refused
-from inhouse.gateway.teams import TeamStore
+from inhouse.gateway.usage.teams import TeamStore
 from inhouse.http_errors import install_error_handlers
 
 

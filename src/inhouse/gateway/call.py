@@ -6,17 +6,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from inhouse.gateway.answer_checks import Expectations
-from inhouse.gateway.canary import ReleasePick
 from inhouse.gateway.config import ModelRoute
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import Needs
 from inhouse.gateway.priority import DEFAULT_CLASS
+from inhouse.gateway.releases.answer_checks import Expectations
+from inhouse.gateway.releases.canary import ReleasePick
 from inhouse.gateway.routing import Lease
 from inhouse.wire.openai import ToolCallFragment, Usage
 
 if TYPE_CHECKING:
-    from inhouse.gateway.shadow import ShadowTicket
+    from inhouse.gateway.releases.shadow import ShadowTicket
 
 
 @dataclass(slots=True)

@@ -38,7 +38,7 @@ def gateway_command(
     """Run the authenticated gateway (keys, limits, audit, routing, health, fallback)."""
     import dataclasses
 
-    from inhouse.gateway.serve import run_gateway
+    from inhouse.gateway.run import run_gateway
 
     settings = _load_config(config)
     given = (("host", host), ("port", port), ("access_log", access_log))
@@ -267,7 +267,7 @@ def settings_for(config: Path | None, database: str | None) -> Any:
 
 def _ensure_team(config: Path | None, database: str | None, name: str) -> None:
     from inhouse.gateway.db import open_database
-    from inhouse.gateway.teams import TeamStore
+    from inhouse.gateway.usage.teams import TeamStore
 
     TeamStore(open_database(settings_for(config, database).database)).ensure(name)
 

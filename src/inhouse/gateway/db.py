@@ -244,7 +244,7 @@ def open_database(url: str) -> Engine:
         event.listen(db, "connect", _sqlite_pragmas)
     _create_tables(db)
     add_missing(db, metadata)
-    from inhouse.gateway.rollup import backfill  # it reads these tables
+    from inhouse.gateway.usage.rollup import backfill  # it reads these tables
 
     backfill(db)
     return db

@@ -15,7 +15,6 @@ from starlette.types import Receive
 
 from inhouse.api.errors import APIError, service_unavailable
 from inhouse.gateway.call import Call, Outcome
-from inhouse.gateway.canary import apply_release, capped
 from inhouse.gateway.config import HealthSettings
 from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.ledger import CLIENT_CLOSED, Ledger, final_status
@@ -28,6 +27,7 @@ from inhouse.gateway.proxy import (
     read_answer,
     relay_events,
 )
+from inhouse.gateway.releases.canary import apply_release, capped
 from inhouse.gateway.routing import Overloaded, Router
 from inhouse.gateway.settle import Settler
 from inhouse.http1 import Response as UpstreamResponse

@@ -14,11 +14,9 @@ from starlette.types import Receive
 from inhouse.api.body import json_object
 from inhouse.api.errors import APIError, server_error
 from inhouse.gateway.admit import Admitter, Refusal
-from inhouse.gateway.answer_checks import Expectations
 from inhouse.gateway.audit import AuditWriter, Redactor
 from inhouse.gateway.authn import authenticate
 from inhouse.gateway.call import Outcome
-from inhouse.gateway.canary import ReleaseRouter
 from inhouse.gateway.config import GatewayConfig
 from inhouse.gateway.degrade import Degrader
 from inhouse.gateway.forward import Forwarder
@@ -28,12 +26,14 @@ from inhouse.gateway.limits import KeyLimiter, LimitCalls
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.parse import model_name, parse
 from inhouse.gateway.proxy import GENERATING_ENDPOINTS, UpstreamClients
-from inhouse.gateway.release_metrics import ReleaseMetrics
-from inhouse.gateway.releases import ReleaseStore
+from inhouse.gateway.releases.answer_checks import Expectations
+from inhouse.gateway.releases.canary import ReleaseRouter
+from inhouse.gateway.releases.metrics import ReleaseMetrics
+from inhouse.gateway.releases.shadow import ShadowMirror
+from inhouse.gateway.releases.store import ReleaseStore
 from inhouse.gateway.routing import Router
 from inhouse.gateway.settle import Settler
-from inhouse.gateway.shadow import ShadowMirror
-from inhouse.gateway.teams import TeamStore
+from inhouse.gateway.usage.teams import TeamStore
 from inhouse.http_errors import error_response
 
 log = logging.getLogger("inhouse.gateway")

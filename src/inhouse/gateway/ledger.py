@@ -7,13 +7,13 @@ import time
 from typing import Any
 
 from inhouse.api.errors import APIError
-from inhouse.gateway.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
 from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.metrics import GatewayMetrics
-from inhouse.gateway.release_metrics import ReleaseMetrics
-from inhouse.gateway.shadow import Primary
+from inhouse.gateway.releases.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
+from inhouse.gateway.releases.metrics import ReleaseMetrics
+from inhouse.gateway.releases.shadow import Primary
 
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 

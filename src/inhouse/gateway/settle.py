@@ -15,7 +15,7 @@ from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.ledger import Ledger
 from inhouse.gateway.limits import KeyLimiter, LimitCalls
 from inhouse.gateway.routing import Router
-from inhouse.gateway.teams import TeamStore
+from inhouse.gateway.usage.teams import TeamStore
 
 DRAIN_SETTLE_S = 2.0
 

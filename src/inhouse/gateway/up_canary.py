@@ -23,7 +23,7 @@ from inhouse.launch.ports import free_port
 
 if TYPE_CHECKING:
     from inhouse.gateway.config import GatewayConfig
-    from inhouse.gateway.releases import ReleaseStore
+    from inhouse.gateway.releases.store import ReleaseStore
     from inhouse.launch.base import Engine, LaunchSettings
     from inhouse.launch.replicas import Replica
     from inhouse.models.manifest import Manifest
@@ -77,7 +77,7 @@ class CanaryWatch(threading.Thread):
 
     def run(self) -> None:
         from inhouse.gateway.db import open_database
-        from inhouse.gateway.releases import ReleaseError, ReleaseStore
+        from inhouse.gateway.releases.store import ReleaseError, ReleaseStore
         from inhouse.launch.base import Health
         from inhouse.launch.replicas import stop_replicas, wait_started
 
@@ -106,8 +106,8 @@ class CanaryWatch(threading.Thread):
     def _register(self, store: ReleaseStore) -> int:
         """The candidate as the model's new candidate release (replacing one left by an
         earlier `inhouse up`, whose replica is gone); its number."""
-        from inhouse.gateway.release_command import pinned_manifest
-        from inhouse.gateway.releases import BackendRef, NewRelease
+        from inhouse.gateway.releases.command import pinned_manifest
+        from inhouse.gateway.releases.store import BackendRef, NewRelease
 
         replica = self.candidate.replica
         os.environ[CANARY_KEY_ENV] = replica.endpoint.api_key

@@ -17,7 +17,7 @@ from inhouse.gateway.console.session import Sessions
 from inhouse.gateway.console.web import HERE, Web
 from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
 from inhouse.gateway.handler import Gateway
-from inhouse.gateway.usage import UnknownGrouping, as_csv, as_records, usage
+from inhouse.gateway.usage.report import UnknownGrouping, as_csv, as_records, usage
 from inhouse.http_errors import error_response
 
 

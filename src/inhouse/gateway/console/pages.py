@@ -21,7 +21,7 @@ from inhouse.gateway.console.web import HEADERS, Web, same_origin
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import AuthError
 from inhouse.gateway.priority import CLASSES
-from inhouse.gateway.usage import GROUPINGS, usage
+from inhouse.gateway.usage.report import GROUPINGS, usage
 
 WARN_AT = 0.8  # a team's share of its budget shown as a warning (as the Prometheus alert)
 

@@ -54,7 +54,7 @@ def teams_update(
     database: DatabaseOption = None,
 ) -> None:
     """Change a team's quota, budget, period or hard stop; applies from its next request."""
-    from inhouse.gateway.teams import UnknownTeam
+    from inhouse.gateway.usage.teams import UnknownTeam
 
     changes = _limits(quota_tokens, budget, hard_stop)
     if period is not None:
@@ -111,6 +111,6 @@ def _limits(quota: int | None, budget: float | None, hard_stop: bool | None) -> 
 
 def _teams(config: Path | None, database: str | None) -> Any:
     from inhouse.gateway.db import open_database
-    from inhouse.gateway.teams import TeamStore
+    from inhouse.gateway.usage.teams import TeamStore
 
     return TeamStore(open_database(settings_for(config, database).database))

@@ -23,18 +23,18 @@ from typing import Any
 
 from sqlalchemy import Engine, insert
 
-from inhouse.gateway.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
 from inhouse.gateway.audit import Redactor
 from inhouse.gateway.backends import Backend
 from inhouse.gateway.call import Call, Outcome
-from inhouse.gateway.canary import Answering, apply_release, capped
 from inhouse.gateway.config import ReleaseSettings
 from inhouse.gateway.db import shadow_pairs
 from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.proxy import GENERATING_ENDPOINTS, UpstreamClients, prepare, relay_events
-from inhouse.gateway.release_metrics import ReleaseMetrics
+from inhouse.gateway.releases.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
+from inhouse.gateway.releases.canary import Answering, apply_release, capped
+from inhouse.gateway.releases.metrics import ReleaseMetrics
 
-log = logging.getLogger("inhouse.gateway.shadow")
+log = logging.getLogger("inhouse.gateway.releases.shadow")
 
 FLUSH_AFTER_S = 0.5  # pairs are inserted in batches: one statement per half second
 

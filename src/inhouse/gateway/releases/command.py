@@ -19,7 +19,7 @@ from inhouse.gateway.command import ConfigOption, DatabaseOption, settings_for
 
 if TYPE_CHECKING:
     from inhouse.gateway.config import GatewayConfig
-    from inhouse.gateway.releases import NewRelease, ReleaseState, ReleaseStore
+    from inhouse.gateway.releases.store import NewRelease, ReleaseState, ReleaseStore
     from inhouse.models.manifest import Manifest
 
 release_app = typer.Typer(
@@ -39,7 +39,7 @@ def status_command(
     database: DatabaseOption = None,
 ) -> None:
     """Shares, releases, live figures with their intervals, and the latest changes."""
-    from inhouse.gateway.release_report import print_status, status_json
+    from inhouse.gateway.releases.report import print_status, status_json
 
     store = _store(config, database)
     report = status_json(store, model)
@@ -87,7 +87,7 @@ def canary_command(
 ) -> None:
     """Send PERCENT of MODEL's keys to a candidate release (sticky per key), and mirror
     SHADOW percent of the rest to it."""
-    from inhouse.gateway.releases import BackendRef, Guardrails, NewRelease
+    from inhouse.gateway.releases.store import BackendRef, Guardrails, NewRelease
 
     settings = settings_for(config, database)
     new = None
@@ -158,14 +158,14 @@ def compare_command(
     tool-call validity on both releases with their paired differences and exact McNemar
     p-values; TTFT, TPOT and latency p50/p99, output length; the canary's live figures;
     optionally the answers graded with an eval set; and a PNG."""
-    from inhouse.gateway.release_compare import compare, compare_text
+    from inhouse.gateway.releases.compare import compare, compare_text
 
     items = None if grade is None else _eval_set(grade)  # checked before anything is opened
     store = _store(config, database)
     grader = None
     if items is not None:
         from inhouse.gateway.keys import KeyStore, load_pepper
-        from inhouse.gateway.release_grade import grade_pairs
+        from inhouse.gateway.releases.grade import grade_pairs
 
         keys = KeyStore(store.db, load_pepper(settings_for(config, database)))
         grader = functools.partial(grade_pairs, store.db, keys.hash, model, items=items)
@@ -184,7 +184,7 @@ def _eval_set(path: Path) -> list[Any]:
 
 def _store(config: Path | None, database: str | None) -> ReleaseStore:
     from inhouse.gateway.db import open_database
-    from inhouse.gateway.releases import ReleaseStore
+    from inhouse.gateway.releases.store import ReleaseStore
 
     return ReleaseStore(open_database(settings_for(config, database).database))
 
@@ -192,7 +192,7 @@ def _store(config: Path | None, database: str | None) -> ReleaseStore:
 def _first(settings: GatewayConfig, model: str) -> NewRelease | None:
     """Release 1 if the model has none yet: its backends in the gateway config (None
     without a config)."""
-    from inhouse.gateway.releases import BackendRef, NewRelease
+    from inhouse.gateway.releases.store import BackendRef, NewRelease
 
     if not settings.models:
         return None
@@ -261,7 +261,7 @@ def _summary(state: ReleaseState) -> str:
 
 
 def _or_exit(action: Any) -> Any:
-    from inhouse.gateway.releases import ReleaseError
+    from inhouse.gateway.releases.store import ReleaseError
 
     try:
         return action()
