@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from inhouse.api.errors import APIError
 from inhouse.cost.settings import TokenPrices
 from inhouse.gateway.call import Call
+from inhouse.gateway.endpoints import ENDPOINTS
 from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.limits import Admission, KeyLimiter, LimitCalls, limit_error, quota_exceeded
 from inhouse.gateway.parse import Parsed
@@ -16,8 +17,6 @@ from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
 from inhouse.gateway.tokens import budget
 from inhouse.gateway.usage.teams import TeamStore, team_exhausted
-
-UNMETERED_ENDPOINTS = frozenset({"tokenize", "detokenize"})  # no model runs: no RPM, TPM, quota
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +47,7 @@ class Admitter:
         route, needs, endpoint, body = request.route, request.needs, request.endpoint, request.body
         prompt, cap = await budget(self.upstreams, self.router, key, route, endpoint, body, needs)
         reserve = needs.reserve(prompt, cap)
-        metered = endpoint not in UNMETERED_ENDPOINTS
+        metered = ENDPOINTS[endpoint].metered
         admission = await self.limits(self.limiter.admit, key, reserve, metered)
         if admission.allowed and metered and key.quota_tokens is not None:
             admission = await self._reserve_quota(key, reserve, ts, admission.headers)

@@ -19,13 +19,14 @@ from inhouse.gateway.authn import authenticate
 from inhouse.gateway.call import Outcome
 from inhouse.gateway.config import GatewayConfig
 from inhouse.gateway.degrade import Degrader
+from inhouse.gateway.endpoints import ENDPOINTS
 from inhouse.gateway.forward import Forwarder
 from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.ledger import Ledger
 from inhouse.gateway.limits import KeyLimiter, LimitCalls
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.parse import model_name, parse
-from inhouse.gateway.proxy import GENERATING_ENDPOINTS, UpstreamClients
+from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.releases.answer_checks import Expectations
 from inhouse.gateway.releases.canary import ReleaseRouter
 from inhouse.gateway.releases.metrics import ReleaseMetrics
@@ -115,7 +116,7 @@ class Gateway:
         try:
             self.degrader.apply(call)
             call.release = await self.releases.pick(key, call.route)
-            if call.release is not None and endpoint in GENERATING_ENDPOINTS:
+            if call.release is not None and ENDPOINTS[endpoint].generates:
                 call.expects = Expectations.of(body)
             self.shadow.start(call, body)
             response = await self.forwarder.forward(call, body, receive)

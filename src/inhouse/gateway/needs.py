@@ -21,32 +21,15 @@ from pydantic import ValidationError
 from inhouse.api.chat import ChatFields
 from inhouse.api.common import RequestModel
 from inhouse.api.completions import CompletionRequest
-from inhouse.api.embeddings import EmbeddingRequest
 from inhouse.api.errors import invalid_fields
-from inhouse.api.tokenize import DetokenizeRequest, TokenizeRequest
 from inhouse.gateway.config import Upstream
+from inhouse.gateway.endpoints import ENDPOINTS, Endpoint
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
 TEMPLATE_TOKENS = 64
 
-# What the gateway checks of each body before it forwards it: the same fields and ranges
-# `inhouse serve` checks (chat messages are left to the backend, which may take more kinds).
-ENDPOINT_FIELDS: dict[str, type[RequestModel]] = {
-    "chat/completions": ChatFields,
-    "completions": CompletionRequest,
-    "embeddings": EmbeddingRequest,
-    "tokenize": TokenizeRequest,
-    "detokenize": DetokenizeRequest,
-}
 IMAGE_PARTS = ("image_url", "input_image", "image")
-ENDPOINT_FEATURE = {
-    "chat/completions": "chat",
-    "completions": "completions",
-    "embeddings": "embeddings",
-    "tokenize": "chat",  # the chat model's tokenizer, at the backend's own /tokenize
-    "detokenize": "chat",
-}
 
 
 class BadRequest(ValueError):
@@ -88,10 +71,12 @@ class Needs:
 
 def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
     """Inspect an OpenAI request body for the capabilities and tokens it needs."""
-    fields = _checked_fields(endpoint, body)
-    features = {ENDPOINT_FEATURE[endpoint]}
+    route = ENDPOINTS[endpoint]
+    fields = _checked_fields(route, body)
+    features = {route.feature}
     longest: tuple[int, int] | None = None
-    if endpoint == "chat/completions":
+    param = route.prompt
+    if param == "messages":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("'messages' must be a non-empty list", "messages")
@@ -108,8 +93,7 @@ def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
         response_format = body.get("response_format")
         if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
             features.add("json_schema")
-    elif endpoint in ("completions", "embeddings"):
-        param = "prompt" if endpoint == "completions" else "input"
+    elif param is not None:  # a completions prompt or an embeddings input
         parts = _input_parts(body.get(param), param)
         prompt, bound = sum(p[0] for p in parts), sum(p[1] for p in parts)
         if len(parts) > 1:
@@ -126,7 +110,7 @@ def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
     return Needs(frozenset(features), prompt, output, choices, bound, longest)
 
 
-def _checked_fields(endpoint: str, body: dict[str, Any]) -> RequestModel:
+def _checked_fields(endpoint: Endpoint, body: dict[str, Any]) -> RequestModel:
     """The body's fields checked against the ranges of `inhouse.api.bounds`. ``stream`` is
     written back as the bool it means ("false" is false), so the gateway and the backend
     agree on whether the answer is a stream."""
@@ -136,7 +120,7 @@ def _checked_fields(endpoint: str, body: dict[str, Any]) -> RequestModel:
     if "priority" in body:
         checked = {name: value for name, value in body.items() if name != "priority"}
     try:
-        fields = ENDPOINT_FIELDS[endpoint].model_validate(checked)
+        fields = endpoint.fields.model_validate(checked)
     except ValidationError as err:
         refused = invalid_fields(err.errors())
         raise BadRequest(refused.message, refused.param) from None

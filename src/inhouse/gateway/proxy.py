@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from inhouse.gateway.call import Outcome
 from inhouse.gateway.config import Upstream
+from inhouse.gateway.endpoints import ENDPOINTS
 from inhouse.gateway.needs import output_param
 from inhouse.gateway.priority import DEFAULT_CLASS, VLLM_PRIORITY
 from inhouse.http1 import Http1Client
@@ -32,9 +33,6 @@ from inhouse.http1 import Response as UpstreamResponse
 from inhouse.wire.auth import auth_headers, error_body
 from inhouse.wire.openai import EventSplitter, event_data, read_chunk
 
-GENERATING_ENDPOINTS = frozenset({"chat/completions", "completions"})
-# Endpoints outside /v1 (vLLM's and `inhouse serve`'s).
-UPSTREAM_PATHS = {"tokenize": "/tokenize", "detokenize": "/detokenize"}
 LEAVE_WATCH_AFTER_S = 0.25
 
 
@@ -61,7 +59,8 @@ def prepare(
     that take it; the client's own `priority` never passes: it was read into the class)."""
     out = dict(body)
     out["model"] = upstream.model
-    if endpoint in GENERATING_ENDPOINTS:
+    generates = ENDPOINTS[endpoint].generates
+    if generates:
         param, _ = output_param(body)
         out.pop("max_tokens", None)
         out.pop("max_completion_tokens", None)
@@ -72,12 +71,12 @@ def prepare(
         wants_usage = bool(options.get("include_usage"))
         options["include_usage"] = True
         out["stream_options"] = options
-    if upstream.saltable and cache_salt is not None and endpoint in GENERATING_ENDPOINTS:
+    if upstream.saltable and cache_salt is not None and generates:
         out["cache_salt"] = cache_salt
     else:
         out.pop("cache_salt", None)
     out.pop("priority", None)
-    if upstream.prioritized and endpoint in GENERATING_ENDPOINTS:
+    if upstream.prioritized and generates:
         out["priority"] = VLLM_PRIORITY[priority]
     return Forward(out, upstream, endpoint, wants_usage)
 
@@ -100,7 +99,7 @@ class UpstreamClients:
     async def open(self, forward: Forward, stack: contextlib.AsyncExitStack) -> UpstreamResponse:
         """Send the request; the response (body unread) lives until `stack` closes."""
         body = json.dumps(forward.body).encode()
-        path = UPSTREAM_PATHS.get(forward.endpoint, f"/v1/{forward.endpoint}")
+        path = ENDPOINTS[forward.endpoint].path
         exchange = self.client(forward.upstream).post(path, body)
         return await stack.enter_async_context(exchange)
 

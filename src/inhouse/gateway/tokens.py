@@ -16,6 +16,7 @@ from typing import Any
 
 from inhouse.gateway.backends import BackendState
 from inhouse.gateway.config import ModelRoute, Upstream
+from inhouse.gateway.endpoints import ENDPOINTS
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import Needs, tools_bound
 from inhouse.gateway.proxy import UpstreamClients
@@ -51,7 +52,7 @@ async def budget(
         counted = await count_prompt(upstreams, router, route.name, endpoint, body, needs)
         prompt, longest = counted.tokens, counted.longest
         context = counted.max_model_len or context
-    if needs.max_output is None and context is not None and endpoint != "embeddings":
+    if needs.max_output is None and context is not None and ENDPOINTS[endpoint].generates:
         cap = max(1, min(cap, context - longest))  # each prompt of a batch has its own context
     return prompt, cap
 
@@ -78,16 +79,18 @@ async def count_prompt(
             answer = await _tokenize(upstreams, upstream, request)
         count, limit = answer.get("count"), answer.get("max_model_len")
         if isinstance(count, int) and count >= 0:
-            extra = tools_bound(body) if endpoint == "chat/completions" else 0
+            extra = tools_bound(body) if ENDPOINTS[endpoint].prompt == "messages" else 0
             limit = limit if isinstance(limit, int) else None
             return PromptCount(count + extra, count + extra, limit)  # one prompt: no batch
     return bound
 
 
 def _tokenize_body(endpoint: str, body: dict[str, Any]) -> dict[str, Any] | None:
-    if endpoint == "chat/completions":
+    """What `/tokenize` counts of a chat's messages or a completion's one text prompt."""
+    prompt = ENDPOINTS[endpoint].prompt
+    if prompt == "messages":
         return {"messages": body["messages"], "add_generation_prompt": True}
-    if endpoint == "completions" and isinstance(body.get("prompt"), str):
+    if prompt == "prompt" and isinstance(body.get("prompt"), str):
         return {"prompt": body["prompt"]}
     return None
 

@@ -28,8 +28,9 @@ from inhouse.gateway.backends import Backend
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.config import ReleaseSettings
 from inhouse.gateway.db import shadow_pairs
+from inhouse.gateway.endpoints import ENDPOINTS
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.proxy import GENERATING_ENDPOINTS, UpstreamClients, prepare, relay_events
+from inhouse.gateway.proxy import UpstreamClients, prepare, relay_events
 from inhouse.gateway.releases.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
 from inhouse.gateway.releases.canary import Answering, apply_release, capped
 from inhouse.gateway.releases.metrics import ReleaseMetrics
@@ -96,7 +97,7 @@ class ShadowMirror:
         if target is None:
             return
         model = call.route.name
-        if call.endpoint not in GENERATING_ENDPOINTS or not _may_mirror(call, target):
+        if not ENDPOINTS[call.endpoint].generates or not _may_mirror(call, target):
             self._metrics.shadow.labels(model, "skipped").inc()
             return
         if len(self._tasks) >= self._settings.shadow_max_in_flight:
