@@ -5,7 +5,7 @@ from inhouse.gateway.config import Upstream
 from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.needs import read_needs
 from inhouse.gateway.routing import Lease
-from inhouse.gateway.settle import charge
+from inhouse.gateway.settlement import charge
 
 NAMES = itertools.count()
 

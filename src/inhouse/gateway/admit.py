@@ -13,9 +13,9 @@ from inhouse.gateway.endpoints import ENDPOINTS
 from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.limits import Admission, KeyLimiter, LimitCalls, limit_error, quota_exceeded
 from inhouse.gateway.parse import Parsed
-from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
 from inhouse.gateway.tokens import budget
+from inhouse.gateway.upstream import UpstreamClients
 from inhouse.gateway.usage.teams import TeamStore, team_exhausted
 
 

@@ -28,11 +28,11 @@ from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.limits import KeyLimiter
 from inhouse.gateway.metrics import GatewayMetrics, scrape_targets
 from inhouse.gateway.openapi import install_openapi
-from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.releases.guardrail import Guardrail
 from inhouse.gateway.releases.store import ReleaseStore
 from inhouse.gateway.routing import Router
 from inhouse.gateway.scrape_auth import may_scrape, public_health, scrape_refused
+from inhouse.gateway.upstream import UpstreamClients
 from inhouse.gateway.usage.teams import TeamStore
 from inhouse.http_errors import install_error_handlers
 

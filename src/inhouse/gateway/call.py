@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -13,7 +12,6 @@ from inhouse.gateway.priority import DEFAULT_CLASS
 from inhouse.gateway.releases.answer_checks import Expectations
 from inhouse.gateway.releases.canary import ReleasePick
 from inhouse.gateway.routing import Lease
-from inhouse.wire.openai import ToolCallFragment, Usage
 
 if TYPE_CHECKING:
     from inhouse.gateway.releases.shadow import ShadowTicket
@@ -21,7 +19,7 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Outcome:
-    """What came back from upstream, filled in as it passes."""
+    """What came back from upstream, filled in as it passes (by `upstream` alone)."""
 
     status: int = 0
     completed: bool = False  # False while a stream is still passing (or was cut off)
@@ -35,24 +33,9 @@ class Outcome:
     # collected with the text: the first choice's tool calls, index -> (name, arguments)
     tool_calls: dict[int, tuple[str, str]] = field(default_factory=dict)
 
-    def add_tool_calls(self, fragments: Iterable[ToolCallFragment]) -> None:
-        """Join tool-call fragments: the name comes once, the arguments in pieces."""
-        for piece in fragments:
-            name, arguments = self.tool_calls.get(piece.index, ("", ""))
-            self.tool_calls[piece.index] = (name or piece.name, arguments + piece.arguments)
-
     def calls(self) -> list[tuple[str, str]]:
         """The tool calls collected, in order: (name, arguments JSON text)."""
         return [self.tool_calls[i] for i in sorted(self.tool_calls)]
-
-    def read_usage(self, usage: Usage | None) -> None:
-        """Take the counts the upstream reported."""
-        if usage is None:
-            return
-        if usage.prompt_tokens is not None:
-            self.prompt_tokens = usage.prompt_tokens
-        if usage.completion_tokens is not None:
-            self.completion_tokens = usage.completion_tokens
 
 
 @dataclass(slots=True)

@@ -1,5 +1,5 @@
 """One request through the gateway, step by step: authenticate (`authn`) → parse (`parse`) →
-admit (`admit`) → route and relay (`forward`) → settle (`settle`) → audit (`ledger`)."""
+admit (`admit`) → route and relay (`upstream`) → settle and audit (`settlement`)."""
 
 from __future__ import annotations
 
@@ -16,24 +16,21 @@ from inhouse.api.errors import APIError, server_error
 from inhouse.gateway.admit import Admitter, Refusal
 from inhouse.gateway.audit import AuditWriter, Redactor
 from inhouse.gateway.authn import authenticate
-from inhouse.gateway.call import Outcome
 from inhouse.gateway.config import GatewayConfig
 from inhouse.gateway.degrade import Degrader
 from inhouse.gateway.endpoints import ENDPOINTS
-from inhouse.gateway.forward import Forwarder
 from inhouse.gateway.keys import ApiKey, KeyStore
-from inhouse.gateway.ledger import Ledger
 from inhouse.gateway.limits import KeyLimiter, LimitCalls
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.parse import model_name, parse
-from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.releases.answer_checks import Expectations
 from inhouse.gateway.releases.canary import ReleaseRouter
 from inhouse.gateway.releases.metrics import ReleaseMetrics
 from inhouse.gateway.releases.shadow import ShadowMirror
 from inhouse.gateway.releases.store import ReleaseStore
 from inhouse.gateway.routing import Router
-from inhouse.gateway.settle import Settler
+from inhouse.gateway.settlement import Ledger, Settler
+from inhouse.gateway.upstream import Forwarder, UpstreamClients
 from inhouse.gateway.usage.teams import TeamStore
 from inhouse.http_errors import error_response
 
@@ -125,7 +122,7 @@ class Gateway:
             return response
         except Exception:  # a bug must not leak the key's slots: answer 500 and settle
             log.exception("gateway: request to model %r failed", call.route.name)
-            return self.forwarder.fail(call, Outcome(), server_error())
+            return self.forwarder.fail(call, None, server_error())
 
     def _refuse(
         self, refusal: Refusal, key: ApiKey | None, model: str | None, endpoint: str, ts: float,

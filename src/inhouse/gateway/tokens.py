@@ -19,8 +19,8 @@ from inhouse.gateway.config import ModelRoute, Upstream
 from inhouse.gateway.endpoints import ENDPOINTS
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import Needs, tools_bound
-from inhouse.gateway.proxy import UpstreamClients
 from inhouse.gateway.routing import Router
+from inhouse.gateway.upstream import UpstreamClients
 
 TOKENIZE_TIMEOUT_S = 5.0
 
