@@ -3,7 +3,7 @@ import itertools
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.config import Upstream
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.needs import read_needs
+from inhouse.gateway.parsing import read_needs
 from inhouse.gateway.routing import Lease
 from inhouse.gateway.settlement import charge
 

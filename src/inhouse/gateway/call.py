@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from inhouse.gateway.config import ModelRoute
 from inhouse.gateway.keys import ApiKey
-from inhouse.gateway.needs import Needs
+from inhouse.gateway.parsing import Needs
 from inhouse.gateway.priority import DEFAULT_CLASS
 from inhouse.gateway.releases.answer_checks import Expectations
 from inhouse.gateway.releases.canary import ReleasePick

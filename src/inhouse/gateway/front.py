@@ -15,9 +15,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inhouse.api.errors import server_error
 from inhouse.gateway.access_log import AccessLog
-from inhouse.gateway.authn import authorization_values
 from inhouse.gateway.endpoints import BY_PATH
 from inhouse.gateway.handler import Gateway
+from inhouse.gateway.keys import authorization_values
 from inhouse.http_errors import error_response, method_not_allowed
 
 log = logging.getLogger("inhouse.gateway")

@@ -13,16 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inhouse.api.errors import APIError
-from inhouse.cost.settings import TokenPrices
 from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.keys import ApiKey, KeyStore
-from inhouse.gateway.limits import KeyLimiter, LimitCalls
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.releases.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
 from inhouse.gateway.releases.metrics import ReleaseMetrics
-from inhouse.gateway.routing import Router
-from inhouse.gateway.usage.teams import TeamStore
+from inhouse.gateway.state import GatewayState
 
 DRAIN_SETTLE_S = 2.0
 CLIENT_CLOSED = 499  # nginx's "client closed request"
@@ -174,13 +171,8 @@ def charge(call: Call, outcome: Outcome) -> tuple[int, int]:
 class Settler:
     """Settles each admitted call exactly once and counts those still open."""
 
-    keys: KeyStore
-    limiter: KeyLimiter
-    limits: LimitCalls
-    router: Router
+    state: GatewayState
     ledger: Ledger
-    teams: TeamStore
-    prices: TokenPrices
     active: int = field(default=0, init=False)  # admitted calls not yet settled
     _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
 
@@ -196,29 +188,33 @@ class Settler:
         call.settled = True
         self.active -= 1
         if call.lease is not None:
-            self.router.release(call.lease)
+            self.state.router.release(call.lease)
         prompt, completion = charge(call, outcome)
         self.ledger.settled(call, outcome, prompt, completion)
         charged = prompt + completion
         if call.team_hold is not None:
-            self._spawn(self._settle_team(call, (charged, self.prices.of(prompt, completion))))
-        if self.limits.blocking or call.key.quota_tokens is not None:
+            self._spawn(
+                self._settle_team(call, (charged, self.state.prices.of(prompt, completion)))
+            )
+        if self.state.limits.blocking or call.key.quota_tokens is not None:
             self._spawn(self._settle_limits(call, charged))
             return
-        self.limiter.settle(call.key, call.reserve, charged)
-        self.limiter.release(call.key)
+        self.state.limiter.settle(call.key, call.reserve, charged)
+        self.state.limiter.release(call.key)
 
     async def _settle_limits(self, call: Call, charged: int) -> None:
-        await self.limits(self.limiter.settle, call.key, call.reserve, charged)
+        await self.state.limits(self.state.limiter.settle, call.key, call.reserve, charged)
         if call.key.quota_tokens is not None:
             await asyncio.to_thread(
-                self.keys.settle_quota, call.key, call.ts, call.reserve, charged
+                self.state.keys.settle_quota, call.key, call.ts, call.reserve, charged
             )
-        self.limiter.release(call.key)
+        self.state.limiter.release(call.key)
 
     async def _settle_team(self, call: Call, charged: tuple[int, float]) -> None:
         assert call.key.team is not None and call.team_hold is not None
-        await asyncio.to_thread(self.teams.settle, call.key.team, call.ts, call.team_hold, charged)
+        await asyncio.to_thread(
+            self.state.teams.settle, call.key.team, call.ts, call.team_hold, charged
+        )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)

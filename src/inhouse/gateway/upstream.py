@@ -26,15 +26,15 @@ from starlette.types import Receive
 
 from inhouse.api.errors import APIError, service_unavailable
 from inhouse.gateway.call import Call, Outcome
-from inhouse.gateway.config import HealthSettings, Upstream
+from inhouse.gateway.config import Upstream
 from inhouse.gateway.endpoints import ENDPOINTS
-from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.needs import output_param
+from inhouse.gateway.parsing import output_param
 from inhouse.gateway.priority import DEFAULT_CLASS, VLLM_PRIORITY
 from inhouse.gateway.relay import LeaveWatch, RelayResponse
 from inhouse.gateway.releases.canary import apply_release, capped
-from inhouse.gateway.routing import Overloaded, Router
+from inhouse.gateway.routing import Overloaded
 from inhouse.gateway.settlement import CLIENT_CLOSED, Ledger, Settler, final_status
+from inhouse.gateway.state import GatewayState
 from inhouse.http1 import Http1Client
 from inhouse.http1 import Response as UpstreamResponse
 from inhouse.http_errors import error_response
@@ -191,13 +191,9 @@ def _note_event(
 class Forwarder:
     """Sends admitted calls upstream and answers the client with what comes back."""
 
-    keys: KeyStore
-    router: Router
-    upstreams: UpstreamClients
+    state: GatewayState
     settler: Settler
     ledger: Ledger
-    health: HealthSettings
-    timeout_s: float
 
     async def forward(self, call: Call, body: dict[str, Any], receive: Receive | None) -> Response:
         """The client's answer. With `receive`, a non-streamed call whose client disconnects
@@ -206,7 +202,7 @@ class Forwarder:
         stack = contextlib.AsyncExitStack()
         watch: LeaveWatch | None = None
         try:
-            async with asyncio.timeout(self.timeout_s) as deadline:
+            async with asyncio.timeout(self.state.config.request_timeout_s) as deadline:
                 if receive is not None and not call.stream:
                     watch = LeaveWatch(receive, deadline, call.leave)
                 opened = await self._open(call, body, outcome, stack)
@@ -276,7 +272,7 @@ class Forwarder:
             canaried = pick if pick is not None and pick.stable is not None else None
             may_fall_back = call.key.allow_fallback and canaried is None  # the stable's, not ours
             try:
-                call.lease = await self.router.acquire(
+                call.lease = await self.state.router.acquire(
                     call.route, call.needs, may_fall_back, frozenset(tried), pool, call.priority
                 )
             except Overloaded as err:
@@ -287,15 +283,15 @@ class Forwarder:
             lease = call.lease
             if lease.fallback:
                 self.ledger.fell_back(call.route.name)
-            salt = self.keys.cache_salt(call.key)
+            salt = self.state.keys.cache_salt(call.key)
             cap, sent = call.output_cap, body
             if pick is not None:
                 cap, sent = capped(cap, pick.answering), apply_release(body, pick.answering)
             forward = prepare(lease.upstream, call.endpoint, sent, salt, cap, call.priority)
             try:
-                upstream = await self.upstreams.open(forward, stack)
+                upstream = await self.state.upstreams.open(forward, stack)
             except (ConnectionRefusedError, socket.gaierror) as exc:
-                self.router.release(lease)
+                self.state.router.release(lease)
                 call.lease = None
                 if lease.backend is None:
                     error = service_unavailable(
@@ -303,8 +299,8 @@ class Forwarder:
                     )
                     return self.fail(call, outcome, error)
                 tried.add(id(lease.backend))
-                if lease.backend.record_failure(self.health, f"proxy: {exc!r}"[:200]):
-                    self.router.wake(call.route.name)
+                if lease.backend.record_failure(self.state.config.health, f"proxy: {exc!r}"[:200]):
+                    self.state.router.wake(call.route.name)
                 if canaried is not None:
                     call.release, tried = canaried.on_stable(), set()
                 continue
