@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from inhouse.gateway.audit import recent_rows
+from inhouse.gateway.audit.writer import recent_rows
 from inhouse.gateway.db import open_database
 from inhouse.launch.inhouse import inhouse_command
 from inhouse.launch.ports import free_port

@@ -15,7 +15,7 @@ from inhouse.cli import app
 from inhouse.cost.compare import compare
 from inhouse.cost.settings import CostConfigError, CostSettings, Owned, TokenPrices, parse_cost
 from inhouse.cost.traffic import Traffic, measured
-from inhouse.gateway.audit import AuditRecord, clean_row
+from inhouse.gateway.audit.writer import AuditRecord, clean_row
 from inhouse.gateway.db import audit_log, open_database
 
 DAY = 86400.0

@@ -14,7 +14,7 @@ import httpx
 import openai
 from canned_upstream import SLOW_MODEL, Canned
 
-from inhouse.gateway.audit import recent_rows
+from inhouse.gateway.audit.writer import recent_rows
 from inhouse.gateway.config import GatewayConfig
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper

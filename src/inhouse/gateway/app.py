@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from inhouse.api.models import ModelCard, ModelList
 from inhouse.body_limit import BodySizeLimit
 from inhouse.gateway.access_log import AccessLog
-from inhouse.gateway.audit import AuditWriter
+from inhouse.gateway.audit.writer import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
 from inhouse.gateway.config import GatewayConfig, default_state_dir
 from inhouse.gateway.console.install import install_console

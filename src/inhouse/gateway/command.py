@@ -56,7 +56,7 @@ def audit_command(
     from rich.console import Console
     from rich.table import Table
 
-    from inhouse.gateway.audit import recent_rows, totals_by_key
+    from inhouse.gateway.audit.writer import recent_rows, totals_by_key
     from inhouse.gateway.db import open_database
 
     db = open_database(settings_for(config, database).database)

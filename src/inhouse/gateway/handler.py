@@ -13,7 +13,7 @@ from starlette.types import Receive
 from inhouse.api.body import json_object
 from inhouse.api.errors import APIError, server_error
 from inhouse.gateway.admission import Admitter, Refusal
-from inhouse.gateway.audit import Redactor
+from inhouse.gateway.audit.writer import Redactor
 from inhouse.gateway.degrade import Degrader
 from inhouse.gateway.endpoints import ENDPOINTS
 from inhouse.gateway.keys import ApiKey, authenticate

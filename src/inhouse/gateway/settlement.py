@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inhouse.api.errors import APIError
-from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
+from inhouse.gateway.audit.writer import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.metrics import GatewayMetrics

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from inhouse.cost.settings import TokenPrices
-from inhouse.gateway.audit import AuditWriter
+from inhouse.gateway.audit.writer import AuditWriter
 from inhouse.gateway.config import GatewayConfig
 from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.limits import KeyLimiter, LimitCalls

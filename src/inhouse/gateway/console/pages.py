@@ -13,7 +13,7 @@ from starlette.responses import RedirectResponse, Response
 
 from inhouse.cost.compare import compare, report_lines
 from inhouse.cost.traffic import measured
-from inhouse.gateway.audit_search import AuditQuery, search
+from inhouse.gateway.audit.search import AuditQuery, search
 from inhouse.gateway.console import forms
 from inhouse.gateway.console.chart import bar_chart
 from inhouse.gateway.console.session import LOGIN_COOKIE, SESSION_COOKIE, Session

@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import Engine, insert
 
-from inhouse.gateway.audit import Redactor
+from inhouse.gateway.audit.writer import Redactor
 from inhouse.gateway.backends import Backend
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.config import ReleaseSettings

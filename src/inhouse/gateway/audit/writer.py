@@ -21,12 +21,12 @@ from typing import Any
 from sqlalchemy import Boolean, Column, Engine, Float, Integer, case, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
+from inhouse.gateway.audit.journal import REJECTED, Journal, Segment
 from inhouse.gateway.config import AuditSettings
 from inhouse.gateway.db import audit_log, audit_segments
-from inhouse.gateway.journal import REJECTED, Journal, Segment
 from inhouse.gateway.usage import rollup
 
-log = logging.getLogger("inhouse.gateway.audit")
+log = logging.getLogger("inhouse.gateway.audit.writer")
 
 SEGMENT_ROWS = 100_000
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
