@@ -22,7 +22,7 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from serving import Served, debian_binary, free_port, gateway_process, start_serve
+from serving import Served, debian_binary, free_port, gateway_process, gateway_toml, start_serve
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'")
 
@@ -40,35 +40,21 @@ class Console:
 
 
 def _config(port: int, db_url: str, served: Served) -> str:
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-
-[audit]
-flush_interval_s = 0.2
-
-[cost]
-currency = "CNY"
-[cost.hosted]
-input_per_million = 0.3
-output_per_million = 1.2
-[cost.owned]
-price = 15000
-watts = 450
-price_per_kwh = 0.6
-
-[[models]]
-name = "smol"
-
-[[models.backends]]
-name = "r1"
-url = "{served.url}"
-api_key = "serve-key"
-model = "{served.model}"
-capabilities = ["chat", "completions"]
-max_context = 2048
-"""
+    backend = {
+        "name": "r1", "url": served.url, "api_key": "serve-key", "model": served.model,
+        "capabilities": ["chat", "completions"], "max_context": 2048,
+    }  # fmt: skip
+    cost = {
+        "currency": "CNY",
+        "hosted": {"input_per_million": 0.3, "output_per_million": 1.2},
+        "owned": {"price": 15000, "watts": 450, "price_per_kwh": 0.6},
+    }
+    return gateway_toml(
+        {"port": port, "database": db_url},
+        [{"name": "smol", "backends": [backend]}],
+        audit={"flush_interval_s": 0.2},
+        cost=cost,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,15 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from serving import Process, audit_rows, burst, free_port, inhouse_command, serve_process
+from serving import (
+    Process,
+    audit_rows,
+    burst,
+    free_port,
+    gateway_toml,
+    inhouse_command,
+    serve_process,
+)
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve is not importable")
 
@@ -74,33 +82,16 @@ class Stack:
 
 
 def _config(port: int, db_url: str, serve_url: str, key: str) -> str:
-    backend = f"""
-[[models.backends]]
-url = "{serve_url}"
-api_key = "{key}"
-model = "{UPSTREAM_MODEL}"
-max_context = 2048
-"""
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-drain_timeout_s = {DRAIN_S}
-
-[health]
-interval_s = 1
-
-[audit]
-flush_interval_s = 0.2
-
-[[models]]
-name = "smol"
-default_max_tokens = {DEFAULT_CAP}
-{backend}
-[[models]]
-name = "smol-capped"
-{backend}max_output = 5
-"""
+    backend = {"url": serve_url, "api_key": key, "model": UPSTREAM_MODEL, "max_context": 2048}
+    return gateway_toml(
+        {"port": port, "database": db_url, "drain_timeout_s": DRAIN_S},
+        [
+            {"name": "smol", "default_max_tokens": DEFAULT_CAP, "backends": [backend]},
+            {"name": "smol-capped", "backends": [{**backend, "max_output": 5}]},
+        ],
+        health={"interval_s": 1},
+        audit={"flush_interval_s": 0.2},
+    )
 
 
 @pytest.fixture(scope="module")

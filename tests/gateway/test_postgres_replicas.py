@@ -26,7 +26,15 @@ from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.releases.store import BackendRef, NewRelease, ReleaseStore
 from inhouse.gateway.usage.teams import TeamStore
-from serving import Process, audit_rows, burst, free_port, inhouse_command, serve_process
+from serving import (
+    Process,
+    audit_rows,
+    burst,
+    free_port,
+    gateway_toml,
+    inhouse_command,
+    serve_process,
+)
 
 pgserver = pytest.importorskip("pgserver", reason="pip install -e '.[dev]' (pgserver)")
 pytest.importorskip("psycopg", reason="pip install -e '.[dev]' (psycopg[binary])")
@@ -53,34 +61,18 @@ class Replicas:
 
 
 def _config(port: int, db_url: str, pepper: Path, backend_url: str, backend_key: str) -> str:
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-pepper_file = "{pepper}"
-shared_limits = true
-
-[health]
-interval_s = 2
-
-[audit]
-flush_interval_s = 0.2
-
-[cost.hosted]  # a token costs 1: a team's money budget counts tokens
-input_per_million = 1e6
-output_per_million = 1e6
-
-[[models]]
-name = "smol"
-
-[[models.backends]]
-name = "b1"
-url = "{backend_url}"
-api_key = "{backend_key}"
-model = "{UPSTREAM_MODEL}"
-capabilities = ["chat", "completions"]
-max_context = 2048
-"""
+    backend = {
+        "name": "b1", "url": backend_url, "api_key": backend_key, "model": UPSTREAM_MODEL,
+        "capabilities": ["chat", "completions"], "max_context": 2048,
+    }  # fmt: skip
+    return gateway_toml(
+        {"port": port, "database": db_url, "pepper_file": pepper, "shared_limits": True},
+        [{"name": "smol", "backends": [backend]}],
+        health={"interval_s": 2},
+        audit={"flush_interval_s": 0.2},
+        # a token costs 1: a team's money budget counts tokens
+        cost={"hosted": {"input_per_million": 1e6, "output_per_million": 1e6}},
+    )
 
 
 @pytest.fixture(scope="module")
