@@ -22,7 +22,7 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from serving import Served, debian_binary, free_port, gateway_process, gateway_toml, start_serve
+from serving import SERVE_KEY, Served, debian_binary, free_port, gateway_process, gateway_toml
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'")
 
@@ -41,7 +41,7 @@ class Console:
 
 def _config(port: int, db_url: str, served: Served) -> str:
     backend = {
-        "name": "r1", "url": served.url, "api_key": "serve-key", "model": served.model,
+        "name": "r1", "url": served.url, "api_key": SERVE_KEY, "model": served.model,
         "capabilities": ["chat", "completions"], "max_context": 2048,
     }  # fmt: skip
     cost = {
@@ -58,9 +58,9 @@ def _config(port: int, db_url: str, served: Served) -> str:
 
 
 @pytest.fixture(scope="module")
-def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+def console(tmp_path_factory: pytest.TempPathFactory, bundled_serve: Served) -> Iterator[Console]:
     base = tmp_path_factory.mktemp("console-browser")
-    served = start_serve(base / "serve.log")
+    served = bundled_serve
     port = free_port()
     config_path = base / "inhouse.toml"
     gateway = gateway_process(config_path, _config(port, f"sqlite:///{base / 'gw.db'}", served))
@@ -74,7 +74,6 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         yield Console(f"http://127.0.0.1:{port}", admin, base, gateway.log)
     finally:
         gateway.stop()
-        served.stop()
         artefacts = os.environ.get("INHOUSE_ARTEFACTS")
         if artefacts:
             for shot in base.glob("*.png"):

@@ -42,7 +42,7 @@ HOLD_TOKENS = 1000  # big's slot stays taken through the whole degrade scenario
 
 
 @pytest.fixture(scope="module")
-def backends(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def backends(tmp_path_factory: pytest.TempPathFactory, bundled_serve: Served) -> Any:
     from transformers import LlamaConfig
 
     base = tmp_path_factory.mktemp("degrade")
@@ -52,13 +52,7 @@ def backends(tmp_path_factory: pytest.TempPathFactory) -> Any:
         base / "small.log", model=str(folder), served_model_name="small-random",
         max_model_len="512",
     )  # fmt: skip
-    try:
-        big = start_serve(base / "big.log")
-    except BaseException:
-        small.stop()
-        raise
-    yield big, small
-    big.stop()
+    yield bundled_serve, small  # big: the session's serve of the bundled model
     small.stop()
 
 

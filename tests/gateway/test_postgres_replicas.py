@@ -27,13 +27,14 @@ from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.releases.store import BackendRef, NewRelease, ReleaseStore
 from inhouse.gateway.usage.teams import TeamStore
 from serving import (
+    SERVE_KEY,
     Process,
+    Served,
     audit_rows,
     burst,
     free_port,
     gateway_toml,
     inhouse_command,
-    serve_process,
 )
 
 pgserver = pytest.importorskip("pgserver", reason="pip install -e '.[dev]' (pgserver)")
@@ -108,32 +109,30 @@ def test_replicas_starting_together_on_an_empty_database_all_start(postgres: str
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory: pytest.TempPathFactory, postgres: str) -> Iterator[Replicas]:
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory, postgres: str, bundled_serve: Served
+) -> Iterator[Replicas]:
     base = tmp_path_factory.mktemp("pg-replicas")
     pepper = base / "pepper"
     pepper.write_text(secrets.token_hex(32))
-    backend_key = secrets.token_urlsafe(24)
-    ports = [free_port() for _ in range(3)]
-    backend_url = f"http://127.0.0.1:{ports[0]}"
-    backend = serve_process(ports[0], backend_key, base / "serve.log")
+    ports = [free_port() for _ in range(2)]
     gateways = []
-    for i, port in enumerate(ports[1:]):
+    for i, port in enumerate(ports):
         config = base / f"gateway-{i}.toml"
-        config.write_text(_config(port, postgres, pepper, backend_url, backend_key))
+        config.write_text(_config(port, postgres, pepper, bundled_serve.url, SERVE_KEY))
         args = [*inhouse_command(), "gateway", "--config", str(config)]
         gateways.append(Process(args, base / f"gateway-{i}.log"))
-    gateway_urls = [f"http://127.0.0.1:{port}" for port in ports[1:]]
+    gateway_urls = [f"http://127.0.0.1:{port}" for port in ports]
     config = load_config(base / "gateway-0.toml")
     store = KeyStore(open_database(config.database), load_pepper(config))
     try:
-        for proc in (backend, *gateways):
+        for proc in gateways:
             proc.start()
-        backend.wait_healthy(f"{backend_url}/health", 300)
         for proc, url in zip(gateways, gateway_urls, strict=True):
             proc.wait_healthy(f"{url}/health", 60)
         yield Replicas(gateway_urls, store, postgres)
     finally:
-        for proc in (*gateways, backend):
+        for proc in gateways:
             proc.stop()
 
 
