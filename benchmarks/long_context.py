@@ -47,7 +47,7 @@ def measure(concurrency: list[int]) -> dict[str, float]:
     from inhouse.engine.engine import LLMEngine
     from inhouse.engine.models.loader import load_model
     from inhouse.engine.request import EngineRequest
-    from inhouse.engine.sampling import SamplingParams
+    from inhouse.engine.sampling_params import SamplingParams
 
     loaded = load_model(None)
     config = EngineConfig(max_num_seqs=4)

@@ -14,7 +14,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from inhouse.api.models import ModelCard, ModelList
-from inhouse.body_limit import BodySizeLimit
 from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.audit.writer import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
@@ -33,7 +32,8 @@ from inhouse.gateway.routing import Router
 from inhouse.gateway.state import GatewayState
 from inhouse.gateway.upstream import UpstreamClients
 from inhouse.gateway.usage.teams import TeamStore
-from inhouse.http_errors import install_error_handlers
+from inhouse.http.body_limit import BodySizeLimit
+from inhouse.http.errors import install_error_handlers
 
 
 def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time) -> Gateway:

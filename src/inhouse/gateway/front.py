@@ -18,7 +18,7 @@ from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.endpoints import BY_PATH
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import authorization_values
-from inhouse.http_errors import error_response, method_not_allowed
+from inhouse.http.errors import error_response, method_not_allowed
 
 log = logging.getLogger("inhouse.gateway")
 

@@ -26,7 +26,7 @@ from inhouse.gateway.releases.store import ReleaseStore
 from inhouse.gateway.settlement import Ledger, Settler
 from inhouse.gateway.state import GatewayState
 from inhouse.gateway.upstream import Forwarder
-from inhouse.http_errors import error_response
+from inhouse.http.errors import error_response
 
 log = logging.getLogger("inhouse.gateway")
 

@@ -28,11 +28,12 @@ from sqlalchemy import Engine, bindparam, case, insert, select, update
 from starlette.requests import Request
 from starlette.responses import Response
 
+from inhouse.api.auth import bearer_token
 from inhouse.api.errors import APIError, authentication_error, invalid_request
 from inhouse.gateway.config import ConfigError, GatewayConfig
 from inhouse.gateway.db import api_keys, sqlite_path
 from inhouse.gateway.priority import DEFAULT_CLASS, check_class
-from inhouse.http_errors import error_response
+from inhouse.http.errors import error_response
 
 KEY_PREFIX = "ih-"
 PEPPER_ENV = "INHOUSE_GATEWAY_PEPPER"
@@ -358,8 +359,7 @@ async def authenticate(keys: KeyStore, headers: Sequence[str]) -> ApiKey:
     database runs in a thread, off the event loop."""
     if len(headers) > 1:
         raise several_authorizations(len(headers))
-    scheme, _, secret = (headers[0] if headers else "").partition(" ")
-    presented = secret.strip() if scheme.lower() == "bearer" else None
+    presented = bearer_token(headers[0] if headers else "")
     try:
         if keys.lookup_is_local:
             return keys.authenticate(presented)

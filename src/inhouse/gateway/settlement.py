@@ -12,7 +12,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from inhouse.api.errors import APIError
+from inhouse.api.errors import CLIENT_CLOSED, APIError
 from inhouse.gateway.audit.writer import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.keys import ApiKey, KeyStore
@@ -22,7 +22,6 @@ from inhouse.gateway.releases.metrics import ReleaseMetrics
 from inhouse.gateway.state import GatewayState
 
 DRAIN_SETTLE_S = 2.0
-CLIENT_CLOSED = 499  # nginx's "client closed request"
 
 
 def final_status(call: Call, outcome: Outcome) -> int:

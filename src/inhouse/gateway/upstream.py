@@ -6,7 +6,7 @@ Streams pass through event by event with no buffering. The gateway forces
 usage chunk again when the client did not ask for it. What passes is recorded in the
 Outcome, so a stream cut off early is charged what was sent.
 
-Upstream requests go over a lean keep-alive HTTP/1.1 client (`inhouse.http1`, one per
+Upstream requests go over a lean keep-alive HTTP/1.1 client (`inhouse.http.client`, one per
 upstream origin), which spends far less CPU per request than httpx.
 """
 
@@ -24,7 +24,9 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive
 
-from inhouse.api.errors import APIError, service_unavailable
+from inhouse.api.answers import EventSplitter, ToolCallFragment, UsageCounts, event_data, read_chunk
+from inhouse.api.auth import auth_headers
+from inhouse.api.errors import CLIENT_CLOSED, APIError, error_body, service_unavailable
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.config import Upstream
 from inhouse.gateway.endpoints import ENDPOINTS
@@ -33,13 +35,11 @@ from inhouse.gateway.priority import DEFAULT_CLASS, VLLM_PRIORITY
 from inhouse.gateway.relay import LeaveWatch, RelayResponse
 from inhouse.gateway.releases.canary import apply_release, capped
 from inhouse.gateway.routing import Overloaded
-from inhouse.gateway.settlement import CLIENT_CLOSED, Ledger, Settler, final_status
+from inhouse.gateway.settlement import Ledger, Settler, final_status
 from inhouse.gateway.state import GatewayState
-from inhouse.http1 import Http1Client
-from inhouse.http1 import Response as UpstreamResponse
-from inhouse.http_errors import error_response
-from inhouse.wire.auth import auth_headers, error_body
-from inhouse.wire.openai import EventSplitter, ToolCallFragment, Usage, event_data, read_chunk
+from inhouse.http.client import Http1Client
+from inhouse.http.client import Response as UpstreamResponse
+from inhouse.http.errors import error_response
 
 SHUTTING_DOWN = service_unavailable("the gateway is shutting down; retry on another replica")
 
@@ -320,7 +320,7 @@ def _upstream_error(exc: BaseException) -> APIError:
     return APIError(502, f"upstream error: {type(exc).__name__}", type="server_error")
 
 
-def _read_usage(outcome: Outcome, usage: Usage | None) -> None:
+def _read_usage(outcome: Outcome, usage: UsageCounts | None) -> None:
     """Take the counts the upstream reported."""
     if usage is None:
         return

@@ -18,7 +18,7 @@ from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import authenticate
 from inhouse.gateway.limits import Gcra, MemoryTatStore, SqlTatStore
 from inhouse.gateway.usage.report import UnknownGrouping, as_csv, as_records, usage
-from inhouse.http_errors import error_response
+from inhouse.http.errors import error_response
 
 
 def install_console(app: FastAPI, gateway: Gateway) -> None:
