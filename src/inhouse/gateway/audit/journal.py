@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("inhouse.gateway.audit.writer")
+log = logging.getLogger("inhouse.gateway.audit")
 
 SUFFIX = ".jsonl"
 REJECTED = "rejected.jsonl"

@@ -26,7 +26,7 @@ from inhouse.gateway.config import AuditSettings
 from inhouse.gateway.db import audit_log, audit_segments
 from inhouse.gateway.usage import rollup
 
-log = logging.getLogger("inhouse.gateway.audit.writer")
+log = logging.getLogger("inhouse.gateway.audit")
 
 SEGMENT_ROWS = 100_000
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -30,7 +30,7 @@ from inhouse.gateway.routing import Router
 
 BUCKETS = 10_000
 
-log = logging.getLogger("inhouse.gateway.releases.store")
+log = logging.getLogger("inhouse.gateway.releases")
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from inhouse.gateway.releases.figures import live_figures, shadow_figures
 from inhouse.gateway.releases.metrics import ReleaseMetrics
 from inhouse.gateway.releases.store import Guardrails, ReleaseState, ReleaseStore
 
-log = logging.getLogger("inhouse.gateway.releases.store")
+log = logging.getLogger("inhouse.gateway.releases")
 
 ACTOR = "guardrail"
 

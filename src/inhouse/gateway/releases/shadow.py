@@ -35,7 +35,7 @@ from inhouse.gateway.releases.canary import Answering, apply_release, capped
 from inhouse.gateway.releases.metrics import ReleaseMetrics
 from inhouse.gateway.upstream import UpstreamClients, prepare, relay_events
 
-log = logging.getLogger("inhouse.gateway.releases.shadow")
+log = logging.getLogger("inhouse.gateway.shadow")
 
 FLUSH_AFTER_S = 0.5  # pairs are inserted in batches: one statement per half second
 
