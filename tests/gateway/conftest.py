@@ -69,9 +69,11 @@ def pair(upstreams: tuple[Canned, Canned]) -> tuple[Canned, Canned]:
 @pytest.fixture(scope="session")
 def bundled_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One `inhouse serve` of the bundled model (`SERVE_OPTIONS`, key `SERVE_KEY`) shared by
-    the modules that only send it requests: none of them stops, restarts or reconfigures it,
-    and what they read back (audit rows, keys, limits) lives in each module's own gateway
-    database, so loading the model once spares each module its start-up."""
+    the modules that only send it short requests: none of them stops, restarts or
+    reconfigures it, and what they read back (audit rows, keys, limits) lives in each
+    module's own gateway database, so loading the model once spares each module its
+    start-up. (The degrade scenario keeps its own: its long held streams would still be
+    generating, taking CPU from the next module.)"""
     served = start_serve(tmp_path_factory.mktemp("bundled-serve") / "serve.log")
     try:
         yield served

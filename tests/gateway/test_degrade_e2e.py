@@ -42,7 +42,7 @@ HOLD_TOKENS = 1000  # big's slot stays taken through the whole degrade scenario
 
 
 @pytest.fixture(scope="module")
-def backends(tmp_path_factory: pytest.TempPathFactory, bundled_serve: Served) -> Any:
+def backends(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from transformers import LlamaConfig
 
     base = tmp_path_factory.mktemp("degrade")
@@ -52,7 +52,13 @@ def backends(tmp_path_factory: pytest.TempPathFactory, bundled_serve: Served) ->
         base / "small.log", model=str(folder), served_model_name="small-random",
         max_model_len="512",
     )  # fmt: skip
-    yield bundled_serve, small  # big: the session's serve of the bundled model
+    try:
+        big = start_serve(base / "big.log")
+    except BaseException:
+        small.stop()
+        raise
+    yield big, small
+    big.stop()
     small.stop()
 
 
