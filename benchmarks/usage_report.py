@@ -1,5 +1,5 @@
 """Usage report timing: a 30-day per-person (and per-team, per-day) report over N audit rows
-on SQLite and on PostgreSQL (pgserver), through `inhouse.gateway.usage.usage`.
+on SQLite and on PostgreSQL (pgserver), through `inhouse.gateway.usage.report.usage`.
 
 Method: a fresh database per engine, created by `open_database` (so with the schema's
 indexes); N rows spread uniformly over the last 30 days across 500 people, 25 teams and
@@ -23,8 +23,9 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from inhouse.gateway import rollup, usage
 from inhouse.gateway.db import open_database, schema_marks
+from inhouse.gateway.usage import report as usage
+from inhouse.gateway.usage import rollup
 
 DAYS = 30
 COLUMNS = ("ts", "key_name", "team", "model", "endpoint", "status", "stream", "prompt_tokens",

@@ -5,11 +5,13 @@ concurrent OpenAI calls at a gateway."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from inhouse.gateway.audit import recent_rows
+from inhouse.gateway.audit.writer import recent_rows
 from inhouse.gateway.db import open_database
 from inhouse.launch.inhouse import inhouse_command
 from inhouse.launch.ports import free_port
@@ -122,6 +124,38 @@ def serve_process(
         if value is not None:
             args += [f"--{name.replace('_', '-')}", value]
     return Process(args, log, {"INHOUSE_API_KEY": key})
+
+
+def gateway_toml(
+    gateway: dict[str, Any], models: Iterable[dict[str, Any]], **tables: dict[str, Any]
+) -> str:
+    """The gateway's TOML: the `[gateway]` table, then each of `tables` (`health`, `audit`,
+    `cost`, `releases`: a dict value is written inline), then each model as `[[models]]` with
+    its `backends` list as `[[models.backends]]`."""
+    parts = [_toml_table("[gateway]", gateway)]
+    parts += [_toml_table(f"[{name}]", values) for name, values in tables.items()]
+    for model in models:
+        backends = model.get("backends", ())
+        parts.append(_toml_table("[[models]]", {k: v for k, v in model.items() if k != "backends"}))
+        parts += [_toml_table("[[models.backends]]", backend) for backend in backends]
+    return "\n".join(parts)
+
+
+def _toml_table(header: str, values: dict[str, Any]) -> str:
+    lines = [header, *(f"{name} = {_toml_value(v)}" for name, v in values.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | Path):
+        return json.dumps(str(value))  # a TOML basic string takes JSON's escapes
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    return "[" + ", ".join(_toml_value(v) for v in value) + "]"
 
 
 def gateway_process(config_path: Path, config_text: str) -> Process:

@@ -12,7 +12,7 @@ from inhouse.api import bounds
 from inhouse.api.body import json_object, tree_problem
 from inhouse.api.chat import ChatCompletionRequest
 from inhouse.api.errors import APIError
-from inhouse.gateway.needs import BadRequest, read_needs
+from inhouse.gateway.parsing import BadRequest, read_needs
 
 HI = [{"role": "user", "content": "hi"}]
 EDGES = [  # (field, the last value accepted, the first refused)

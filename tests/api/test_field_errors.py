@@ -14,7 +14,7 @@ from inhouse.api.chat import ChatCompletionRequest
 from inhouse.api.completions import CompletionRequest
 from inhouse.api.embeddings import EmbeddingRequest
 from inhouse.api.errors import invalid_fields
-from inhouse.gateway.needs import BadRequest, read_needs
+from inhouse.gateway.parsing import BadRequest, read_needs
 
 HI = [{"role": "user", "content": "hi"}]
 MODELS = {

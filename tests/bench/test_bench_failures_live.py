@@ -22,34 +22,18 @@ from typer.testing import CliRunner
 from inhouse.bench.schema import RESULTS_SCHEMA
 from inhouse.cli import app
 from serving import SERVE_KEY as API_KEY
-from serving import Served, free_port, inhouse_command, start_serve, stop, wait_healthy
+from serving import (
+    Served,
+    free_port,
+    gateway_toml,
+    inhouse_command,
+    start_serve,
+    stop,
+    wait_healthy,
+)
 
 pytest.importorskip("inhouse.server")
 pytestmark = pytest.mark.slow
-
-GATEWAY_CONFIG = """
-[gateway]
-port = {port}
-database = "{database}"
-
-[health]
-interval_s = 0.5
-timeout_s = 5
-
-[[models]]
-name = "smol"
-policy = "queue"
-queue_max_depth = 4
-queue_max_wait_s = 1
-
-[[models.backends]]
-name = "serve"
-url = "{serve_url}"
-api_key = "{serve_key}"
-model = "{model}"
-capabilities = ["chat", "completions"]
-max_context = 512
-"""
 
 
 @dataclass
@@ -73,13 +57,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     served = start_serve(base / "serve.log", max_model_len="512", max_num_seqs="4")
     port, database = free_port(), f"sqlite:///{base / 'gateway.db'}"
     config_path = base / "gateway.toml"
+    backend = {
+        "name": "serve", "url": served.url, "api_key": API_KEY, "model": served.model,
+        "capabilities": ["chat", "completions"], "max_context": 512,
+    }  # fmt: skip
+    model = {"name": "smol", "policy": "queue", "queue_max_depth": 4, "queue_max_wait_s": 1}
     config_path.write_text(
-        GATEWAY_CONFIG.format(
-            port=port,
-            database=database,
-            serve_url=served.url,
-            serve_key=API_KEY,
-            model=served.model,
+        gateway_toml(
+            {"port": port, "database": database},
+            [{**model, "backends": [backend]}],
+            health={"interval_s": 0.5, "timeout_s": 5},
         )
     )
     store = KeyStore(open_database(database), load_pepper(load_config(config_path)))

@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 from inhouse.cli import app
 from inhouse.cost.compare import Traffic, compare
 from inhouse.cost.settings import CostConfigError, CostSettings, Owned, TokenPrices, parse_cost
-from inhouse.gateway.audit import AuditRecord, clean_row
+from inhouse.gateway.audit.writer import AuditRecord, clean_row
 from inhouse.gateway.db import audit_log, open_database
 from inhouse.gateway.traffic import measured
+from serving import gateway_toml
 
 DAY = 86400.0
 
@@ -48,8 +49,8 @@ operator_rate = 200
 
 def _config(tmp_path: Path, db_url: str) -> Path:
     path = tmp_path / "inhouse.toml"
-    path.write_text(f'[gateway]\ndatabase = "{db_url}"\n\n[[models]]\nname = "m"\n'
-                    f'[[models.backends]]\nurl = "http://127.0.0.1:1"\n{SEED_002}')  # fmt: skip
+    models = [{"name": "m", "backends": [{"url": "http://127.0.0.1:1"}]}]
+    path.write_text(gateway_toml({"database": db_url}, models) + SEED_002)
     return path
 
 

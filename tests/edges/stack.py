@@ -14,7 +14,7 @@ from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.server.serve import DEFAULT_EMBEDDING_NAME
-from serving import Process, free_port, inhouse_command
+from serving import Process, free_port, gateway_toml, inhouse_command
 
 CHAT_MODEL = "SmolLM2-135M-Instruct"
 STARTUP_TIMEOUT_S = 300
@@ -46,31 +46,17 @@ class Edges:
 
 
 def _gateway_config(port: int, db_url: str, serve_url: str, serve_key: str) -> str:
-    backend = """
-[[models]]
-name = "{name}"
-[[models.backends]]
-name = "{name}-1"
-url = "{url}"
-api_key = "{key}"
-model = "{model}"
-capabilities = {caps}
-"""
-    chat_caps = '["chat", "completions", "tools", "json_schema", "vision"]'
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-
-[health]
-interval_s = 5
-timeout_s = 30
-""" + "".join(
-        backend.format(name=name, url=serve_url, key=serve_key, model=model, caps=caps)
+    chat_caps = ["chat", "completions", "tools", "json_schema", "vision"]
+    models = [
+        {"name": name, "backends": [{"name": f"{name}-1", "url": serve_url, "api_key": serve_key,
+                                     "model": model, "capabilities": caps}]}
         for name, model, caps in (
             ("smol", CHAT_MODEL, chat_caps),
-            ("minilm", DEFAULT_EMBEDDING_NAME, '["embeddings"]'),
+            ("minilm", DEFAULT_EMBEDDING_NAME, ["embeddings"]),
         )
+    ]  # fmt: skip
+    return gateway_toml(
+        {"port": port, "database": db_url}, models, health={"interval_s": 5, "timeout_s": 30}
     )
 
 

@@ -25,7 +25,7 @@ from inhouse.launch.inhouse import inhouse_command
 from inhouse.launch.ports import free_port
 from inhouse.manifests.bundled import default_chat_model
 from inhouse.manifests.verify import lock
-from serving import Process, audit_rows, gateway_key, gateway_process
+from serving import Process, audit_rows, gateway_key, gateway_process, gateway_toml
 
 pytestmark = pytest.mark.slow
 
@@ -47,23 +47,15 @@ class Stack:
 
 
 def _gateway_config(port: int, db_url: str, serve_url: str, serve_key: str) -> str:
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-
-[audit]
-flush_interval_s = 0.2
-
-[[models]]
-name = "smol"
-[[models.backends]]
-name = "smol-1"
-url = "{serve_url}"
-api_key = "{serve_key}"
-model = "{CHAT_MODEL}"
-capabilities = ["chat", "completions", "tools", "json_schema"]
-"""
+    backend = {
+        "name": "smol-1", "url": serve_url, "api_key": serve_key, "model": CHAT_MODEL,
+        "capabilities": ["chat", "completions", "tools", "json_schema"],
+    }  # fmt: skip
+    return gateway_toml(
+        {"port": port, "database": db_url},
+        [{"name": "smol", "backends": [backend]}],
+        audit={"flush_interval_s": 0.2},
+    )
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""Shared helpers for gateway tests: a real SQLite file, a clock tests move by hand, and the
-release tests' two canned upstreams (see `release_env`)."""
+"""Shared helpers for gateway tests: a real SQLite file, a clock tests move by hand, the
+release tests' two canned upstreams (see `release_env`), and one `inhouse serve` of the
+bundled model for the whole session."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from release_env import CANDIDATE, STABLE
 
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore
+from serving import Served, start_serve
 
 
 class ManualClock:
@@ -62,3 +64,18 @@ def pair(upstreams: tuple[Canned, Canned]) -> tuple[Canned, Canned]:
     stable.reset(STABLE)
     candidate.reset(CANDIDATE)
     return stable, candidate
+
+
+@pytest.fixture(scope="session")
+def bundled_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One `inhouse serve` of the bundled model (`SERVE_OPTIONS`, key `SERVE_KEY`) shared by
+    the modules that only send it short requests: none of them stops, restarts or
+    reconfigures it, and what they read back (audit rows, keys, limits) lives in each
+    module's own gateway database, so loading the model once spares each module its
+    start-up. (The degrade scenario keeps its own: its long held streams would still be
+    generating, taking CPU from the next module.)"""
+    served = start_serve(tmp_path_factory.mktemp("bundled-serve") / "serve.log")
+    try:
+        yield served
+    finally:
+        served.stop()

@@ -14,11 +14,11 @@ import httpx
 import openai
 from canned_upstream import SLOW_MODEL, Canned
 
-from inhouse.gateway.audit import recent_rows
+from inhouse.gateway.audit.writer import recent_rows
 from inhouse.gateway.config import GatewayConfig
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from serving import Process, audit_rows, free_port, inhouse_command
+from serving import Process, audit_rows, free_port, gateway_toml, inhouse_command
 
 TOKEN_ENV = "INHOUSE_TEST_METRICS_TOKEN"
 MAX_CONTEXT = 2048
@@ -55,44 +55,34 @@ class Gateway:
         return [x for x in self.process.log.read_text().splitlines() if f" {path} HTTP" in x]
 
 
-def gateway_config(port: int, db_url: str, upstream: str, backend_key: str, extra: str) -> str:
-    def route(name: str, model: str) -> str:
-        return f"""
-[[models]]
-name = "{name}"
-[[models.backends]]
-name = "canned-{name}"
-url = "{upstream}"
-api_key = "{backend_key}"
-model = "{model}"
-kind = "vllm"
-capabilities = ["chat", "completions", "embeddings"]
-max_context = {MAX_CONTEXT}
-"""
+def gateway_config(
+    port: int, db_url: str, upstream: str, backend_key: str, extra: dict[str, Any]
+) -> str:
+    def route(name: str, model: str) -> dict[str, Any]:
+        backend = {
+            "name": f"canned-{name}", "url": upstream, "api_key": backend_key, "model": model,
+            "kind": "vllm", "capabilities": ["chat", "completions", "embeddings"],
+            "max_context": MAX_CONTEXT,
+        }  # fmt: skip
+        return {"name": name, "backends": [backend]}
 
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-drain_timeout_s = 1
-metrics_token_env = "{TOKEN_ENV}"
-{extra}
-[health]
-interval_s = 1
-
-[audit]
-flush_interval_s = 0.2
-{route("m", "up-model")}{route("slow", SLOW_MODEL)}"""
+    return gateway_toml(
+        {"port": port, "database": db_url, "drain_timeout_s": 1, "metrics_token_env": TOKEN_ENV,
+         **extra},
+        [route("m", "up-model"), route("slow", SLOW_MODEL)],
+        health={"interval_s": 1},
+        audit={"flush_interval_s": 0.2},
+    )  # fmt: skip
 
 
-def start_gateway(base: Path, canned: Canned, extra: str = "") -> Gateway:
-    """A gateway in `base` in front of `canned`, once its /health says 200; `extra` lines
+def start_gateway(base: Path, canned: Canned, extra: dict[str, Any] | None = None) -> Gateway:
+    """A gateway in `base` in front of `canned`, once its /health says 200; `extra` keys
     go into its [gateway] table."""
     base.mkdir(parents=True, exist_ok=True)
     port, db_url = free_port(), f"sqlite:///{base / 'gateway.db'}"
     backend_key, token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     config = base / "inhouse.toml"
-    config.write_text(gateway_config(port, db_url, canned.url, backend_key, extra))
+    config.write_text(gateway_config(port, db_url, canned.url, backend_key, extra or {}))
     args = [*inhouse_command(), "gateway", "--config", str(config)]
     process = Process(args, base / "gateway.log", {TOKEN_ENV: token})
     pepper = load_pepper(GatewayConfig(models=(), database=db_url))  # the file beside SQLite

@@ -18,11 +18,11 @@ from sqlalchemy import select
 
 from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.app import build_gateway, create_app
-from inhouse.gateway.audit import recent_rows
+from inhouse.gateway.audit.writer import recent_rows
 from inhouse.gateway.config import parse_config
 from inhouse.gateway.db import shadow_pairs
 from inhouse.gateway.handler import Gateway
-from inhouse.gateway.releases import BackendRef, Guardrails, NewRelease
+from inhouse.gateway.releases.store import BackendRef, Guardrails, NewRelease
 
 HELLO = [{"role": "user", "content": "hello"}]
 STABLE, CANDIDATE = "Hi!", "Yo!"

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from inhouse.gateway.access_log import AccessLog
-from serving import free_port, inhouse_command, stop, wait_healthy
+from serving import free_port, gateway_toml, inhouse_command, stop, wait_healthy
 
 SECRET = "ih-" + "s" * 43
 
@@ -48,8 +48,10 @@ def _gateway_log(tmp_path: Path, *flags: str) -> str:
     port = free_port()
     config = tmp_path / "inhouse.toml"
     config.write_text(
-        f'[gateway]\nport = {port}\ndatabase = "sqlite:///{tmp_path / "gw.db"}"\n'
-        '[[models]]\nname = "m"\n[[models.backends]]\nurl = "http://127.0.0.1:9"\n'
+        gateway_toml(
+            {"port": port, "database": f"sqlite:///{tmp_path / 'gw.db'}"},
+            [{"name": "m", "backends": [{"url": "http://127.0.0.1:9"}]}],
+        )
     )
     log = tmp_path / "gateway.log"
     with open(log, "wb") as out:

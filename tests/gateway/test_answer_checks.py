@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from inhouse.gateway.answer_checks import AnswerChecks, Expectations, check_answer
+from inhouse.gateway.releases.answer_checks import AnswerChecks, Expectations, check_answer
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 JSON_BODY = {

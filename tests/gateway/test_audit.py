@@ -12,7 +12,8 @@ from pathlib import Path
 
 from sqlalchemy import insert
 
-from inhouse.gateway.audit import (
+from inhouse.gateway.audit.journal import REJECTED
+from inhouse.gateway.audit.writer import (
     AuditRecord,
     AuditWriter,
     Redactor,
@@ -22,7 +23,6 @@ from inhouse.gateway.audit import (
 )
 from inhouse.gateway.config import AuditSettings
 from inhouse.gateway.db import audit_log, audit_segments, open_database
-from inhouse.gateway.journal import REJECTED
 
 
 def _row(i: int, name: str = "a", **fields: object) -> AuditRecord:

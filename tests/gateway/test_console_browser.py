@@ -22,7 +22,7 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from serving import Served, debian_binary, free_port, gateway_process, start_serve
+from serving import SERVE_KEY, Served, debian_binary, free_port, gateway_process, gateway_toml
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'")
 
@@ -40,41 +40,27 @@ class Console:
 
 
 def _config(port: int, db_url: str, served: Served) -> str:
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-
-[audit]
-flush_interval_s = 0.2
-
-[cost]
-currency = "CNY"
-[cost.hosted]
-input_per_million = 0.3
-output_per_million = 1.2
-[cost.owned]
-price = 15000
-watts = 450
-price_per_kwh = 0.6
-
-[[models]]
-name = "smol"
-
-[[models.backends]]
-name = "r1"
-url = "{served.url}"
-api_key = "serve-key"
-model = "{served.model}"
-capabilities = ["chat", "completions"]
-max_context = 2048
-"""
+    backend = {
+        "name": "r1", "url": served.url, "api_key": SERVE_KEY, "model": served.model,
+        "capabilities": ["chat", "completions"], "max_context": 2048,
+    }  # fmt: skip
+    cost = {
+        "currency": "CNY",
+        "hosted": {"input_per_million": 0.3, "output_per_million": 1.2},
+        "owned": {"price": 15000, "watts": 450, "price_per_kwh": 0.6},
+    }
+    return gateway_toml(
+        {"port": port, "database": db_url},
+        [{"name": "smol", "backends": [backend]}],
+        audit={"flush_interval_s": 0.2},
+        cost=cost,
+    )
 
 
 @pytest.fixture(scope="module")
-def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+def console(tmp_path_factory: pytest.TempPathFactory, bundled_serve: Served) -> Iterator[Console]:
     base = tmp_path_factory.mktemp("console-browser")
-    served = start_serve(base / "serve.log")
+    served = bundled_serve
     port = free_port()
     config_path = base / "inhouse.toml"
     gateway = gateway_process(config_path, _config(port, f"sqlite:///{base / 'gw.db'}", served))
@@ -88,7 +74,6 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         yield Console(f"http://127.0.0.1:{port}", admin, base, gateway.log)
     finally:
         gateway.stop()
-        served.stop()
         artefacts = os.environ.get("INHOUSE_ARTEFACTS")
         if artefacts:
             for shot in base.glob("*.png"):

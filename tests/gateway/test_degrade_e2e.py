@@ -22,7 +22,15 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from serving import SERVE_KEY, Served, audit_rows, free_port, gateway_process, start_serve
+from serving import (
+    SERVE_KEY,
+    Served,
+    audit_rows,
+    free_port,
+    gateway_process,
+    gateway_toml,
+    start_serve,
+)
 from tiny_models import TINY_COMMON, save_tiny
 
 pytestmark = pytest.mark.slow
@@ -84,45 +92,23 @@ class Stack:
 
 
 def _config(port: int, db_url: str, big: Served, small: Served, policy: str) -> str:
-    degrade = (
-        f'degrade_to = "small"\ndegrade_after_s = {DEGRADE_AFTER_S}' if policy == "degrade" else ""
-    )
+    degrade = {"degrade_to": "small", "degrade_after_s": DEGRADE_AFTER_S}
     short = INTERACTIVE_WAIT_S if policy == "degrade" else 120
-    waits = f"{{interactive = {short}, default = {short}, batch = 120}}"
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-drain_timeout_s = 1
-
-[health]
-interval_s = 1
-
-[audit]
-flush_interval_s = 0.2
-
-[[models]]
-name = "big"
-policy = "{policy}"
-{degrade}
-queue_max_wait_s = {waits}
-[[models.backends]]
-name = "big-1"
-url = "{big.url}"
-api_key = "{SERVE_KEY}"
-model = "{big.model}"
-kind = "inhouse"
-max_in_flight = 1
-
-[[models]]
-name = "small"
-[[models.backends]]
-name = "small-1"
-url = "{small.url}"
-api_key = "{SERVE_KEY}"
-model = "{small.model}"
-kind = "inhouse"
-"""
+    waits = {"interactive": short, "default": short, "batch": 120}
+    return gateway_toml(
+        {"port": port, "database": db_url, "drain_timeout_s": 1},
+        [
+            {"name": "big", "policy": policy, **(degrade if policy == "degrade" else {}),
+             "queue_max_wait_s": waits,
+             "backends": [{"name": "big-1", "url": big.url, "api_key": SERVE_KEY,
+                           "model": big.model, "kind": "inhouse", "max_in_flight": 1}]},
+            {"name": "small",
+             "backends": [{"name": "small-1", "url": small.url, "api_key": SERVE_KEY,
+                           "model": small.model, "kind": "inhouse"}]},
+        ],
+        health={"interval_s": 1},
+        audit={"flush_interval_s": 0.2},
+    )  # fmt: skip
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from serving import (
     audit_rows,
     burst,
     free_port,
+    gateway_toml,
     inhouse_command,
     serve_process,
     wait_healthy,
@@ -87,52 +88,28 @@ class Stack:
 def _config(
     port: int, db_url: str, urls: list[str], fallback_url: str, keys: tuple[str, str]
 ) -> str:
-    replica = """
-[[models.backends]]
-name = "r{i}"
-url = "{url}"
-api_key = "{key}"
-model = "{model}"
-capabilities = ["chat", "completions"]
-max_context = 2048
-"""
-    backends = "".join(
-        replica.format(i=i + 1, url=u, key=keys[0], model=UPSTREAM_MODEL)
+    chat = ["chat", "completions"]
+    replicas = [
+        {"name": f"r{i + 1}", "url": u, "api_key": keys[0], "model": UPSTREAM_MODEL,
+         "capabilities": chat, "max_context": 2048}
         for i, u in enumerate(urls)
-    )
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-
-[health]
-interval_s = {HEALTH_INTERVAL_S}
-timeout_s = 5
-
-[audit]
-flush_interval_s = 0.2
-
-[[models]]
-name = "smol"
-policy = "queue"
-queue_max_depth = 16
-queue_max_wait_s = {QUEUE_WAIT_S}
-{backends}
-[[models]]
-name = "smol-r1"
-{replica.format(i=1, url=urls[0], key=keys[0], model=UPSTREAM_MODEL)}
-[[models]]
-name = "smol-fb"
-policy = "fallback"
-queue_max_wait_s = 2
-{backends}
-[models.fallback]
-name = "fb"
-url = "{fallback_url}"
-api_key = "{keys[1]}"
-model = "{UPSTREAM_MODEL}"
-capabilities = ["chat", "completions"]
-"""
+    ]  # fmt: skip
+    fallback = {
+        "name": "fb", "url": fallback_url, "api_key": keys[1], "model": UPSTREAM_MODEL,
+        "capabilities": chat,
+    }  # fmt: skip
+    return gateway_toml(
+        {"port": port, "database": db_url},
+        [
+            {"name": "smol", "policy": "queue", "queue_max_depth": 16,
+             "queue_max_wait_s": QUEUE_WAIT_S, "backends": replicas},
+            {"name": "smol-r1", "backends": replicas[:1]},
+            {"name": "smol-fb", "policy": "fallback", "queue_max_wait_s": 2,
+             "fallback": fallback, "backends": replicas},
+        ],
+        health={"interval_s": HEALTH_INTERVAL_S, "timeout_s": 5},
+        audit={"flush_interval_s": 0.2},
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")

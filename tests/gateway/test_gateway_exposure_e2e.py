@@ -103,7 +103,7 @@ def test_x_forwarded_for_from_an_untrusted_client_is_not_the_client(gateway: Gat
 def test_x_forwarded_for_from_a_trusted_proxy_names_the_client(
     tmp_path: Path, canned: Canned
 ) -> None:
-    trusting = start_gateway(tmp_path, canned, 'trusted_proxies = ["127.0.0.1"]')
+    trusting = start_gateway(tmp_path, canned, {"trusted_proxies": ["127.0.0.1"]})
     try:
         forged = {"X-Forwarded-For": "203.0.113.7"}
         assert httpx.get(f"{trusting.url}/v1/models", headers=forged).status_code == 401

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from inhouse.gateway.db import open_database
-from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
+from inhouse.gateway.limits import Gcra, MemoryTatStore, SqlTatStore
 
 
 def test_burst_equals_the_limit_then_refills_smoothly(clock) -> None:

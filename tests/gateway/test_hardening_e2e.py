@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import signal
 import stat
 import threading
@@ -28,7 +27,16 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from serving import Process, audit_rows, burst, free_port, inhouse_command, serve_process
+from serving import (
+    SERVE_KEY,
+    Process,
+    Served,
+    audit_rows,
+    burst,
+    free_port,
+    gateway_toml,
+    inhouse_command,
+)
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve is not importable")
 
@@ -74,59 +82,36 @@ class Stack:
 
 
 def _config(port: int, db_url: str, serve_url: str, key: str) -> str:
-    backend = f"""
-[[models.backends]]
-url = "{serve_url}"
-api_key = "{key}"
-model = "{UPSTREAM_MODEL}"
-max_context = 2048
-"""
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-drain_timeout_s = {DRAIN_S}
-
-[health]
-interval_s = 1
-
-[audit]
-flush_interval_s = 0.2
-
-[[models]]
-name = "smol"
-default_max_tokens = {DEFAULT_CAP}
-{backend}
-[[models]]
-name = "smol-capped"
-{backend}max_output = 5
-"""
+    backend = {"url": serve_url, "api_key": key, "model": UPSTREAM_MODEL, "max_context": 2048}
+    return gateway_toml(
+        {"port": port, "database": db_url, "drain_timeout_s": DRAIN_S},
+        [
+            {"name": "smol", "default_max_tokens": DEFAULT_CAP, "backends": [backend]},
+            {"name": "smol-capped", "backends": [{**backend, "max_output": 5}]},
+        ],
+        health={"interval_s": 1},
+        audit={"flush_interval_s": 0.2},
+    )
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, bundled_serve: Served) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("gateway-hardening")
-    serve_key = secrets.token_urlsafe(24)
-    serve_port, gateway_port = free_port(), free_port()
-    serve = serve_process(serve_port, serve_key, base / "serve.log")
-    serve_url = f"http://127.0.0.1:{serve_port}"
+    gateway_port, serve_url = free_port(), bundled_serve.url
     db_url = f"sqlite:///{base / 'gateway.db'}"
     config_path = base / "inhouse.toml"
-    config_path.write_text(_config(gateway_port, db_url, serve_url, serve_key))
+    config_path.write_text(_config(gateway_port, db_url, serve_url, SERVE_KEY))
     gateway = Process(
         [*inhouse_command(), "gateway", "--config", str(config_path)], base / "gateway.log"
     )
     store = KeyStore(open_database(db_url), load_pepper(load_config(config_path)))
     try:
-        serve.start()
         gateway.start()
-        serve.wait_healthy(f"{serve_url}/health", 300)
         stack = Stack(base, f"http://127.0.0.1:{gateway_port}", serve_url, gateway, store, db_url)
         gateway.wait_healthy(f"{stack.gateway_url}/health", 60)
         yield stack
     finally:
         gateway.stop()
-        serve.stop()
 
 
 def test_tpm_burst_never_exceeds_the_limit(stack: Stack) -> None:

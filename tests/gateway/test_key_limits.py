@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from inhouse.gateway.gcra import Gcra, MemoryTatStore
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.limits import KeyLimiter, quota_exceeded
+from inhouse.gateway.limits import Gcra, KeyLimiter, MemoryTatStore, quota_exceeded
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from inhouse.cli import app
 from inhouse.launch.inhouse import inhouse_command
+from serving import gateway_toml
 
 
 def test_create_list_update_revoke(db_url: str) -> None:
@@ -40,9 +41,11 @@ def test_create_list_update_revoke(db_url: str) -> None:
 def test_a_config_the_command_cannot_use_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     """A backend's `api_key_env` unset: `inhouse keys create` says so in one line, exit 2."""
     config = tmp_path / "inhouse.toml"
+    backend = {"url": "http://127.0.0.1:9", "api_key_env": "INHOUSE_TEST_UNSET"}
     config.write_text(
-        f'[gateway]\ndatabase = "sqlite:///{tmp_path / "gw.db"}"\n[[models]]\nname = "m"\n'
-        '[[models.backends]]\nurl = "http://127.0.0.1:9"\napi_key_env = "INHOUSE_TEST_UNSET"\n'
+        gateway_toml(
+            {"database": f"sqlite:///{tmp_path / 'gw.db'}"}, [{"name": "m", "backends": [backend]}]
+        )
     )
     env = {k: v for k, v in os.environ.items() if k != "INHOUSE_TEST_UNSET"}
     done = subprocess.run(

@@ -24,9 +24,18 @@ from sqlalchemy import create_engine, text
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.gateway.releases import BackendRef, NewRelease, ReleaseStore
-from inhouse.gateway.teams import TeamStore
-from serving import Process, audit_rows, burst, free_port, inhouse_command, serve_process
+from inhouse.gateway.releases.store import BackendRef, NewRelease, ReleaseStore
+from inhouse.gateway.usage.teams import TeamStore
+from serving import (
+    SERVE_KEY,
+    Process,
+    Served,
+    audit_rows,
+    burst,
+    free_port,
+    gateway_toml,
+    inhouse_command,
+)
 
 pgserver = pytest.importorskip("pgserver", reason="pip install -e '.[dev]' (pgserver)")
 pytest.importorskip("psycopg", reason="pip install -e '.[dev]' (psycopg[binary])")
@@ -53,34 +62,18 @@ class Replicas:
 
 
 def _config(port: int, db_url: str, pepper: Path, backend_url: str, backend_key: str) -> str:
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-pepper_file = "{pepper}"
-shared_limits = true
-
-[health]
-interval_s = 2
-
-[audit]
-flush_interval_s = 0.2
-
-[cost.hosted]  # a token costs 1: a team's money budget counts tokens
-input_per_million = 1e6
-output_per_million = 1e6
-
-[[models]]
-name = "smol"
-
-[[models.backends]]
-name = "b1"
-url = "{backend_url}"
-api_key = "{backend_key}"
-model = "{UPSTREAM_MODEL}"
-capabilities = ["chat", "completions"]
-max_context = 2048
-"""
+    backend = {
+        "name": "b1", "url": backend_url, "api_key": backend_key, "model": UPSTREAM_MODEL,
+        "capabilities": ["chat", "completions"], "max_context": 2048,
+    }  # fmt: skip
+    return gateway_toml(
+        {"port": port, "database": db_url, "pepper_file": pepper, "shared_limits": True},
+        [{"name": "smol", "backends": [backend]}],
+        health={"interval_s": 2},
+        audit={"flush_interval_s": 0.2},
+        # a token costs 1: a team's money budget counts tokens
+        cost={"hosted": {"input_per_million": 1e6, "output_per_million": 1e6}},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -116,32 +109,30 @@ def test_replicas_starting_together_on_an_empty_database_all_start(postgres: str
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory: pytest.TempPathFactory, postgres: str) -> Iterator[Replicas]:
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory, postgres: str, bundled_serve: Served
+) -> Iterator[Replicas]:
     base = tmp_path_factory.mktemp("pg-replicas")
     pepper = base / "pepper"
     pepper.write_text(secrets.token_hex(32))
-    backend_key = secrets.token_urlsafe(24)
-    ports = [free_port() for _ in range(3)]
-    backend_url = f"http://127.0.0.1:{ports[0]}"
-    backend = serve_process(ports[0], backend_key, base / "serve.log")
+    ports = [free_port() for _ in range(2)]
     gateways = []
-    for i, port in enumerate(ports[1:]):
+    for i, port in enumerate(ports):
         config = base / f"gateway-{i}.toml"
-        config.write_text(_config(port, postgres, pepper, backend_url, backend_key))
+        config.write_text(_config(port, postgres, pepper, bundled_serve.url, SERVE_KEY))
         args = [*inhouse_command(), "gateway", "--config", str(config)]
         gateways.append(Process(args, base / f"gateway-{i}.log"))
-    gateway_urls = [f"http://127.0.0.1:{port}" for port in ports[1:]]
+    gateway_urls = [f"http://127.0.0.1:{port}" for port in ports]
     config = load_config(base / "gateway-0.toml")
     store = KeyStore(open_database(config.database), load_pepper(config))
     try:
-        for proc in (backend, *gateways):
+        for proc in gateways:
             proc.start()
-        backend.wait_healthy(f"{backend_url}/health", 300)
         for proc, url in zip(gateways, gateway_urls, strict=True):
             proc.wait_healthy(f"{url}/health", 60)
         yield Replicas(gateway_urls, store, postgres)
     finally:
-        for proc in (*gateways, backend):
+        for proc in gateways:
             proc.stop()
 
 

@@ -30,9 +30,9 @@ from inhouse.gateway.db import metadata, open_database
 from inhouse.gateway.degrade import expected_wait_s
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.needs import read_needs
-from inhouse.gateway.proxy import prepare
+from inhouse.gateway.parsing import read_needs
 from inhouse.gateway.routing import Overloaded, Router
+from inhouse.gateway.upstream import prepare
 
 NEEDS = read_needs("chat/completions", {"messages": [{"content": "hi"}], "max_tokens": 1})
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "priority": -1}

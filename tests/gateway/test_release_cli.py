@@ -10,18 +10,17 @@ import pytest
 from typer.testing import CliRunner
 
 from inhouse.cli import app
+from serving import gateway_toml
 
 
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "inhouse.toml"
-    path.write_text(
-        f'[gateway]\ndatabase = "sqlite:///{tmp_path / "gateway.db"}"\n'
-        '[[models]]\nname = "smol"\n[[models.backends]]\nname = "q4"\n'
-        'url = "http://127.0.0.1:9001"\n'
-        '[[models]]\nname = "smol-q8"\n[[models.backends]]\nname = "q8"\n'
-        'url = "http://127.0.0.1:9002"\n'
-    )
+    models = [
+        {"name": "smol", "backends": [{"name": "q4", "url": "http://127.0.0.1:9001"}]},
+        {"name": "smol-q8", "backends": [{"name": "q8", "url": "http://127.0.0.1:9002"}]},
+    ]
+    path.write_text(gateway_toml({"database": f"sqlite:///{tmp_path / 'gateway.db'}"}, models))
     return path
 
 

@@ -17,7 +17,7 @@ from release_env import HELLO, STABLE, Env, run_gateway
 from typer.testing import CliRunner
 
 from inhouse.cli import app
-from inhouse.gateway.releases import NewRelease
+from inhouse.gateway.releases.store import NewRelease
 
 REFUSAL = "I'm sorry, but I can't help with that."
 OK_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}

@@ -27,7 +27,7 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from serving import Process, audit_rows, free_port, inhouse_command, serve_process
+from serving import Process, audit_rows, free_port, gateway_toml, inhouse_command, serve_process
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve is not importable")
 
@@ -115,34 +115,17 @@ class Stack:
 
 
 def _config(port: int, db_url: str, stable_url: str, key: str) -> str:
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-
-[health]
-interval_s = 0.5
-timeout_s = 5
-failures_to_down = 1
-
-[audit]
-flush_interval_s = 0.2
-
-[releases]
-guard_interval_s = 0.5
-shadow_max_in_flight = 8
-
-[[models]]
-name = "smol"
-queue_max_depth = 64
-
-[[models.backends]]
-name = "q4"
-url = "{stable_url}"
-api_key = "{key}"
-model = "{UPSTREAM_MODEL}"
-capabilities = ["chat", "completions", "json_schema", "tools"]
-"""
+    backend = {
+        "name": "q4", "url": stable_url, "api_key": key, "model": UPSTREAM_MODEL,
+        "capabilities": ["chat", "completions", "json_schema", "tools"],
+    }  # fmt: skip
+    return gateway_toml(
+        {"port": port, "database": db_url},
+        [{"name": "smol", "queue_max_depth": 64, "backends": [backend]}],
+        health={"interval_s": 0.5, "timeout_s": 5, "failures_to_down": 1},
+        audit={"flush_interval_s": 0.2},
+        releases={"guard_interval_s": 0.5, "shadow_max_in_flight": 8},
+    )
 
 
 @pytest.fixture(scope="module")

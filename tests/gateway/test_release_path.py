@@ -14,8 +14,8 @@ from canned_upstream import Canned
 from release_env import CANDIDATE, STABLE, Env, run_gateway
 from test_console_security import sign_in
 
-from inhouse.gateway.guardrail import Guardrail
-from inhouse.gateway.releases import BackendRef, NewRelease
+from inhouse.gateway.releases.guardrail import Guardrail
+from inhouse.gateway.releases.store import BackendRef, NewRelease
 
 
 def test_a_canary_holds_each_key_on_one_release_and_every_record_names_it(

@@ -10,11 +10,11 @@ import re
 import pytest
 from conftest import ManualClock
 
-from inhouse.gateway.canary import BUCKETS, bucket, on_candidate
 from inhouse.gateway.config import ConfigError, parse_config
 from inhouse.gateway.db import open_database
-from inhouse.gateway.release_figures import percentiles
-from inhouse.gateway.releases import (
+from inhouse.gateway.releases.canary import BUCKETS, bucket, on_candidate
+from inhouse.gateway.releases.figures import percentiles
+from inhouse.gateway.releases.store import (
     BackendRef,
     Guardrails,
     NewRelease,

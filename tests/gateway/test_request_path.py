@@ -17,7 +17,7 @@ import pytest
 from canned_upstream import USAGE, Canned
 
 from inhouse.gateway.app import build_gateway, create_app
-from inhouse.gateway.audit import recent_rows
+from inhouse.gateway.audit.writer import recent_rows
 from inhouse.gateway.backends import HealthChecker
 from inhouse.gateway.config import parse_config
 from inhouse.gateway.db import open_database

@@ -8,7 +8,7 @@ import pytest
 
 from inhouse.gateway.backends import BackendState
 from inhouse.gateway.config import ModelRoute, Upstream
-from inhouse.gateway.needs import read_needs
+from inhouse.gateway.parsing import read_needs
 from inhouse.gateway.routing import Overloaded, Router
 
 NEEDS = read_needs("chat/completions", {"messages": [{"content": "hi"}], "max_tokens": 1})

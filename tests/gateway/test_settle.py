@@ -3,9 +3,9 @@ import itertools
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.config import Upstream
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.needs import read_needs
+from inhouse.gateway.parsing import read_needs
 from inhouse.gateway.routing import Lease
-from inhouse.gateway.settle import charge
+from inhouse.gateway.settlement import charge
 
 NAMES = itertools.count()
 

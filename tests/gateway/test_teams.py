@@ -14,12 +14,12 @@ import pytest
 from canned_upstream import USAGE, Canned
 
 from inhouse.gateway.app import build_gateway, create_app
-from inhouse.gateway.audit import recent_rows
+from inhouse.gateway.audit.writer import recent_rows
 from inhouse.gateway.backends import HealthChecker
 from inhouse.gateway.config import parse_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.teams import TeamStore
+from inhouse.gateway.usage.teams import TeamStore
 
 DAY = 86400.0
 ManualClock = Any  # tests/gateway/conftest.py's clock fixture: call it, advance it

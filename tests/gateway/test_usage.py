@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 
 from inhouse.cli import app
 from inhouse.cost.settings import TokenPrices
-from inhouse.gateway.audit import AuditRecord, AuditWriter, clean_row
+from inhouse.gateway.audit.writer import AuditRecord, AuditWriter, clean_row
 from inhouse.gateway.config import AuditSettings
 from inhouse.gateway.db import audit_log, open_database, schema_marks, usage_daily
-from inhouse.gateway.rollup import BACKFILLED
-from inhouse.gateway.usage import UnknownGrouping, usage
+from inhouse.gateway.usage.report import UnknownGrouping, usage
+from inhouse.gateway.usage.rollup import BACKFILLED
 
 DAY = 86400.0
 NOW = time.time()

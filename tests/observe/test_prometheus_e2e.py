@@ -25,11 +25,11 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.gateway.teams import TeamStore
+from inhouse.gateway.usage.teams import TeamStore
 from inhouse.observe.dashboard import queries
 from inhouse.observe.rules import AlertThresholds, rules_yaml
 from inhouse.observe.scrape import prometheus_yaml
-from serving import Process, burst, debian_binary, free_port, inhouse_command
+from serving import Process, burst, debian_binary, free_port, gateway_toml, inhouse_command
 
 pytestmark = pytest.mark.slow
 
@@ -67,33 +67,17 @@ class Observed:
 
 
 def _gateway_config(port: int, db_url: str, backend_url: str, key: str) -> str:
-    return f"""
-[gateway]
-port = {port}
-database = "{db_url}"
-
-[health]
-interval_s = 0.5
-timeout_s = 5
-failures_to_down = 1
-
-[audit]
-flush_interval_s = 0.2
-
-[releases]
-guard_interval_s = 0.5
-
-[[models]]
-name = "smol"
-
-[[models.backends]]
-name = "r1"
-url = "{backend_url}"
-api_key = "{key}"
-model = "SmolLM2-135M-Instruct"
-capabilities = ["chat", "completions"]
-max_context = 512
-"""
+    backend = {
+        "name": "r1", "url": backend_url, "api_key": key, "model": "SmolLM2-135M-Instruct",
+        "capabilities": ["chat", "completions"], "max_context": 512,
+    }  # fmt: skip
+    return gateway_toml(
+        {"port": port, "database": db_url},
+        [{"name": "smol", "backends": [backend]}],
+        health={"interval_s": 0.5, "timeout_s": 5, "failures_to_down": 1},
+        audit={"flush_interval_s": 0.2},
+        releases={"guard_interval_s": 0.5},
+    )
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,15 @@ import pytest
 from conftest import API_KEY, MAX_MODEL_LEN, RunningServer
 from test_metrics import MODEL, scrape, wait_idle
 
-from serving import Served, free_port, gateway_key, gateway_process, inhouse_command, start_serve
+from serving import (
+    Served,
+    free_port,
+    gateway_key,
+    gateway_process,
+    gateway_toml,
+    inhouse_command,
+    start_serve,
+)
 
 if TYPE_CHECKING:
     import openai
@@ -67,19 +75,11 @@ def gateway_client(
     spec_server, _ = speculative
     base = tmp_path_factory.mktemp("gateway-spec")
     port = free_port()
-    config = f"""
-[gateway]
-port = {port}
-database = "sqlite:///{base / "gateway.db"}"
-
-[[models]]
-name = "{MODEL}"
-[[models.backends]]
-name = "spec-1"
-url = "{spec_server.base_url}"
-api_key = "{API_KEY}"
-model = "{MODEL}"
-"""
+    backend = {"name": "spec-1", "url": spec_server.base_url, "api_key": API_KEY, "model": MODEL}
+    config = gateway_toml(
+        {"port": port, "database": f"sqlite:///{base / 'gateway.db'}"},
+        [{"name": MODEL, "backends": [backend]}],
+    )
     config_path = base / "inhouse.toml"
     gateway = gateway_process(config_path, config)
     try:

@@ -15,24 +15,23 @@ from fastapi.responses import JSONResponse, Response
 
 from inhouse.api.models import ModelCard, ModelList
 from inhouse.gateway.access_log import AccessLog
-from inhouse.gateway.audit import AuditWriter
+from inhouse.gateway.audit.writer import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
 from inhouse.gateway.config import GatewayConfig, default_state_dir
 from inhouse.gateway.console.install import install_console
 from inhouse.gateway.db import open_database, sqlite_path
 from inhouse.gateway.front import GatewayFront
-from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
-from inhouse.gateway.guardrail import Guardrail
 from inhouse.gateway.handler import Gateway
-from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.gateway.limits import KeyLimiter
+from inhouse.gateway.keys import KeyStore, load_pepper, may_scrape, public_health, scrape_refused
+from inhouse.gateway.limits import Gcra, KeyLimiter, LimitCalls, MemoryTatStore, SqlTatStore
 from inhouse.gateway.metrics import GatewayMetrics, scrape_targets
 from inhouse.gateway.openapi import install_openapi
-from inhouse.gateway.proxy import UpstreamClients
-from inhouse.gateway.releases import ReleaseStore
+from inhouse.gateway.releases.guardrail import Guardrail
+from inhouse.gateway.releases.store import ReleaseStore
 from inhouse.gateway.routing import Router
-from inhouse.gateway.scrape_auth import may_scrape, public_health, scrape_refused
-from inhouse.gateway.teams import TeamStore
+from inhouse.gateway.state import GatewayState
+from inhouse.gateway.upstream import UpstreamClients
+from inhouse.gateway.usage.teams import TeamStore
 from inhouse.http.body_limit import BodySizeLimit
 from inhouse.http.errors import install_error_handlers
 
@@ -42,20 +41,19 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
     db = open_database(config.database)
     keys = KeyStore(db, load_pepper(config), clock)
     store = SqlTatStore(db) if config.shared_limits else MemoryTatStore()
-    limiter = KeyLimiter(Gcra(store, clock))
-    return Gateway(
-        config,
-        keys,
-        limiter,
-        Router(config.models, config.health.interval_s),
-        AuditWriter(db, config.audit, journal_dir(config)),
-        GatewayMetrics(config.audit.creep_window, [m.name for m in config.models]),
-        UpstreamClients(),
-        limits_block=config.shared_limits,
-        releases=ReleaseStore(db, clock),
-        teams=TeamStore(db, clock),
+    state = GatewayState(
+        config=config,
         db=db,
+        keys=keys,
+        limiter=KeyLimiter(Gcra(store, clock)),
+        limits=LimitCalls(config.shared_limits),
+        router=Router(config.models, config.health.interval_s),
+        upstreams=UpstreamClients(),
+        teams=TeamStore(db, clock),
+        audit=AuditWriter(db, config.audit, journal_dir(config)),
+        metrics=GatewayMetrics(config.audit.creep_window, [m.name for m in config.models]),
     )
+    return Gateway(state, ReleaseStore(db, clock))
 
 
 def journal_dir(config: GatewayConfig) -> Path:

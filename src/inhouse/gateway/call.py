@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from inhouse.api.answers import ToolCallFragment, UsageCounts
-from inhouse.gateway.answer_checks import Expectations
-from inhouse.gateway.canary import ReleasePick
 from inhouse.gateway.config import ModelRoute
 from inhouse.gateway.keys import ApiKey
-from inhouse.gateway.needs import Needs
+from inhouse.gateway.parsing import Needs
 from inhouse.gateway.priority import DEFAULT_CLASS
+from inhouse.gateway.releases.answer_checks import Expectations
+from inhouse.gateway.releases.canary import ReleasePick
 from inhouse.gateway.routing import Lease
 
 if TYPE_CHECKING:
-    from inhouse.gateway.shadow import ShadowTicket
+    from inhouse.gateway.releases.shadow import ShadowTicket
 
 
 @dataclass(slots=True)
 class Outcome:
-    """What came back from upstream, filled in as it passes."""
+    """What came back from upstream, filled in as it passes (by `upstream` alone)."""
 
     status: int = 0
     completed: bool = False  # False while a stream is still passing (or was cut off)
@@ -35,24 +33,9 @@ class Outcome:
     # collected with the text: the first choice's tool calls, index -> (name, arguments)
     tool_calls: dict[int, tuple[str, str]] = field(default_factory=dict)
 
-    def add_tool_calls(self, fragments: Iterable[ToolCallFragment]) -> None:
-        """Join tool-call fragments: the name comes once, the arguments in pieces."""
-        for piece in fragments:
-            name, arguments = self.tool_calls.get(piece.index, ("", ""))
-            self.tool_calls[piece.index] = (name or piece.name, arguments + piece.arguments)
-
     def calls(self) -> list[tuple[str, str]]:
         """The tool calls collected, in order: (name, arguments JSON text)."""
         return [self.tool_calls[i] for i in sorted(self.tool_calls)]
-
-    def read_usage(self, usage: UsageCounts | None) -> None:
-        """Take the counts the upstream reported."""
-        if usage is None:
-            return
-        if usage.prompt_tokens is not None:
-            self.prompt_tokens = usage.prompt_tokens
-        if usage.completion_tokens is not None:
-            self.completion_tokens = usage.completion_tokens
 
 
 @dataclass(slots=True)

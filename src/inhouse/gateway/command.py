@@ -6,6 +6,8 @@ Heavy imports (FastAPI, SQLAlchemy, uvicorn) happen inside the commands.
 from __future__ import annotations
 
 import dataclasses
+
+import dataclasses
 import time
 import tomllib
 from datetime import datetime
@@ -40,7 +42,7 @@ def gateway_command(
     ] = None,
 ) -> None:
     """Run the authenticated gateway (keys, limits, audit, routing, health, fallback)."""
-    from inhouse.gateway.serve import run_gateway
+    from inhouse.gateway.run import run_gateway
 
     settings = _load_config(config)
     given = (("host", host), ("port", port), ("access_log", access_log))
@@ -58,7 +60,7 @@ def audit_command(
     from rich.console import Console
     from rich.table import Table
 
-    from inhouse.gateway.audit import recent_rows, totals_by_key
+    from inhouse.gateway.audit.writer import recent_rows, totals_by_key
     from inhouse.gateway.db import open_database
 
     db = open_database(settings_for(config, database).database)
@@ -263,7 +265,7 @@ def settings_for(config: Path | None, database: str | None) -> Any:
 
 def _ensure_team(config: Path | None, database: str | None, name: str) -> None:
     from inhouse.gateway.db import open_database
-    from inhouse.gateway.teams import TeamStore
+    from inhouse.gateway.usage.teams import TeamStore
 
     TeamStore(open_database(settings_for(config, database).database)).ensure(name)
 

@@ -1,10 +1,13 @@
-"""The gateway's database: schema and connection pool (SQLite with WAL by default, any
-SQLAlchemy URL)."""
+"""The gateway's database: schema, connection pool (SQLite with WAL by default, any
+SQLAlchemy URL), and bringing an existing database up to the current schema: the columns
+and indexes added since it was created (`create_all` makes only missing tables, so without
+this a database from an older release would refuse every query that names a new column)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import (
@@ -21,11 +24,12 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    inspect,
+    text,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, ProgrammingError
-
-from inhouse.gateway.migrate import add_missing
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.schema import CreateIndex
 
 metadata = MetaData()
 
@@ -244,7 +248,7 @@ def open_database(url: str) -> Engine:
         event.listen(db, "connect", _sqlite_pragmas)
     _create_tables(db)
     add_missing(db, metadata)
-    from inhouse.gateway.rollup import backfill  # it reads these tables
+    from inhouse.gateway.usage.rollup import backfill  # it reads these tables
 
     backfill(db)
     return db
@@ -284,3 +288,40 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def add_missing(db: Engine, metadata: MetaData) -> None:
+    """Add every nullable column and every index of `metadata` that the database lacks.
+
+    Replicas starting together may race to add the same one: a loser's error is ignored
+    when a fresh look finds the column or index there."""
+    for table in metadata.sorted_tables:
+        for column in table.columns:
+            if column.name in _columns(db, table.name):
+                continue
+            if not column.nullable:
+                raise RuntimeError(f"{table.name}.{column.name} must be nullable to be added")
+            kind = column.type.compile(db.dialect)
+            ddl = f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'
+            _run(db, ddl, lambda t=table.name, c=column.name: c in _columns(db, t))
+        for index in table.indexes:
+            if index.name not in _indexes(db, table.name):
+                ddl = str(CreateIndex(index).compile(dialect=db.dialect))
+                _run(db, ddl, lambda t=table.name, n=index.name: n in _indexes(db, t))
+
+
+def _columns(db: Engine, table: str) -> set[str]:
+    return {c["name"] for c in inspect(db).get_columns(table)}
+
+
+def _indexes(db: Engine, table: str) -> set[str | None]:
+    return {i["name"] for i in inspect(db).get_indexes(table)}
+
+
+def _run(db: Engine, ddl: str, done_elsewhere: Callable[[], bool]) -> None:
+    try:
+        with db.begin() as conn:
+            conn.execute(text(ddl))
+    except (OperationalError, ProgrammingError):
+        if not done_elsewhere():
+            raise

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from inhouse.gateway.backends import BackendState
 from inhouse.gateway.call import Call
 from inhouse.gateway.config import GatewayConfig, ModelRoute
+from inhouse.gateway.endpoints import ENDPOINTS
 from inhouse.gateway.metrics import GatewayMetrics
-from inhouse.gateway.needs import Needs, missing_capability
+from inhouse.gateway.parsing import Needs, missing_capability
 from inhouse.gateway.priority import rank
 from inhouse.gateway.routing import Router
 
 DEGRADED_HEADER = "x-inhouse-degraded-from"
-DEGRADABLE_ENDPOINTS = frozenset({"chat/completions", "completions"})
 
 
 def expected_wait_s(router: Router, route: ModelRoute, needs: Needs, priority: str) -> float:
@@ -83,7 +83,7 @@ class Degrader:
             or route.degrade_to is None
             or call.priority != "interactive"
             or not call.key.allow_degrade
-            or call.endpoint not in DEGRADABLE_ENDPOINTS
+            or not ENDPOINTS[call.endpoint].generates
             or not call.key.may_use(route.degrade_to)
         ):
             return None

@@ -1,10 +1,9 @@
 """The gateway's ASGI entry point: the proxied OpenAI routes as raw ASGI, the rest via FastAPI.
 
-POST /v1/chat/completions, /v1/completions, /v1/embeddings, /tokenize and /detokenize go
-straight to
-`Gateway.handle` with the Authorization header and the body: FastAPI's middleware
-stack, routing and Request object would cost more CPU than the gateway's own work.
-Everything else (health, metrics, models, lifespan) goes to the FastAPI app.
+The routes of `endpoints.ENDPOINTS` go straight to `Gateway.handle` with the Authorization
+header and the body: FastAPI's middleware stack, routing and Request object would cost more
+CPU than the gateway's own work. Everything else (health, metrics, models, lifespan) goes to
+the FastAPI app.
 """
 
 from __future__ import annotations
@@ -16,19 +15,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inhouse.api.errors import server_error
 from inhouse.gateway.access_log import AccessLog
-from inhouse.gateway.authn import authorization_values
+from inhouse.gateway.endpoints import BY_PATH
 from inhouse.gateway.handler import Gateway
+from inhouse.gateway.keys import authorization_values
 from inhouse.http.errors import error_response, method_not_allowed
 
 log = logging.getLogger("inhouse.gateway")
-
-PROXIED = {
-    "/v1/chat/completions": "chat/completions",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-    "/tokenize": "tokenize",
-    "/detokenize": "detokenize",
-}
 
 
 class GatewayFront:
@@ -56,22 +48,22 @@ class GatewayFront:
         self, scope: Scope, receive: Receive, send: Send, fields: dict[str, str]
     ) -> int:
         """Answer the request; the status it got."""
-        endpoint = PROXIED.get(scope["path"])
+        endpoint = BY_PATH.get(scope["path"])
         if endpoint is None:
             return await _answer_noting_status(self._app, scope, receive, send)
-        if scope["method"] == "POST":
+        if scope["method"] == endpoint.method:
             authorization = authorization_values(scope["headers"])
             body = await read_body(receive)
             try:
                 response = await self._gateway.handle(
-                    authorization, body, endpoint, receive, fields
+                    authorization, body, endpoint.name, receive, fields
                 )
             except Exception:  # a bug: still OpenAI's error body, never a plain-text 500
                 log.exception("gateway: unhandled error on %s", scope["path"])
                 response = error_response(server_error())
         else:
             refused = method_not_allowed(scope["method"], scope["path"])
-            response = error_response(refused, {"allow": "POST"})
+            response = error_response(refused, {"allow": endpoint.method})
         await response(scope, receive, send)
         return response.status_code  # a stream's is the status it ended with (`RelayResponse`)
 

@@ -1,5 +1,5 @@
-"""One request through the gateway, step by step: authenticate (`authn`) → parse (`parse`) →
-admit (`admit`) → route and relay (`forward`) → settle (`settle`) → audit (`ledger`)."""
+"""One request through the gateway, step by step: authenticate (`keys`) → parse (`parsing`)
+→ admit (`admission`) → route and relay (`upstream`) → settle and audit (`settlement`)."""
 
 from __future__ import annotations
 
@@ -7,33 +7,25 @@ import logging
 import time
 from collections.abc import Sequence
 
-from sqlalchemy import Engine
 from starlette.responses import Response
 from starlette.types import Receive
 
 from inhouse.api.body import json_object
 from inhouse.api.errors import APIError, server_error
-from inhouse.gateway.admit import Admitter, Refusal
-from inhouse.gateway.answer_checks import Expectations
-from inhouse.gateway.audit import AuditWriter, Redactor
-from inhouse.gateway.authn import authenticate
-from inhouse.gateway.call import Outcome
-from inhouse.gateway.canary import ReleaseRouter
-from inhouse.gateway.config import GatewayConfig
+from inhouse.gateway.admission import Admitter, Refusal
+from inhouse.gateway.audit.writer import Redactor
 from inhouse.gateway.degrade import Degrader
-from inhouse.gateway.forward import Forwarder
-from inhouse.gateway.keys import ApiKey, KeyStore
-from inhouse.gateway.ledger import Ledger
-from inhouse.gateway.limits import KeyLimiter, LimitCalls
-from inhouse.gateway.metrics import GatewayMetrics
-from inhouse.gateway.parse import model_name, parse
-from inhouse.gateway.proxy import GENERATING_ENDPOINTS, UpstreamClients
-from inhouse.gateway.release_metrics import ReleaseMetrics
-from inhouse.gateway.releases import ReleaseStore
-from inhouse.gateway.routing import Router
-from inhouse.gateway.settle import Settler
-from inhouse.gateway.shadow import ShadowMirror
-from inhouse.gateway.teams import TeamStore
+from inhouse.gateway.endpoints import ENDPOINTS
+from inhouse.gateway.keys import ApiKey, authenticate
+from inhouse.gateway.parsing import model_name, parse
+from inhouse.gateway.releases.answer_checks import Expectations
+from inhouse.gateway.releases.canary import ReleaseRouter
+from inhouse.gateway.releases.metrics import ReleaseMetrics
+from inhouse.gateway.releases.shadow import ShadowMirror
+from inhouse.gateway.releases.store import ReleaseStore
+from inhouse.gateway.settlement import Ledger, Settler
+from inhouse.gateway.state import GatewayState
+from inhouse.gateway.upstream import Forwarder
 from inhouse.http.errors import error_response
 
 log = logging.getLogger("inhouse.gateway")
@@ -42,46 +34,31 @@ log = logging.getLogger("inhouse.gateway")
 class Gateway:
     """The request path over the objects that hold the gateway's state."""
 
-    def __init__(
-        self,
-        config: GatewayConfig,
-        keys: KeyStore,
-        limiter: KeyLimiter,
-        router: Router,
-        audit: AuditWriter,
-        metrics: GatewayMetrics,
-        upstreams: UpstreamClients,
-        limits_block: bool,
-        releases: ReleaseStore,
-        teams: TeamStore,
-        db: Engine,
-    ) -> None:
-        self.config = config
-        self.keys = keys
-        self.limiter = limiter
-        self.router = router
-        self.audit = audit
-        self.metrics = metrics
-        self.upstreams = upstreams
-        self.teams = teams
-        self.db = db  # the shared database (the console's usage, cost and audit pages)
-        limits = LimitCalls(limits_block)
+    def __init__(self, state: GatewayState, releases: ReleaseStore) -> None:
+        self.state = state
+        self.config, self.keys, self.limiter, self.router = (
+            state.config,
+            state.keys,
+            state.limiter,
+            state.router,
+        )
+        self.audit, self.metrics, self.upstreams = state.audit, state.metrics, state.upstreams
+        self.teams = state.teams
+        self.db = state.db  # the shared database (the console's usage, cost and audit pages)
+        config, keys = state.config, state.keys
         redact = Redactor(config.audit.redact, [*config.held_secrets(), keys.pepper_text])
-        self.release_metrics = ReleaseMetrics(metrics.registry, [m.name for m in config.models])
-        self.releases = ReleaseRouter(releases, router, self.release_metrics.show)
+        names = [m.name for m in config.models]
+        self.release_metrics = ReleaseMetrics(state.metrics.registry, names)
+        self.releases = ReleaseRouter(releases, state.router, self.release_metrics.show)
         self.shadow = ShadowMirror(
-            releases.db, keys, upstreams, self.release_metrics, config.releases, redact,
+            releases.db, keys, state.upstreams, self.release_metrics, config.releases, redact,
             config.request_timeout_s,
         )  # fmt: skip
-        prices = config.cost.charged
-        self.ledger = Ledger(audit, metrics, redact, self.release_metrics)
-        self.settler = Settler(keys, limiter, limits, router, self.ledger, teams, prices)
-        self.admitter = Admitter(keys, limiter, limits, router, upstreams, teams, prices)
-        self.degrader = Degrader(config, router, metrics)
-        self.forwarder = Forwarder(
-            keys, router, upstreams, self.settler, self.ledger, config.health,
-            config.request_timeout_s,
-        )  # fmt: skip
+        self.ledger = Ledger(state.audit, state.metrics, redact, self.release_metrics)
+        self.settler = Settler(state, self.ledger)
+        self.admitter = Admitter(state)
+        self.degrader = Degrader(config, state.router, state.metrics)
+        self.forwarder = Forwarder(state, self.settler, self.ledger)
 
     async def authenticate(self, authorization: Sequence[str]) -> ApiKey:
         """The live key named by the request's Authorization headers, or an APIError."""
@@ -115,7 +92,7 @@ class Gateway:
         try:
             self.degrader.apply(call)
             call.release = await self.releases.pick(key, call.route)
-            if call.release is not None and endpoint in GENERATING_ENDPOINTS:
+            if call.release is not None and ENDPOINTS[endpoint].generates:
                 call.expects = Expectations.of(body)
             self.shadow.start(call, body)
             response = await self.forwarder.forward(call, body, receive)
@@ -124,7 +101,7 @@ class Gateway:
             return response
         except Exception:  # a bug must not leak the key's slots: answer 500 and settle
             log.exception("gateway: request to model %r failed", call.route.name)
-            return self.forwarder.fail(call, Outcome(), server_error())
+            return self.forwarder.fail(call, None, server_error())
 
     def _refuse(
         self, refusal: Refusal, key: ApiKey | None, model: str | None, endpoint: str, ts: float,

@@ -1,27 +1,39 @@
-"""API keys: created once, stored as a peppered SHA-256 hash, checked on every request.
+"""API keys: created once, stored as a peppered SHA-256 hash, checked on every request
+(step 1: the live key named by its Authorization header); and who may read what the
+gateway knows of its keys and backends (the metrics token).
 
 There is no auth cache: every request looks its key up by hash, so a revoke or an
 expiry applies on the very next request on every replica sharing the database.
+
+With `gateway.metrics_token_env` set, `GET /metrics` and `/metrics/targets` (key names,
+backend addresses) need `Authorization: Bearer <that token>`, and `GET /health` without it
+says only whether each model is up. Without the setting all three are public, as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, bindparam, case, insert, select, update
+from starlette.requests import Request
+from starlette.responses import Response
 
+from inhouse.api.auth import bearer_token
+from inhouse.api.errors import APIError, authentication_error, invalid_request
 from inhouse.gateway.config import ConfigError, GatewayConfig
 from inhouse.gateway.db import api_keys, sqlite_path
 from inhouse.gateway.priority import DEFAULT_CLASS, check_class
+from inhouse.http.errors import error_response
 
 KEY_PREFIX = "ih-"
 PEPPER_ENV = "INHOUSE_GATEWAY_PEPPER"
@@ -315,3 +327,64 @@ def _decode(row: Any) -> ApiKey:
     values["priority"] = values["priority"] or DEFAULT_CLASS
     values["allow_degrade"] = values["allow_degrade"] is None or bool(values["allow_degrade"])
     return ApiKey(**values)
+
+
+AUTH_MESSAGES = {
+    "missing": "Missing API key: send it as 'Authorization: Bearer <key>'.",
+    "invalid": "Incorrect API key provided.",
+    "revoked": "This API key has been revoked.",
+    "expired": "This API key has expired.",
+}
+
+
+def authorization_values(headers: Sequence[tuple[bytes, bytes]]) -> list[str]:
+    """Every Authorization header of an ASGI scope's raw headers, in order."""
+    return [value.decode("latin-1") for name, value in headers if name == b"authorization"]
+
+
+def several_authorizations(count: int) -> APIError:
+    """400 for a request with more than one Authorization header: which one a proxy in
+    front, the gateway and a backend would each take is not certain, so none is taken."""
+    return invalid_request(
+        f"the request has {count} Authorization headers: send exactly one",
+        code="multiple_authorization_headers",
+    )
+
+
+async def authenticate(keys: KeyStore, headers: Sequence[str]) -> ApiKey:
+    """The key the one `Bearer` header of `headers` presents, or an APIError: 400 for several
+    headers, 401 saying what is wrong with the key.
+
+    A store whose lookups stay in memory answers inline; one that may query the
+    database runs in a thread, off the event loop."""
+    if len(headers) > 1:
+        raise several_authorizations(len(headers))
+    presented = bearer_token(headers[0] if headers else "")
+    try:
+        if keys.lookup_is_local:
+            return keys.authenticate(presented)
+        return await asyncio.to_thread(keys.authenticate, presented)
+    except AuthError as err:
+        raise authentication_error(AUTH_MESSAGES[err.reason]) from None
+
+
+def may_scrape(config: GatewayConfig, request: Request) -> bool:
+    """Whether `request` may read key names and backend addresses."""
+    if config.metrics_token is None:
+        return True
+    presented = request.headers.getlist("authorization")
+    expected = f"Bearer {config.metrics_token}".encode()
+    return len(presented) == 1 and hmac.compare_digest(presented[0].encode(), expected)
+
+
+def scrape_refused() -> Response:
+    """401 in OpenAI's shape for a scrape without the metrics token."""
+    refused = authentication_error("This route needs the gateway's metrics token.")
+    return error_response(refused, {"www-authenticate": "Bearer"})
+
+
+def public_health(body: dict[str, Any]) -> dict[str, Any]:
+    """What `/health` tells anyone: the overall status and each model's, nothing of its
+    backends (names, addresses, errors)."""
+    models = {name: {"status": model["status"]} for name, model in body["models"].items()}
+    return {"status": body["status"], "models": models}

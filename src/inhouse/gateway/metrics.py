@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.keys import valid_key_name
-from inhouse.gateway.teams import Team
+from inhouse.gateway.usage.teams import Team
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _OUTSIDE_KEY_NAMES = re.compile(r"[^A-Za-z0-9._@-]")

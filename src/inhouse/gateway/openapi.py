@@ -8,23 +8,12 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from inhouse.api.chat import ChatCompletionRequest
-from inhouse.api.completions import CompletionRequest
-from inhouse.api.embeddings import EmbeddingRequest
 from inhouse.api.errors import ErrorResponse
-from inhouse.api.tokenize import DetokenizeRequest, TokenizeRequest
+from inhouse.gateway.endpoints import ENDPOINTS
 
 REF = "#/components/schemas/{model}"
-PROXIED_BODIES: dict[str, type[BaseModel]] = {
-    "/v1/chat/completions": ChatCompletionRequest,
-    "/v1/completions": CompletionRequest,
-    "/v1/embeddings": EmbeddingRequest,
-    "/tokenize": TokenizeRequest,
-    "/detokenize": DetokenizeRequest,
-}
 
 
 def install_openapi(app: FastAPI) -> None:
@@ -41,16 +30,17 @@ def install_openapi(app: FastAPI) -> None:
 def gateway_openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema of ``app`` with a POST operation for every proxied route."""
     schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-    models = [*PROXIED_BODIES.values(), ErrorResponse]
+    models = [*(e.schema for e in ENDPOINTS.values()), ErrorResponse]
     keys, defs = models_json_schema([(m, "validation") for m in models], ref_template=REF)
     components = schema.setdefault("components", {})
     components.setdefault("schemas", {}).update(defs.get("$defs", {}))
     components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     error = {"content": {"application/json": {"schema": keys[(ErrorResponse, "validation")]}}}
-    for path, model in PROXIED_BODIES.items():
+    for endpoint in ENDPOINTS.values():
+        path, model = endpoint.path, endpoint.schema
         body = {"application/json": {"schema": keys[(model, "validation")]}}
         schema.setdefault("paths", {})[path] = {
-            "post": {
+            endpoint.method.lower(): {
                 "summary": f"Proxied to the model's backend: {model.__doc__ or path}",
                 "operationId": "proxy_" + path.strip("/").replace("/", "_"),
                 "security": [{"bearer": []}],

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from inhouse.gateway.release_command import pinned_manifest
+from inhouse.gateway.releases.command import pinned_manifest
 from inhouse.launch.base import Endpoint, Engine, Health, LaunchSettings
 from inhouse.launch.ports import free_port
 from inhouse.manifests.command import checked_manifest
@@ -27,7 +27,7 @@ from inhouse.manifests.manifest import Manifest
 
 if TYPE_CHECKING:
     from inhouse.gateway.config import GatewayConfig
-    from inhouse.gateway.releases import ReleaseStore
+    from inhouse.gateway.releases.store import ReleaseStore
     from inhouse.launch.replicas import Replica
 
 CANARY_KEY_ENV = "INHOUSE_UP_CANARY_KEY"
@@ -79,7 +79,7 @@ class CanaryWatch(threading.Thread):
     def run(self) -> None:
         # SQLAlchemy and httpx: loaded when `up --canary` runs, not with the CLI.
         from inhouse.gateway.db import open_database
-        from inhouse.gateway.releases import ReleaseError, ReleaseStore
+        from inhouse.gateway.releases.store import ReleaseError, ReleaseStore
         from inhouse.launch.replicas import stop_replicas, wait_started
 
         replica = self.candidate.replica
@@ -107,7 +107,7 @@ class CanaryWatch(threading.Thread):
     def _register(self, store: ReleaseStore) -> int:
         """The candidate as the model's new candidate release (replacing one left by an
         earlier `inhouse up`, whose replica is gone); its number."""
-        from inhouse.gateway.releases import BackendRef, NewRelease  # SQLAlchemy, as in run()
+        from inhouse.gateway.releases.store import BackendRef, NewRelease  # SQLAlchemy, as in run()
 
         replica = self.candidate.replica
         os.environ[CANARY_KEY_ENV] = replica.endpoint.api_key

@@ -88,7 +88,7 @@ def up_command(
 ) -> None:
     """Start engine replicas and the gateway in front of them on http://127.0.0.1:8000."""
     from inhouse.gateway.config import default_database_url
-    from inhouse.gateway.serve import gateway_server, run_gateway
+    from inhouse.gateway.run import gateway_server, run_gateway
     from inhouse.launch.replicas import stop_replicas
     from inhouse.up.canary import CanaryWatch, start_candidate
 

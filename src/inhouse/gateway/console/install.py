@@ -10,14 +10,14 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from inhouse.api.errors import APIError, authentication_error
-from inhouse.gateway.authn import authenticate
 from inhouse.gateway.console import forms
 from inhouse.gateway.console.pages import console_pages
 from inhouse.gateway.console.session import Sessions
 from inhouse.gateway.console.web import HERE, Web
-from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
 from inhouse.gateway.handler import Gateway
-from inhouse.gateway.usage import UnknownGrouping, as_csv, as_records, usage
+from inhouse.gateway.keys import authenticate
+from inhouse.gateway.limits import Gcra, MemoryTatStore, SqlTatStore
+from inhouse.gateway.usage.report import UnknownGrouping, as_csv, as_records, usage
 from inhouse.http.errors import error_response
 
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from inhouse.gateway.gcra import Gcra
 from inhouse.gateway.keys import ApiKey, KeyStore
+from inhouse.gateway.limits import Gcra
 
 SESSION_COOKIE = "ih_session"
 LOGIN_COOKIE = "ih_login"

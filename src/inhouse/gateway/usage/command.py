@@ -25,8 +25,8 @@ def usage_command(
     from rich.table import Table
 
     from inhouse.gateway.db import open_database
-    from inhouse.gateway.usage import COLUMNS, UnknownGrouping, as_records, usage
-    from inhouse.gateway.usage import as_csv as to_csv
+    from inhouse.gateway.usage.report import COLUMNS, UnknownGrouping, as_records, usage
+    from inhouse.gateway.usage.report import as_csv as to_csv
 
     settings = settings_for(config, database)
     start = time.time() - _period(since)

@@ -56,7 +56,7 @@ def teams_update(
 ) -> None:
     """Change a team's quota, budget, period or hard stop; applies from its next request."""
     # SQLAlchemy: loaded when the command runs, not with the CLI.
-    from inhouse.gateway.teams import UnknownTeam
+    from inhouse.gateway.usage.teams import UnknownTeam
 
     changes = _limits(quota_tokens, budget, hard_stop)
     if period is not None:
@@ -113,6 +113,6 @@ def _limits(quota: int | None, budget: float | None, hard_stop: bool | None) -> 
 def _teams(config: Path | None, database: str | None) -> Any:
     # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.gateway.db import open_database
-    from inhouse.gateway.teams import TeamStore
+    from inhouse.gateway.usage.teams import TeamStore
 
     return TeamStore(open_database(settings_for(config, database).database))

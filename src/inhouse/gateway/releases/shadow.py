@@ -23,16 +23,17 @@ from typing import Any
 
 from sqlalchemy import Engine, insert
 
-from inhouse.gateway.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
-from inhouse.gateway.audit import Redactor
+from inhouse.gateway.audit.writer import Redactor
 from inhouse.gateway.backends import Backend
 from inhouse.gateway.call import Call, Outcome
-from inhouse.gateway.canary import Answering, apply_release, capped
 from inhouse.gateway.config import ReleaseSettings
 from inhouse.gateway.db import shadow_pairs
+from inhouse.gateway.endpoints import ENDPOINTS
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.proxy import GENERATING_ENDPOINTS, UpstreamClients, prepare, relay_events
-from inhouse.gateway.release_metrics import ReleaseMetrics
+from inhouse.gateway.releases.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
+from inhouse.gateway.releases.canary import Answering, apply_release, capped
+from inhouse.gateway.releases.metrics import ReleaseMetrics
+from inhouse.gateway.upstream import UpstreamClients, prepare, relay_events
 
 log = logging.getLogger("inhouse.gateway.shadow")
 
@@ -56,9 +57,13 @@ class ShadowTicket:
     def __init__(self) -> None:
         self.primary: asyncio.Future[Primary] = asyncio.get_running_loop().create_future()
 
-    def primary_settled(self, primary: Primary) -> None:
+    def primary_settled(
+        self, status: int, outcome: Outcome, latency_s: float, ttft_s: float | None,
+        checks: AnswerChecks,
+    ) -> None:  # fmt: skip
+        """Hand over how the client's own request ended (its settlement calls this once)."""
         if not self.primary.done():
-            self.primary.set_result(primary)
+            self.primary.set_result(Primary(status, outcome, latency_s, ttft_s, checks))
 
 
 @dataclass(slots=True)
@@ -96,7 +101,7 @@ class ShadowMirror:
         if target is None:
             return
         model = call.route.name
-        if call.endpoint not in GENERATING_ENDPOINTS or not _may_mirror(call, target):
+        if not ENDPOINTS[call.endpoint].generates or not _may_mirror(call, target):
             self._metrics.shadow.labels(model, "skipped").inc()
             return
         if len(self._tasks) >= self._settings.shadow_max_in_flight:

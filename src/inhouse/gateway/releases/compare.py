@@ -12,10 +12,10 @@ from typing import Any
 from sqlalchemy import func, select
 
 from inhouse.gateway.db import shadow_pairs
-from inhouse.gateway.release_figures import as_json, live_figures, shadow_figures
-from inhouse.gateway.release_grade import Grading
-from inhouse.gateway.release_plot import plot_compare
-from inhouse.gateway.releases import ReleaseError, ReleaseStore
+from inhouse.gateway.releases.figures import as_json, live_figures, shadow_figures
+from inhouse.gateway.releases.grade import Grading
+from inhouse.gateway.releases.plot import plot_compare
+from inhouse.gateway.releases.store import ReleaseError, ReleaseStore
 
 CHECKS = (
     ("refusals", "refusals"),
@@ -30,7 +30,7 @@ def compare(
 ) -> dict[str, Any]:  # fmt: skip
     """The comparison of `release` (default: the candidate, else the last one shadowed) with
     the stable release, as JSON values; the PNG is written to `png`. `grader` grades the
-    release's stored pairs (`release_grade`)."""
+    release's stored pairs (`grade`)."""
     state = store.state(model)
     number = release or (state.candidate if state else None) or _last_shadowed(store, model)
     if state is None or number is None:

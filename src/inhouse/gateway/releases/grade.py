@@ -21,8 +21,8 @@ from inhouse.eval.graders import Answer, grade
 from inhouse.eval.items import EvalItem
 from inhouse.eval.stats import PairedDifference, Proportion, paired_difference, wilson
 from inhouse.gateway.db import shadow_pairs
-from inhouse.gateway.ledger import asked
-from inhouse.gateway.release_figures import MAX_ROWS
+from inhouse.gateway.releases.figures import MAX_ROWS
+from inhouse.gateway.settlement import asked
 
 
 @dataclass(frozen=True, slots=True)

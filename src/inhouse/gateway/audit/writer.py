@@ -21,10 +21,10 @@ from typing import Any
 from sqlalchemy import Boolean, Column, Engine, Float, Integer, case, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
-from inhouse.gateway import rollup
+from inhouse.gateway.audit.journal import REJECTED, Journal, Segment
 from inhouse.gateway.config import AuditSettings
 from inhouse.gateway.db import audit_log, audit_segments
-from inhouse.gateway.journal import REJECTED, Journal, Segment
+from inhouse.gateway.usage import rollup
 
 log = logging.getLogger("inhouse.gateway.audit")
 

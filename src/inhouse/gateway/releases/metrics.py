@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from inhouse.gateway.metrics import LATENCY_BUCKETS
-from inhouse.gateway.releases import ReleaseState
+from inhouse.gateway.releases.store import ReleaseState
 
 ROLES = ("stable", "candidate")
 SHADOW_OUTCOMES = ("sent", "dropped", "failed", "timeout", "skipped")

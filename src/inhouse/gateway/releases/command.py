@@ -20,7 +20,7 @@ from inhouse.manifests.command import checked_manifest
 
 if TYPE_CHECKING:
     from inhouse.gateway.config import GatewayConfig
-    from inhouse.gateway.releases import NewRelease, ReleaseState, ReleaseStore
+    from inhouse.gateway.releases.store import NewRelease, ReleaseState, ReleaseStore
     from inhouse.manifests.manifest import Manifest
 
 release_app = typer.Typer(
@@ -41,7 +41,7 @@ def status_command(
 ) -> None:
     """Shares, releases, live figures with their intervals, and the latest changes."""
     # SQLAlchemy: loaded when the command runs, not with the CLI.
-    from inhouse.gateway.release_report import print_status, status_json
+    from inhouse.gateway.releases.report import print_status, status_json
 
     store = _store(config, database)
     report = status_json(store, model)
@@ -90,7 +90,7 @@ def canary_command(
     """Send PERCENT of MODEL's keys to a candidate release (sticky per key), and mirror
     SHADOW percent of the rest to it."""
     # SQLAlchemy: loaded when the command runs, not with the CLI.
-    from inhouse.gateway.releases import BackendRef, Guardrails, NewRelease
+    from inhouse.gateway.releases.store import BackendRef, Guardrails, NewRelease
 
     settings = settings_for(config, database)
     new = None
@@ -162,14 +162,14 @@ def compare_command(
     p-values; TTFT, TPOT and latency p50/p99, output length; the canary's live figures;
     optionally the answers graded with an eval set; and a PNG."""
     # SQLAlchemy, httpx, rich: loaded when the command runs, not with the CLI.
-    from inhouse.gateway.release_compare import compare, compare_text
+    from inhouse.gateway.releases.compare import compare, compare_text
 
     items = None if grade is None else _eval_set(grade)  # checked before anything is opened
     store = _store(config, database)
     grader = None
     if items is not None:
         from inhouse.gateway.keys import KeyStore, load_pepper
-        from inhouse.gateway.release_grade import grade_pairs
+        from inhouse.gateway.releases.grade import grade_pairs
 
         keys = KeyStore(store.db, load_pepper(settings_for(config, database)))
         grader = functools.partial(grade_pairs, store.db, keys.hash, model, items=items)
@@ -190,7 +190,7 @@ def _eval_set(path: Path) -> list[Any]:
 def _store(config: Path | None, database: str | None) -> ReleaseStore:
     # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.gateway.db import open_database
-    from inhouse.gateway.releases import ReleaseStore
+    from inhouse.gateway.releases.store import ReleaseStore
 
     return ReleaseStore(open_database(settings_for(config, database).database))
 
@@ -199,7 +199,7 @@ def _first(settings: GatewayConfig, model: str) -> NewRelease | None:
     """Release 1 if the model has none yet: its backends in the gateway config (None
     without a config)."""
     # SQLAlchemy: loaded when the command runs, not with the CLI.
-    from inhouse.gateway.releases import BackendRef, NewRelease
+    from inhouse.gateway.releases.store import BackendRef, NewRelease
 
     if not settings.models:
         return None
@@ -267,7 +267,7 @@ def _summary(state: ReleaseState) -> str:
 
 def _or_exit(action: Any) -> Any:
     # SQLAlchemy: loaded when the command runs, not with the CLI.
-    from inhouse.gateway.releases import ReleaseError
+    from inhouse.gateway.releases.store import ReleaseError
 
     try:
         return action()

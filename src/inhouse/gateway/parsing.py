@@ -1,4 +1,6 @@
-"""What a request needs from a backend, read from its body without a tokenizer.
+"""Step 2 of a request: its JSON body read into the model route and what it needs, or a 4xx
+when the body is bad, the model is unknown to the key, or no upstream of it could ever serve
+the request. No tokenizer is needed.
 
 Two prompt figures: `prompt_tokens`, an estimate (characters/4 + 4 per message) for the
 context check and the prompt-size metric, and `prompt_bound`, an upper bound for token
@@ -14,39 +16,27 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from inhouse.api.chat import ChatFields
 from inhouse.api.common import RequestModel
 from inhouse.api.completions import CompletionRequest
-from inhouse.api.embeddings import EmbeddingRequest
-from inhouse.api.errors import invalid_fields
-from inhouse.api.tokenize import DetokenizeRequest, TokenizeRequest
-from inhouse.gateway.config import Upstream
+from inhouse.api.errors import invalid_fields, invalid_request, not_found
+from inhouse.gateway.config import GatewayConfig, ModelRoute, Upstream
+from inhouse.gateway.endpoints import ENDPOINTS, Endpoint
+from inhouse.gateway.keys import ApiKey
+from inhouse.gateway.priority import DEFAULT_CLASS, BadPriority, effective_class
+
+if TYPE_CHECKING:  # routing reads `Needs` from here: the Router is an annotation only
+    from inhouse.gateway.routing import Router
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
 TEMPLATE_TOKENS = 64
 
-# What the gateway checks of each body before it forwards it: the same fields and ranges
-# `inhouse serve` checks (chat messages are left to the backend, which may take more kinds).
-ENDPOINT_FIELDS: dict[str, type[RequestModel]] = {
-    "chat/completions": ChatFields,
-    "completions": CompletionRequest,
-    "embeddings": EmbeddingRequest,
-    "tokenize": TokenizeRequest,
-    "detokenize": DetokenizeRequest,
-}
 IMAGE_PARTS = ("image_url", "input_image", "image")
-ENDPOINT_FEATURE = {
-    "chat/completions": "chat",
-    "completions": "completions",
-    "embeddings": "embeddings",
-    "tokenize": "chat",  # the chat model's tokenizer, at the backend's own /tokenize
-    "detokenize": "chat",
-}
 
 
 class BadRequest(ValueError):
@@ -88,10 +78,12 @@ class Needs:
 
 def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
     """Inspect an OpenAI request body for the capabilities and tokens it needs."""
-    fields = _checked_fields(endpoint, body)
-    features = {ENDPOINT_FEATURE[endpoint]}
+    route = ENDPOINTS[endpoint]
+    fields = _checked_fields(route, body)
+    features = {route.feature}
     longest: tuple[int, int] | None = None
-    if endpoint == "chat/completions":
+    param = route.prompt
+    if param == "messages":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("'messages' must be a non-empty list", "messages")
@@ -108,8 +100,7 @@ def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
         response_format = body.get("response_format")
         if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
             features.add("json_schema")
-    elif endpoint in ("completions", "embeddings"):
-        param = "prompt" if endpoint == "completions" else "input"
+    elif param is not None:  # a completions prompt or an embeddings input
         parts = _input_parts(body.get(param), param)
         prompt, bound = sum(p[0] for p in parts), sum(p[1] for p in parts)
         if len(parts) > 1:
@@ -126,17 +117,17 @@ def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
     return Needs(frozenset(features), prompt, output, choices, bound, longest)
 
 
-def _checked_fields(endpoint: str, body: dict[str, Any]) -> RequestModel:
+def _checked_fields(endpoint: Endpoint, body: dict[str, Any]) -> RequestModel:
     """The body's fields checked against the ranges of `inhouse.api.bounds`. ``stream`` is
     written back as the bool it means ("false" is false), so the gateway and the backend
     agree on whether the answer is a stream."""
     # `priority` is the gateway's to read (a class name too: `priority.effective_class`),
-    # and the client's own value never reaches a backend (`proxy.prepare`).
+    # and the client's own value never reaches a backend (`upstream.prepare`).
     checked = body
     if "priority" in body:
         checked = {name: value for name, value in body.items() if name != "priority"}
     try:
-        fields = ENDPOINT_FIELDS[endpoint].model_validate(checked)
+        fields = endpoint.fields.model_validate(checked)
     except ValidationError as err:
         refused = invalid_fields(err.errors())
         raise BadRequest(refused.message, refused.param) from None
@@ -213,3 +204,54 @@ def _input_parts(value: Any, param: str) -> list[tuple[int, int]]:
             return [(len(value), len(value))]
         return [part for v in value for part in _input_parts(v, param)]
     raise BadRequest(f"'{param}' must be a string, a list of strings, or token ids", param)
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A request the gateway understood and some upstream of its model can serve."""
+
+    endpoint: str
+    body: dict[str, Any]
+    route: ModelRoute
+    needs: Needs
+    priority: str = DEFAULT_CLASS  # its effective class (see `priority.effective_class`)
+
+
+def model_name(body: dict[str, Any]) -> str | None:
+    """The body's `model` when it is a string."""
+    model = body.get("model")
+    return model if isinstance(model, str) else None
+
+
+def parse(
+    config: GatewayConfig, router: Router, key: ApiKey, endpoint: str, body: dict[str, Any],
+    model: str | None,
+) -> Parsed:  # fmt: skip
+    """The route and needs of `body` (asking for `model`, see `model_name`) on `endpoint`;
+    APIError (400 or 404) when refused."""
+    route = _route(config, key, model)
+    try:
+        needs = read_needs(endpoint, body)
+    except BadRequest as err:
+        raise invalid_request(str(err), err.param) from None
+    gap = router.capability_gap(route, needs, key.allow_fallback)
+    if gap is not None:
+        raise invalid_request(f"{gap} (model {route.name!r})", code="unsupported_capability")
+    try:
+        priority = effective_class(key.priority, body)
+    except BadPriority as err:
+        raise invalid_request(str(err), "priority") from None
+    return Parsed(endpoint, body, route, needs, priority)
+
+
+def _route(config: GatewayConfig, key: ApiKey, model: str | None) -> ModelRoute:
+    if model is None:
+        raise invalid_request("'model' is required", "model")
+    route = config.model(model)
+    if route is None or not key.may_use(model):
+        raise not_found(
+            f"The model '{model}' does not exist or you do not have access to it.",
+            "model",
+            "model_not_found",
+        )
+    return route

@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import Engine, Integer, case, cast, func, select
 
 from inhouse.cost.settings import TokenPrices
-from inhouse.gateway import rollup
 from inhouse.gateway.db import audit_log, usage_daily
+from inhouse.gateway.usage import rollup
 
 DAY_S = 86400
 

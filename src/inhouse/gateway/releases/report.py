@@ -8,8 +8,8 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from inhouse.gateway.release_figures import as_json, live_figures, shadow_figures
-from inhouse.gateway.releases import ReleaseStore
+from inhouse.gateway.releases.figures import as_json, live_figures, shadow_figures
+from inhouse.gateway.releases.store import ReleaseStore
 
 
 def status_json(store: ReleaseStore, model: str) -> dict[str, Any]:

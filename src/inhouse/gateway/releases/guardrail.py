@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 
 from inhouse.gateway.backends import Backend, BackendState
-from inhouse.gateway.release_figures import live_figures, shadow_figures
-from inhouse.gateway.release_metrics import ReleaseMetrics
-from inhouse.gateway.releases import Guardrails, ReleaseState, ReleaseStore
+from inhouse.gateway.releases.figures import live_figures, shadow_figures
+from inhouse.gateway.releases.metrics import ReleaseMetrics
+from inhouse.gateway.releases.store import Guardrails, ReleaseState, ReleaseStore
 
 log = logging.getLogger("inhouse.gateway.releases")
 

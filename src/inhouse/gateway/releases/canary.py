@@ -25,7 +25,7 @@ from typing import Any
 from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.config import ModelRoute, Upstream
 from inhouse.gateway.keys import ApiKey
-from inhouse.gateway.releases import BackendRef, Release, ReleaseState, ReleaseStore
+from inhouse.gateway.releases.store import BackendRef, Release, ReleaseState, ReleaseStore
 from inhouse.gateway.routing import Router
 
 BUCKETS = 10_000

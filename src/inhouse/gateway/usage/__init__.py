@@ -1,0 +1,2 @@
+"""Usage and teams: reports over the audit rows, the daily rollup, team budgets, and the
+`inhouse usage` and `inhouse teams` commands."""
