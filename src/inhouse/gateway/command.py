@@ -6,8 +6,6 @@ Heavy imports (FastAPI, SQLAlchemy, uvicorn) happen inside the commands.
 from __future__ import annotations
 
 import dataclasses
-
-import dataclasses
 import time
 import tomllib
 from datetime import datetime

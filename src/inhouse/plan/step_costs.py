@@ -1,8 +1,9 @@
 """Where a plan's step cost comes from: a GPU's roofline, a CPU's, or a calibration profile.
 
 The CPU constants were calibrated on this project's build hosts (2-core AMD EPYC, the
-bundled SmolLM2-135M through `inhouse serve`, see docs/archive/benchmarks-2026-11-30_12-01.md): a small model
-there is bound by per-step dispatch and per-sequence work, not by bandwidth.
+bundled SmolLM2-135M through `inhouse serve`, see
+docs/archive/benchmarks-2026-11-30_12-01.md): a small model there is bound by per-step dispatch
+and per-sequence work, not by bandwidth.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from inhouse.plan.perf_model import (
 from inhouse.plan.planner import Plan
 
 # Fitted to `inhouse serve`'s quiet-host TPOT for the bundled model (fp16 weights, 2 threads,
-# docs/archive/benchmarks-2026-11-30_12-01.md: 29.2 / 32.1 / 63.8 ms at c = 1 / 4 / 16); this roofline gives 30 / 34 / 63.
+# docs/archive/benchmarks-2026-11-30_12-01.md: 29.2 / 32.1 / 63.8 ms at c = 1 / 4 / 16);
+# this roofline gives 30 / 34 / 63.
 CPU_BANDWIDTH_EFFICIENCY = 0.6
 CPU_GFLOPS_PER_CORE = 96.0  # fp32 FMA peak of an AVX2 core at ~3 GHz (2 units × 8 lanes × 2)
 CPU_FLOPS_EFFICIENCY = 0.7
