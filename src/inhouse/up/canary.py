@@ -46,10 +46,10 @@ class Candidate:
 
 def start_candidate(
     engine: Engine, manifest_path: Path, settings_for: Callable[[str], LaunchSettings],
-    index: int,
+    index: int, promised: set[int],
 ) -> Candidate:  # fmt: skip
     """Verify the manifest's files, then start one replica of its model (label `index`)
-    with the settings `settings_for` gives its source."""
+    with the settings `settings_for` gives its source, on a port outside `promised`."""
     # httpx: loaded when `up` runs, not with the CLI.
     from inhouse.launch.replicas import start_replica
 
@@ -57,7 +57,8 @@ def start_candidate(
     settings = replace(
         settings_for(str(pinned.source_path())), manifest=str(manifest_path.resolve())
     )
-    endpoint = Endpoint("127.0.0.1", free_port(), pinned.name, secrets.token_urlsafe(32))
+    endpoint = Endpoint("127.0.0.1", free_port(promised), pinned.name, secrets.token_urlsafe(32))
+    promised.add(endpoint.port)
     replica = start_replica(engine, engine.command(settings, endpoint), endpoint, index, sys.stdout)
     typer.echo(f"candidate {replica.label}: pid {replica.popen.pid} on {replica.url}")
     return Candidate(replica, pinned, manifest_path)

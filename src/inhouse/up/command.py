@@ -121,14 +121,15 @@ def up_command(
     with_embeddings = embeddings and chosen.name == "inhouse"
     if embeddings and not with_embeddings:
         typer.echo(f"{chosen.name} replicas serve the chat model only (no embedding model)")
-    started = start_replicas(chosen, settings, chat_name, replicas, with_embeddings)
+    promised = {port}  # the gateway binds its port after the replicas start
+    started = start_replicas(chosen, settings, chat_name, replicas, with_embeddings, promised)
     candidate = None
     if canary is not None:
 
         def candidate_settings(source: str) -> LaunchSettings:
             return launch_settings(source, inputs, max_model_len, max_num_seqs)
 
-        candidate = start_candidate(chosen, canary, candidate_settings, replicas + 1)
+        candidate = start_candidate(chosen, canary, candidate_settings, replicas + 1, promised)
     stop_watch = threading.Event()
     try:
         config = up_config(
@@ -227,16 +228,23 @@ def launch_settings(
 
 
 def start_replicas(
-    engine: Engine, settings: LaunchSettings, name: str, count: int, embeddings: bool
+    engine: Engine,
+    settings: LaunchSettings,
+    name: str,
+    count: int,
+    embeddings: bool,
+    promised: set[int],
 ) -> list[Replica]:
-    """Start `count` replicas on free loopback ports, each with its own random key."""
+    """Start `count` replicas on free loopback ports outside `promised` (each port taken is
+    added to it), each with its own random key."""
     from inhouse.launch.replicas import start_replica
 
     started = []
     for index in range(1, count + 1):
         endpoint = Endpoint(
-            "127.0.0.1", free_port(), name, secrets.token_urlsafe(32), embeddings=embeddings
+            "127.0.0.1", free_port(promised), name, secrets.token_urlsafe(32), embeddings=embeddings
         )
+        promised.add(endpoint.port)
         command = engine.command(settings, endpoint)
         if index == 1:
             for note in command.notes:
