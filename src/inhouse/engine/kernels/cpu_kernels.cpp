@@ -1125,13 +1125,15 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   auto out = torch::empty({tokens, inter}, gate_up.options());
   const float* g = gate_up.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float* gt = g + t * 2 * inter;
-    for (int64_t i = 0; i < inter; ++i) {
-      const float x = gt[i];
-      o[t * inter + i] = x / (1.f + std::exp(-x)) * gt[inter + i];
+  inhouse::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* gt = g + t * 2 * inter;
+      for (int64_t i = 0; i < inter; ++i) {
+        const float x = gt[i];
+        o[t * inter + i] = x / (1.f + std::exp(-x)) * gt[inter + i];
+      }
     }
-  }
+  });
   return out;
 }
 
