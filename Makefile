@@ -43,6 +43,7 @@ test: $(STAMP) system-packages llama-server
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(PY) tests/layering.py  # the layer contract (tests/test_layers.py runs it in make test too)
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format src tests benchmarks

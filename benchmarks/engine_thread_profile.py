@@ -26,7 +26,7 @@ from inhouse.engine.models.loader import load_model
 from inhouse.engine.request import EngineRequest
 from inhouse.engine.runner import ModelRunner
 from inhouse.engine.sampler import Sampler
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 
 QUESTION = "Explain in detail how a bicycle works, part by part (request {i})."
 SECONDS: dict[str, float] = defaultdict(float)

@@ -15,7 +15,7 @@ Method (everything on 127.0.0.1, each server its own process):
 - CPU per request of the gateway process, of the static responder and of this
   client (from /proc and process_time): on a shared machine the robust numbers.
 
-Requests are sent with `inhouse.http1` (keep-alive, one write per request): httpx
+Requests are sent with `inhouse.http.client` (keep-alive, one write per request): httpx
 costs more CPU per request than the gateway and would measure itself.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--real] [--requests 500]
@@ -39,7 +39,7 @@ import httpx
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from inhouse.http1 import Http1Client
+from inhouse.http.client import Http1Client
 from inhouse.launch.inhouse import inhouse_command
 from inhouse.launch.ports import free_port
 
@@ -129,7 +129,7 @@ async def closed_loop(
 ) -> tuple[float, int]:
     """Requests per second sustained by `clients` concurrent keep-alive loops, and the count.
 
-    The loops share one `inhouse.http1` client (a pool of keep-alive connections):
+    The loops share one `inhouse.http.client` client (a pool of keep-alive connections):
     httpx would spend more CPU per request than the gateway and measure itself.
     """
     done = 0

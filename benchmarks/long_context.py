@@ -47,7 +47,7 @@ def measure(concurrency: list[int], quantization: str) -> dict[str, float]:
     from inhouse.engine.engine import LLMEngine
     from inhouse.engine.models.loader import load_model
     from inhouse.engine.request import EngineRequest
-    from inhouse.engine.sampling import SamplingParams
+    from inhouse.engine.sampling_params import SamplingParams
 
     loaded = load_model(None, quantization=quantization)
     config = EngineConfig(max_num_seqs=4)

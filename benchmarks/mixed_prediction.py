@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME
+from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME
 from knee_prediction import calibrate, inhouse, run
 from vs_llamacpp import free_port, wait_ready
 

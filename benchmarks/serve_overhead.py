@@ -29,7 +29,7 @@ import uvicorn
 from inhouse.api.chat import ChatMessage
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.request import EngineRequest
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 from inhouse.server.app import build_app
 from inhouse.server.context import ServerConfig, ServerContext
 from inhouse.server.loading import ContextLoader

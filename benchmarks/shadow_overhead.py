@@ -35,7 +35,7 @@ from inhouse.gateway.config import load_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.releases import BackendRef, NewRelease, ReleaseStore
-from inhouse.http1 import Http1Client
+from inhouse.http.client import Http1Client
 from inhouse.launch.inhouse import inhouse_command
 from inhouse.launch.ports import free_port
 

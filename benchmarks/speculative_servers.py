@@ -31,7 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
+from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
 from speculative import DEFAULT_SPEC, TASKS, TEXT
 from vs_llamacpp import free_port, stop, wait_ready
 

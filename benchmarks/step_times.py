@@ -22,7 +22,7 @@ from inhouse.engine.config import EngineConfig
 from inhouse.engine.engine import LLMEngine
 from inhouse.engine.models.loader import LoadedModel, load_model
 from inhouse.engine.request import EngineRequest
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 
 PREFILL_TOKENS = 1500
 

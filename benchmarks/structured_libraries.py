@@ -19,7 +19,7 @@ import jsonschema
 import torch
 from transformers import AutoTokenizer
 
-from inhouse.bundled import default_chat_model
+from inhouse.manifests.bundled import default_chat_model
 
 SCHEMAS: list[dict[str, Any]] = [
     {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import httpx
 
-from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
 from inhouse.launch.ports import free_port
+from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
 
 
 @dataclass(frozen=True, slots=True)

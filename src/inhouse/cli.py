@@ -6,17 +6,17 @@ import typer
 
 from inhouse import __version__
 from inhouse.bench.command import bench_app
-from inhouse.cost.command import cost_command
 from inhouse.eval.command import eval_command
 from inhouse.gateway.command import audit_command, gateway_command, keys_app
+from inhouse.gateway.cost_command import cost_command
 from inhouse.gateway.release_command import release_app
 from inhouse.gateway.teams_command import teams_app
-from inhouse.gateway.up import up_command
 from inhouse.gateway.usage_command import usage_command
-from inhouse.models.command import models_app
+from inhouse.launch.plan_command import plan
+from inhouse.manifests.command import models_app
 from inhouse.observe.command import observe_app
-from inhouse.plan.command import plan
 from inhouse.server.serve import serve_command
+from inhouse.up.command import up_command
 
 app = typer.Typer(
     name="inhouse",

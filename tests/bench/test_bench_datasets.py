@@ -11,7 +11,7 @@ from inhouse.bench.datasets import (
     read_jsonl,
     shared_prefix_dataset,
 )
-from inhouse.bundled import default_embedding_model
+from inhouse.manifests.bundled import default_embedding_model
 
 
 class LocalTokenizerCounter:

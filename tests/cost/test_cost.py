@@ -12,11 +12,11 @@ from sqlalchemy import insert
 from typer.testing import CliRunner
 
 from inhouse.cli import app
-from inhouse.cost.compare import compare
+from inhouse.cost.compare import Traffic, compare
 from inhouse.cost.settings import CostConfigError, CostSettings, Owned, TokenPrices, parse_cost
-from inhouse.cost.traffic import Traffic, measured
 from inhouse.gateway.audit import AuditRecord, clean_row
 from inhouse.gateway.db import audit_log, open_database
+from inhouse.gateway.traffic import measured
 
 DAY = 86400.0
 

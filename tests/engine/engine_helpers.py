@@ -11,7 +11,7 @@ from inhouse.engine.engine import LLMEngine
 from inhouse.engine.models.loader import LoadedModel
 from inhouse.engine.outputs import RequestOutput
 from inhouse.engine.request import EngineRequest
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 
 TINY_BLOCK = 4
 TINY_BLOCK_BYTES = 2 * 3 * 2 * 16 * 4 * TINY_BLOCK  # K+V, 3 layers, 2 kv heads, dim 16, fp32

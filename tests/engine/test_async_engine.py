@@ -15,7 +15,7 @@ from inhouse.engine.config import EngineConfig
 from inhouse.engine.errors import EngineInputError, RequestFailedError
 from inhouse.engine.models.loader import load_model
 from inhouse.engine.request import EngineRequest
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 
 NUM_BLOCKS = 128
 

@@ -12,7 +12,7 @@ import pytest
 from inhouse.engine.blocks import BlockPool, block_key, hash_block_key
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.sampler import SampledToken
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 from inhouse.engine.scheduler import Scheduler
 from inhouse.engine.sequence import Sequence
 

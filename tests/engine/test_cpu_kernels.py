@@ -30,6 +30,7 @@ from inhouse.engine.models.loader import load_model
 from inhouse.engine.models.precision import choose_precision, resolve_dtype
 from inhouse.engine.runner import ModelRunner
 from inhouse.engine.sequence import Sequence
+from inhouse.manifests.hashing import default_cache_dir
 
 CPU = torch.device("cpu")
 # Logit gap to HF's best that a greedy pick may show (sums in another order; SmolLM2's
@@ -408,8 +409,6 @@ def test_the_isa_can_be_capped_to_avx2_for_testing_that_path(monkeypatch) -> Non
 
 @needs_kernels
 def test_the_library_is_built_once_then_loaded_from_cache(monkeypatch) -> None:
-    from inhouse.engine.models.loader import default_cache_dir
-
     first = kernel_build.build(default_cache_dir())
     compiles = []
     real_run = subprocess.run

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from inhouse.bundled import default_embedding_model
 from inhouse.engine.embedder import Embedder
 from inhouse.engine.embedding_scheduler import EmbeddingScheduler
+from inhouse.manifests.bundled import default_embedding_model
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from engine_helpers import (
 
 from inhouse.engine.errors import EngineConfigError, EngineInputError
 from inhouse.engine.models.loader import load_model
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 
 NEW_TOKENS = 20
 

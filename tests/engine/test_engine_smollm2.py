@@ -11,7 +11,7 @@ from engine_helpers import add, generate, run_to_end
 
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.engine import LLMEngine
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from inhouse.engine.models.loader import (
     load_model,
 )
 from inhouse.engine.models.precision import resolve_dtype
-from inhouse.models.hashing import file_sha256
+from inhouse.manifests.hashing import file_sha256
 
 
 def _llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:

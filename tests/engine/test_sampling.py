@@ -7,7 +7,7 @@ import torch
 
 from inhouse.engine.errors import EngineInputError
 from inhouse.engine.sampler import Sampler
-from inhouse.engine.sampling import InvalidSamplingParams, SamplingParams
+from inhouse.engine.sampling_params import InvalidSamplingParams, SamplingParams
 from inhouse.engine.sequence import Sequence
 
 VOCAB = 32

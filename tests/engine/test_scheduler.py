@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.sampler import SampledToken
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 from inhouse.engine.scheduler import Scheduler, SchedulerOutput
 from inhouse.engine.sequence import Sequence, SequenceStatus
 

@@ -12,7 +12,7 @@ from test_scheduler import BS, EOS, step
 from inhouse.engine.class_step import URGENT_HOLD_STEPS
 from inhouse.engine.fair_share import FAIR_IDLE_GRACE_STEPS, FAIR_QUANTUM_TOKENS, TenantShares
 from inhouse.engine.kv_cache import KVCacheManager
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 from inhouse.engine.scheduler import Scheduler
 from inhouse.engine.sequence import Sequence, SequenceStatus
 

@@ -14,7 +14,7 @@ from engine_helpers import generate
 from test_speculative_engine import MESSAGES, chat_prompt, engine
 
 from inhouse.engine.errors import EngineConfigError
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 from inhouse.engine.speculative.config import SpeculativeConfig
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from engine_helpers import generate
 
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.engine import LLMEngine
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 from inhouse.engine.speculative.config import SpeculativeConfig
 from inhouse.engine.structured import GrammarCompiler
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from inhouse.bundled import default_chat_model
 from inhouse.engine.structured import GrammarCompiler, GrammarError, bounded
+from inhouse.manifests.bundled import default_chat_model
 
 SCHEMAS = json.loads((Path(__file__).parents[1] / "data" / "json_schemas.json").read_text())
 MAX_STEPS = 300

@@ -19,12 +19,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inhouse.bundled import default_chat_model
 from inhouse.eval.graders import GRADERS
 from inhouse.eval.items import load_eval_set, starter_set
 from inhouse.launch.inhouse import inhouse_command
 from inhouse.launch.ports import free_port
-from inhouse.models.verify import lock
+from inhouse.manifests.bundled import default_chat_model
+from inhouse.manifests.verify import lock
 from serving import Process, audit_rows, gateway_key, gateway_process
 
 pytestmark = pytest.mark.slow

@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inhouse.bundled import default_chat_model
 from inhouse.launch.base import Endpoint, Health, LaunchSettings
 from inhouse.launch.inhouse import InhouseEngine
 from inhouse.launch.replicas import start_replica, stop_replicas, wait_started
+from inhouse.manifests.bundled import default_chat_model
 from serving import free_port
 
 pytestmark = pytest.mark.slow

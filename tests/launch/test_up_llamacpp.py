@@ -18,12 +18,12 @@ import httpx
 import openai
 import pytest
 
-from inhouse.bundled import default_chat_model
 from inhouse.gateway.backends import read_load
 from inhouse.launch.base import Endpoint, Health, LaunchSettings
 from inhouse.launch.documented import documented_options
 from inhouse.launch.llamacpp import LlamaCppEngine, find_llama_server
 from inhouse.launch.replicas import start_replica, stop_replicas, wait_started
+from inhouse.manifests.bundled import default_chat_model
 from serving import audit_rows, free_port, inhouse_command, log_tail, wait_healthy
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import typer
 from published_configs import LLAMA_3_1_8B
 from typer.testing import CliRunner
 
-from inhouse.plan.command import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, plan
+from inhouse.launch.plan_command import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, plan
 
 app = typer.Typer()
 app.command()(plan)

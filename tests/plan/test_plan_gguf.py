@@ -7,7 +7,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from inhouse.bundled import default_chat_model
+from inhouse.manifests.bundled import default_chat_model
 from inhouse.plan.capacity import kv_bytes_per_token
 from inhouse.plan.catalogue import catalogue_spec
 from inhouse.plan.errors import PlanError

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from inhouse.plan.command import EXIT_BAD_INPUT, plan
+from inhouse.launch.plan_command import EXIT_BAD_INPUT, plan
 from inhouse.plan.perf_model import Profile, StepCost
 
 app = typer.Typer()

@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from inhouse.plan.command import EXIT_BAD_INPUT, plan
+from inhouse.launch.plan_command import EXIT_BAD_INPUT, plan
 from inhouse.plan.errors import PlanError
 from inhouse.plan.perf_model import Profile, StepCost, profile_from_json, read_profile
 from inhouse.plan.sim_engine import SchedulerLimits

@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from inhouse.plan.command import plan
+from inhouse.launch.plan_command import plan
 from inhouse.plan.errors import PlanError
 from inhouse.plan.gpus import find_gpu
 from inhouse.plan.units import GB, GIB, MIB, binary, both, parse_bytes

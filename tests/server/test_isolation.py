@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from inhouse.wire.prometheus import sample_totals
+from inhouse.http.prometheus import sample_totals
 from serving import Served, start_serve
 
 pytestmark = pytest.mark.slow

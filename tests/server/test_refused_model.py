@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from inhouse.bundled import default_chat_model
-from inhouse.models.verify import lock
+from inhouse.manifests.bundled import default_chat_model
+from inhouse.manifests.verify import lock
 from inhouse.server.serve import EXIT_LOAD_FAILED
 from serving import free_port, inhouse_command
 

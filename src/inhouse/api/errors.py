@@ -6,12 +6,37 @@ Every failure a client can see has the shape
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
 from inhouse.api.field_errors import describe
+
+CLIENT_CLOSED = 499  # nginx's "client closed request": the client left before its answer
+
+
+def error_body(
+    message: str, type: str, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error body as JSON data: `{"error": {"message", "type", "param", "code"}}`."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_message(body: bytes) -> str:
+    """The `error.message` of an OpenAI error body (or FastAPI's `detail`), else the start
+    of whatever came back."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return body[:200].decode("utf-8", "replace").strip()
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    if isinstance(payload, dict) and payload.get("detail"):
+        return str(payload["detail"])
+    return body[:200].decode("utf-8", "replace").strip()
 
 
 class ErrorDetail(BaseModel):
@@ -50,8 +75,8 @@ class APIError(Exception):
 
     def body(self) -> ErrorResponse:
         """The error as OpenAI's JSON body."""
-        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
-        return ErrorResponse(error=detail)
+        body = error_body(self.message, self.type, self.code, self.param)
+        return ErrorResponse.model_validate(body)
 
 
 def invalid_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

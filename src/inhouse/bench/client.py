@@ -7,10 +7,11 @@ import json
 import time
 from typing import Any
 
+from inhouse.api.answers import Chunk, EventSplitter, event_data, read_chunk
+from inhouse.api.auth import auth_headers
+from inhouse.api.errors import error_message
 from inhouse.bench.requests import ENDPOINT_PATHS, BenchRequest, RequestRecord
-from inhouse.http1 import Http1Client
-from inhouse.wire.auth import auth_headers, error_message
-from inhouse.wire.openai import Chunk, EventSplitter, event_data, read_chunk
+from inhouse.http.client import Http1Client
 
 
 def normalize_base_url(url: str) -> str:

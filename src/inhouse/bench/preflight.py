@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from inhouse.wire.auth import error_message
+from inhouse.api.errors import error_message
 
 
 class EndpointError(Exception):

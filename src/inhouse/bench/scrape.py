@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from inhouse.wire.prometheus import sample_totals
+from inhouse.http.prometheus import sample_totals
 
 # Names without their prefix; vLLM's deprecated gpu_cache_usage_perc is read as well.
 KV_USAGE_NAMES = ("kv_cache_usage_perc", "gpu_cache_usage_perc")

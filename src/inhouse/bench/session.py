@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
+from inhouse.api.auth import auth_headers
 from inhouse.bench.client import StreamingClient, normalize_base_url
 from inhouse.bench.datasets import (
     LengthSpec,
@@ -29,7 +30,6 @@ from inhouse.bench.run import RunContext, RunResult, execute_run
 from inhouse.bench.settings import DatasetSettings, SessionSettings
 from inhouse.bench.sweep import SweepResult, run_sweep, step_sizes
 from inhouse.bench.tokenize import ServerTokenCounter, probe_token_counter
-from inhouse.wire.auth import auth_headers
 
 
 async def build_dataset(

@@ -1,2 +1,3 @@
-"""What serving costs: the `[cost]` settings, the arithmetic against a hosted API, and the
-report `inhouse cost` prints from the gateway's audit."""
+"""What serving costs: the `[cost]` settings and the arithmetic against a hosted API. The
+gateway measures the traffic from its audit (`gateway.traffic`) and runs `inhouse cost`
+(`gateway.cost_command`)."""

@@ -7,7 +7,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inhouse.cost.settings import CostSettings
-from inhouse.cost.traffic import Traffic
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """Totals over `seconds` of serving."""
+
+    seconds: float
+    requests: int  # generating requests answered 200
+    prompt_tokens: int
+    completion_tokens: int
+    successful_tasks: int
+
+    @property
+    def days(self) -> float:
+        return self.seconds / 86400
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass(frozen=True, slots=True)

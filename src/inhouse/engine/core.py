@@ -20,7 +20,7 @@ from inhouse.engine.outputs import CoreOutput, SequenceOutput
 from inhouse.engine.request import EngineRequest
 from inhouse.engine.runner import ModelRunner
 from inhouse.engine.sampler import Sampler
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 from inhouse.engine.scheduler import Scheduler
 from inhouse.engine.sequence import Sequence
 from inhouse.engine.speculative.factory import make_drafter

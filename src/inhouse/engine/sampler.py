@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 from inhouse.engine.sequence import Sequence
 
 # Truncating rows sample among their top tokens when the cut falls inside them.

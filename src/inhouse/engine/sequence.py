@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from inhouse.engine.sampling import SamplingParams
+    from inhouse.engine.sampling_params import SamplingParams
 
 _seq_ids = itertools.count()
 

@@ -11,10 +11,11 @@ from typing import Any
 
 import httpx
 
+from inhouse.api.auth import auth_headers
+from inhouse.api.errors import error_message
 from inhouse.bench.client import normalize_base_url
 from inhouse.eval.graders import Answer, grade
 from inhouse.eval.items import EvalItem
-from inhouse.wire.auth import auth_headers, error_message
 
 RETRY_STATUSES = frozenset({429, 503})
 

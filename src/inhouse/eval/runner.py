@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 import httpx
 
+from inhouse.api.auth import auth_headers
 from inhouse.bench.client import normalize_base_url
 from inhouse.eval.client import Endpoint, ItemResult, Settings, ask
 from inhouse.eval.items import EvalItem
 from inhouse.eval.store import ResultStore
-from inhouse.wire.auth import auth_headers
 
 OnDone = Callable[[ItemResult], None]
 

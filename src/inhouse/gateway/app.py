@@ -14,7 +14,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from inhouse.api.models import ModelCard, ModelList
-from inhouse.body_limit import BodySizeLimit
 from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.audit import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
@@ -34,7 +33,8 @@ from inhouse.gateway.releases import ReleaseStore
 from inhouse.gateway.routing import Router
 from inhouse.gateway.scrape_auth import may_scrape, public_health, scrape_refused
 from inhouse.gateway.teams import TeamStore
-from inhouse.http_errors import install_error_handlers
+from inhouse.http.body_limit import BodySizeLimit
+from inhouse.http.errors import install_error_handlers
 
 
 def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time) -> Gateway:

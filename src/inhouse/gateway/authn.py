@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from inhouse.api.auth import bearer_token
 from inhouse.api.errors import APIError, authentication_error, invalid_request
 from inhouse.gateway.keys import ApiKey, AuthError, KeyStore
 
@@ -38,8 +39,7 @@ async def authenticate(keys: KeyStore, headers: Sequence[str]) -> ApiKey:
     database runs in a thread, off the event loop."""
     if len(headers) > 1:
         raise several_authorizations(len(headers))
-    scheme, _, secret = (headers[0] if headers else "").partition(" ")
-    presented = secret.strip() if scheme.lower() == "bearer" else None
+    presented = bearer_token(headers[0] if headers else "")
     try:
         if keys.lookup_is_local:
             return keys.authenticate(presented)

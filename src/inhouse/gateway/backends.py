@@ -17,9 +17,9 @@ from enum import StrEnum
 
 import httpx
 
+from inhouse.api.auth import auth_headers
 from inhouse.gateway.config import HealthSettings, Upstream
-from inhouse.wire.auth import auth_headers
-from inhouse.wire.prometheus import sample_totals
+from inhouse.http.prometheus import sample_totals
 
 
 class BackendState(StrEnum):

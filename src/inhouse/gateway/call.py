@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from inhouse.api.answers import ToolCallFragment, UsageCounts
 from inhouse.gateway.answer_checks import Expectations
 from inhouse.gateway.canary import ReleasePick
 from inhouse.gateway.config import ModelRoute
@@ -13,7 +14,6 @@ from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import Needs
 from inhouse.gateway.priority import DEFAULT_CLASS
 from inhouse.gateway.routing import Lease
-from inhouse.wire.openai import ToolCallFragment, Usage
 
 if TYPE_CHECKING:
     from inhouse.gateway.shadow import ShadowTicket
@@ -45,7 +45,7 @@ class Outcome:
         """The tool calls collected, in order: (name, arguments JSON text)."""
         return [self.tool_calls[i] for i in sorted(self.tool_calls)]
 
-    def read_usage(self, usage: Usage | None) -> None:
+    def read_usage(self, usage: UsageCounts | None) -> None:
         """Take the counts the upstream reported."""
         if usage is None:
             return

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
 from inhouse.cost.settings import CostConfigError, CostSettings, parse_cost
 from inhouse.gateway.config_values import (
     DEFAULT_QUEUE_WAIT_S,
@@ -22,6 +21,7 @@ from inhouse.gateway.config_values import (
     reject_unknown,
     seconds,
 )
+from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
 
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
 BACKEND_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp", "openai"})

@@ -13,12 +13,12 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive
 
-from inhouse.api.errors import APIError, service_unavailable
+from inhouse.api.errors import CLIENT_CLOSED, APIError, service_unavailable
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.canary import apply_release, capped
 from inhouse.gateway.config import HealthSettings
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.ledger import CLIENT_CLOSED, Ledger, final_status
+from inhouse.gateway.ledger import Ledger, final_status
 from inhouse.gateway.proxy import (
     Forward,
     LeaveWatch,
@@ -30,8 +30,8 @@ from inhouse.gateway.proxy import (
 )
 from inhouse.gateway.routing import Overloaded, Router
 from inhouse.gateway.settle import Settler
-from inhouse.http1 import Response as UpstreamResponse
-from inhouse.http_errors import error_response
+from inhouse.http.client import Response as UpstreamResponse
+from inhouse.http.errors import error_response
 
 SHUTTING_DOWN = service_unavailable("the gateway is shutting down; retry on another replica")
 

@@ -18,7 +18,7 @@ from inhouse.api.errors import server_error
 from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.authn import authorization_values
 from inhouse.gateway.handler import Gateway
-from inhouse.http_errors import error_response, method_not_allowed
+from inhouse.http.errors import error_response, method_not_allowed
 
 log = logging.getLogger("inhouse.gateway")
 

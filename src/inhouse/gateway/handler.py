@@ -34,7 +34,7 @@ from inhouse.gateway.routing import Router
 from inhouse.gateway.settle import Settler
 from inhouse.gateway.shadow import ShadowMirror
 from inhouse.gateway.teams import TeamStore
-from inhouse.http_errors import error_response
+from inhouse.http.errors import error_response
 
 log = logging.getLogger("inhouse.gateway")
 

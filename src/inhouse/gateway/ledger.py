@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from inhouse.api.errors import APIError
+from inhouse.api.errors import CLIENT_CLOSED, APIError
 from inhouse.gateway.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
 from inhouse.gateway.audit import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.call import Call, Outcome
@@ -14,8 +14,6 @@ from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.release_metrics import ReleaseMetrics
 from inhouse.gateway.shadow import Primary
-
-CLIENT_CLOSED = 499  # nginx's "client closed request"
 
 
 def final_status(call: Call, outcome: Outcome) -> int:

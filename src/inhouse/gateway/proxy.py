@@ -23,14 +23,15 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from inhouse.api.answers import EventSplitter, event_data, read_chunk
+from inhouse.api.auth import auth_headers
+from inhouse.api.errors import error_body
 from inhouse.gateway.call import Outcome
 from inhouse.gateway.config import Upstream
 from inhouse.gateway.needs import output_param
 from inhouse.gateway.priority import DEFAULT_CLASS, VLLM_PRIORITY
-from inhouse.http1 import Http1Client
-from inhouse.http1 import Response as UpstreamResponse
-from inhouse.wire.auth import auth_headers, error_body
-from inhouse.wire.openai import EventSplitter, event_data, read_chunk
+from inhouse.http.client import Http1Client
+from inhouse.http.client import Response as UpstreamResponse
 
 GENERATING_ENDPOINTS = frozenset({"chat/completions", "completions"})
 # Endpoints outside /v1 (vLLM's and `inhouse serve`'s).

@@ -20,7 +20,7 @@ from inhouse.gateway.command import ConfigOption, DatabaseOption, settings_for
 if TYPE_CHECKING:
     from inhouse.gateway.config import GatewayConfig
     from inhouse.gateway.releases import NewRelease, ReleaseState, ReleaseStore
-    from inhouse.models.manifest import Manifest
+    from inhouse.manifests.manifest import Manifest
 
 release_app = typer.Typer(
     help="Release a new model safely: canary, shadow, promote, roll back, compare.",
@@ -212,7 +212,7 @@ def _check_names(settings: GatewayConfig, refs: Any) -> None:
 def pinned_manifest(path: Path, pinned: Manifest | None = None) -> tuple[str, dict[str, Any]]:
     """The manifest file's sha256 and what it pins; unless given the `pinned` manifest
     already verified, the model's files are verified against it first."""
-    from inhouse.models.command import checked_manifest
+    from inhouse.manifests.command import checked_manifest
 
     if pinned is None:
         pinned = checked_manifest(path)

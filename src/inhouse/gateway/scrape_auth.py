@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from inhouse.api.errors import authentication_error
 from inhouse.gateway.config import GatewayConfig
-from inhouse.http_errors import error_response
+from inhouse.http.errors import error_response
 
 
 def may_scrape(config: GatewayConfig, request: Request) -> bool:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from inhouse.launch import ENGINES
 from inhouse.launch.base import Flags, shell_line
 from inhouse.launch.settings import settings_from_plan
 from inhouse.plan.planner import Plan
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # The JSON key of each engine's flags (the first two as `inhouse plan --json` always had them).
 JSON_KEYS = {
@@ -22,7 +27,10 @@ def plan_flags(engine: str, plan: Plan) -> Flags:
 
 
 def flags_json(plan: Plan) -> dict[str, object]:
-    """Each engine's plan flags (without the model) and notes, for `inhouse plan --json`."""
+    """Each engine's plan flags (without the model) and notes, for `inhouse plan --json`;
+    None for each engine when the plan does not fit."""
+    if not plan.fits:
+        return dict.fromkeys(JSON_KEYS.values())
     settings = settings_from_plan(plan)
     out: dict[str, object] = {}
     notes: dict[str, list[str]] = {}
@@ -39,3 +47,11 @@ def emit(engine: str, plan: Plan) -> str:
     flags = plan_flags(engine, plan)
     notes = [f"# {note}" for note in flags.notes]
     return "\n".join([*notes, shell_line(ENGINES[engine].program, flags.argv)])
+
+
+def print_recommended(plan: Plan, console: Console) -> None:
+    """The report's closing part: inhouse's and vLLM's command for a plan that fits."""
+    console.print("\n[bold]Recommended flags[/] (max-num-seqs ≈ 80% of capacity):")
+    for engine in ("inhouse", "vllm"):
+        console.file.write(emit(engine, plan) + "\n")  # never wrapped
+    console.print("[dim]llama.cpp and SGLang: --emit llama.cpp, --emit sglang[/]")

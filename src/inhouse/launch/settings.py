@@ -6,8 +6,6 @@ from inhouse.launch.base import LaunchSettings
 from inhouse.plan.formats import weight_format
 from inhouse.plan.planner import Plan
 
-BATCHED_TOKENS_CAP = 8192  # seed 004: 4096–8192 for chat; larger favours throughput over TTFT
-
 
 def settings_from_plan(plan: Plan) -> LaunchSettings:
     """Everything the plan decided, per GPU where it is memory."""
@@ -22,7 +20,7 @@ def settings_from_plan(plan: Plan) -> LaunchSettings:
         gguf=plan.model.gguf_tensors is not None,
         max_model_len=plan.max_model_len,
         max_num_seqs=plan.max_num_seqs,
-        max_num_batched_tokens=min(BATCHED_TOKENS_CAP, plan.max_model_len),
+        max_num_batched_tokens=plan.max_num_batched_tokens,
         kv_cache_bytes=kv_budget,
         kv_cache_tokens=plan.kv_cache.num_tokens,
         gpu_memory_utilization=plan.inputs.util,

@@ -8,7 +8,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from inhouse.launch.settings import settings_from_plan
 from inhouse.plan.errors import PlanError
 from inhouse.plan.latency import LatencyPlan, LatencyPoint, Traffic, plan_latency
 from inhouse.plan.mixed import BatchLoad, InteractiveLoad, MixedPlan, plan_mixed
@@ -101,7 +100,7 @@ def build_latency(
         assert hardware is not None
         cost = plan_roofline_cost(plan, hardware)
         seqs = options.max_num_seqs or plan.max_num_seqs
-        budget = options.max_num_batched_tokens or settings_from_plan(plan).max_num_batched_tokens
+        budget = options.max_num_batched_tokens or plan.max_num_batched_tokens
     limits = SchedulerLimits(
         max_num_seqs=seqs,
         max_num_batched_tokens=budget,

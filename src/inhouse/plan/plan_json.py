@@ -1,11 +1,12 @@
-"""The same numbers as the report, as a JSON-ready dict for machines. Bytes are integers."""
+"""The same numbers as the report, as a JSON-ready dict for machines. Bytes are integers.
+
+Each engine's flags join `flags` from ``inhouse.launch.emit``."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
-from inhouse.launch.emit import JSON_KEYS, flags_json
 from inhouse.plan.planner import Plan
 
 
@@ -57,8 +58,5 @@ def plan_as_dict(plan: Plan) -> dict[str, Any]:
         "kv_cache": asdict(plan.kv_cache),
         "context_table": [asdict(row) for row in plan.table],
         "roofline": asdict(plan.roofline) if plan.roofline else None,
-        "flags": {
-            "max_num_seqs": plan.max_num_seqs,
-            **(flags_json(plan) if plan.fits else dict.fromkeys(JSON_KEYS.values())),
-        },
+        "flags": {"max_num_seqs": plan.max_num_seqs},
     }

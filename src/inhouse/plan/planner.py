@@ -17,6 +17,7 @@ from inhouse.plan.weights import WeightBytes, gguf_weight_bytes, weight_bytes
 DEFAULT_GPU = "RTX 4090"  # the 24 GB card of seed 000's worked example
 DEFAULT_AVG_CONTEXT = 4000  # seed 000: "4,000 tokens (measure yours)"
 MAX_NUM_SEQS_SHARE = 0.8  # seed 004: max-num-seqs ≈ 80% of the computed concurrency
+BATCHED_TOKENS_CAP = 8192  # seed 004: 4096–8192 for chat; larger favours throughput over TTFT
 TABLE_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
@@ -75,6 +76,11 @@ class Plan:
     def max_num_seqs(self) -> int:
         """Recommended --max-num-seqs: 80% of what fits, at least 1."""
         return max(1, int(self.max_concurrent * MAX_NUM_SEQS_SHARE))
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """Recommended --max-num-batched-tokens: the context cap, at most 8192."""
+        return min(BATCHED_TOKENS_CAP, self.max_model_len)
 
 
 def _weights(model: ModelSource, chosen: str | None) -> WeightBytes:

@@ -1,11 +1,11 @@
-"""Render a Plan for people: rich tables, the arithmetic spelled out, the launch flags."""
+"""Render a Plan for people: rich tables and the arithmetic spelled out (each engine's
+flags follow from ``inhouse.launch.emit``)."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
 
-from inhouse.launch.emit import emit
 from inhouse.plan.capacity import kv_heads_per_gpu
 from inhouse.plan.formats import kv_dtype_bytes
 from inhouse.plan.planner import MAX_NUM_SEQS_SHARE, Plan
@@ -167,8 +167,3 @@ def render(plan: Plan, console: Console, *, explain: bool = False) -> None:
         console.print(line, soft_wrap=True)
     if explain:
         console.print(_explanation(plan), highlight=False, soft_wrap=True)
-    if plan.fits:
-        console.print("\n[bold]Recommended flags[/] (max-num-seqs ≈ 80% of capacity):")
-        for engine in ("inhouse", "vllm"):
-            console.file.write(emit(engine, plan) + "\n")  # never wrapped
-        console.print("[dim]llama.cpp and SGLang: --emit llama.cpp, --emit sglang[/]")

@@ -50,7 +50,7 @@ def load_model(argument: str | Path | None) -> ModelSource:
     None means the bundled default chat model.
     """
     if argument is None:
-        from inhouse.bundled import default_chat_model
+        from inhouse.manifests.bundled import default_chat_model
 
         return _from_gguf(default_chat_model())
     path = Path(argument).expanduser()

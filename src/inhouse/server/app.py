@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI
 
 from inhouse import __version__
-from inhouse.body_limit import BodySizeLimit
+from inhouse.http.body_limit import BodySizeLimit
 from inhouse.server.context import ServerContext
 from inhouse.server.errors import ModelRefused, install_error_handlers
 from inhouse.server.routes import chat, completions, embeddings, info

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inhouse.api.errors import APIError, not_found, service_unavailable
-from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
+from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
 from inhouse.server.memory import HeapTrimmer
 from inhouse.server.metrics import ServerMetrics
 from inhouse.server.workers import GRAMMAR_THREADS, PROMPT_THREADS, WorkerPool
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from inhouse.engine.embedding_scheduler import EmbeddingScheduler
     from inhouse.engine.stats import EmbeddingStats
     from inhouse.engine.structured import GrammarCompiler
-    from inhouse.models.manifest import Manifest
+    from inhouse.manifests.manifest import Manifest
     from inhouse.server.chat_template import ChatRenderer
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from inhouse.http_errors import install_error_handlers as install_shared_handlers
-
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
+from inhouse.api.errors import CLIENT_CLOSED
+from inhouse.http.errors import install_error_handlers as install_shared_handlers
 
 
 class ClientDisconnected(Exception):
@@ -25,4 +24,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(_: Request, __: ClientDisconnected) -> Response:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return Response(status_code=CLIENT_CLOSED)

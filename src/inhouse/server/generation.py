@@ -20,7 +20,7 @@ from inhouse.engine.request import EngineRequest
 from inhouse.server.context import ServerContext
 from inhouse.server.errors import ClientDisconnected
 from inhouse.server.metrics import TokenClock
-from inhouse.server.sampling import engine_input_error
+from inhouse.server.request_params import engine_input_error
 
 T = TypeVar("T")
 DISCONNECT_POLL_S = 0.5

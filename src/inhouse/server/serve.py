@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from inhouse.body_limit import DEFAULT_MAX_BODY_BYTES
+from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
 
 if TYPE_CHECKING:
     from inhouse.server.context import ServerContext
@@ -115,7 +115,7 @@ def serve_command(
     """Serve a model over an OpenAI-compatible HTTP API."""
     pinned = None  # checked before the heavy imports: a mismatch exits at once
     if manifest is not None:
-        from inhouse.models.command import checked_manifest
+        from inhouse.manifests.command import checked_manifest
 
         if model is not None:
             raise typer.BadParameter("give MODEL or --manifest, not both (the manifest names it)")
@@ -124,9 +124,9 @@ def serve_command(
         served_model_name = served_model_name or pinned.name
         dtype = pinned.dtype if dtype == "auto" else dtype
         quantization = pinned.quantization if quantization == "auto" else quantization
-    from inhouse.bundled import default_embedding_model
     from inhouse.engine.config import EngineConfig
     from inhouse.engine.speculative.config import SpeculativeConfig
+    from inhouse.manifests.bundled import default_embedding_model
     from inhouse.plan.units import parse_bytes
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -208,7 +208,7 @@ def _then_gc_on(load: Callable[[ServerContext], None]) -> Callable[[ServerContex
 
 
 def _default_model_name(model: str | None) -> str:
-    from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME
+    from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME
 
     if model is None:
         return DEFAULT_CHAT_MODEL_NAME

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from inhouse.manifests.hashing import default_cache_dir
+
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 HEADERS = (Path(__file__).with_name("work_pool.h"),)
@@ -141,8 +143,6 @@ def build(cache_dir: Path) -> Kernels:
 def load_kernels() -> Kernels | None:
     """The kernels, built if needed and registered as ``torch.ops.inhouse_cpu``; None (said
     once in the log) when this machine cannot build them."""
-    from inhouse.engine.models.loader import default_cache_dir
-
     if os.environ.get("INHOUSE_NO_KERNELS"):
         log.warning("C++ CPU kernels disabled by INHOUSE_NO_KERNELS: eager torch path")
         return None

@@ -22,8 +22,8 @@ from inhouse.engine.models.gguf_convert import convert_gguf, main_block_type
 from inhouse.engine.models.llama import LlamaArgs, LlamaForCausalLM
 from inhouse.engine.models.precision import choose_precision
 from inhouse.engine.models.row_blocks import describe_blocks
-from inhouse.models.hashing import CACHE_FILE, HashCache, default_cache_dir
-from inhouse.models.pickles import PickleRefused, refuse_pickle
+from inhouse.manifests.hashing import CACHE_FILE, HashCache, default_cache_dir
+from inhouse.manifests.pickles import PickleRefused, refuse_pickle
 
 
 class ModelSourceError(ValueError):
@@ -73,7 +73,7 @@ def _folder_fingerprint(folder: Path) -> str:
 def _resolve(source: str | Path | None, cache_dir: Path) -> tuple[Path, Path, str, str]:
     """-> (hf_folder, source_path, sha256, model_id)."""
     if source is None:
-        from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
+        from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
 
         path = default_chat_model()
         folder, sha = _cached_gguf(path, cache_dir)

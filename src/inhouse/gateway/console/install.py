@@ -18,7 +18,7 @@ from inhouse.gateway.console.web import HERE, Web
 from inhouse.gateway.gcra import Gcra, MemoryTatStore, SqlTatStore
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.usage import UnknownGrouping, as_csv, as_records, usage
-from inhouse.http_errors import error_response
+from inhouse.http.errors import error_response
 
 
 def install_console(app: FastAPI, gateway: Gateway) -> None:

@@ -12,7 +12,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
 from inhouse.cost.compare import compare, report_lines
-from inhouse.cost.traffic import measured
 from inhouse.gateway.audit_search import AuditQuery, search
 from inhouse.gateway.console import forms
 from inhouse.gateway.console.chart import bar_chart
@@ -21,6 +20,7 @@ from inhouse.gateway.console.web import HEADERS, Web, same_origin
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import AuthError
 from inhouse.gateway.priority import CLASSES
+from inhouse.gateway.traffic import measured
 from inhouse.gateway.usage import GROUPINGS, usage
 
 WARN_AT = 0.8  # a team's share of its budget shown as a warning (as the Prometheus alert)

@@ -26,8 +26,8 @@ from inhouse.server.choices import ChoiceTranslator, merge_deltas, translator_fo
 from inhouse.server.context import ServerContext
 from inhouse.server.generation import collect, generate, request_id, unless_disconnected
 from inhouse.server.logprobs import chat_logprobs
+from inhouse.server.request_params import sampling_params
 from inhouse.server.routes.deps import context, require_api_key
-from inhouse.server.sampling import sampling_params
 from inhouse.server.sse import sse_response
 from inhouse.server.tools import forced_tool_schema
 

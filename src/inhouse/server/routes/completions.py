@@ -15,7 +15,7 @@ from inhouse.api.common import Usage
 from inhouse.api.completions import Completion, CompletionChoice, CompletionRequest
 from inhouse.engine.outputs import RequestOutput
 from inhouse.engine.request import EngineRequest
-from inhouse.engine.sampling import SamplingParams
+from inhouse.engine.sampling_params import SamplingParams
 from inhouse.server.context import ServerContext
 from inhouse.server.generation import (
     RequestResult,
@@ -25,8 +25,8 @@ from inhouse.server.generation import (
     unless_disconnected,
 )
 from inhouse.server.logprobs import completion_logprobs
+from inhouse.server.request_params import sampling_params
 from inhouse.server.routes.deps import context, require_api_key
-from inhouse.server.sampling import sampling_params
 from inhouse.server.sse import sse_response
 
 router = APIRouter(dependencies=[Depends(require_api_key)])

@@ -6,6 +6,7 @@ import hmac
 
 from fastapi import Request
 
+from inhouse.api.auth import bearer_token
 from inhouse.api.errors import authentication_error
 from inhouse.server.context import ServerContext
 
@@ -20,7 +21,6 @@ def require_api_key(request: Request) -> None:
     expected = context(request).config.api_key
     if expected is None:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), expected):
+    given = bearer_token(request.headers.get("authorization", ""))
+    if given is None or not hmac.compare_digest(given, expected):
         raise authentication_error()

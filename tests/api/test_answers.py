@@ -5,12 +5,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inhouse.wire.openai import (
+from inhouse.api.answers import (
     ChoiceDelta,
     Chunk,
     EventSplitter,
     ToolCallFragment,
-    Usage,
+    UsageCounts,
     event_data,
     read_chunk,
 )
@@ -58,7 +58,7 @@ def test_any_chunk_boundaries_give_the_same_typed_deltas(cuts: list[int], end: b
     assert calls == [ToolCallFragment(0, "f", ""), ToolCallFragment(0, "", '{"a": 1}')]
     assert [d.produced for d in deltas] == [False, True, True, True, True, True, False]
     assert deltas[-1].finish_reason == "tool_calls"
-    assert chunks[-2].usage == Usage(7, 5) and chunks[-1].done
+    assert chunks[-2].usage == UsageCounts(7, 5) and chunks[-1].done
 
 
 def test_an_event_of_several_data_lines_is_one_payload() -> None:
@@ -71,7 +71,7 @@ def test_errors_and_odd_usage_are_typed() -> None:
     chunk = read_chunk(b'{"error": {"message": "boom", "type": "server_error"}}')
     assert (chunk.error_message, chunk.error_type) == ("boom", "server_error")
     usage = read_chunk(b'{"usage": {"prompt_tokens": true, "completion_tokens": -1}}').usage
-    assert usage == Usage(None, None)
+    assert usage == UsageCounts(None, None)
 
 
 def test_non_streamed_answers_read_like_deltas() -> None:

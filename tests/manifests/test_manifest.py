@@ -15,10 +15,10 @@ import pytest
 from safetensors.numpy import save_file
 
 from inhouse.launch.inhouse import inhouse_command
-from inhouse.models.hashing import HashCache, file_sha256
-from inhouse.models.manifest import ManifestError, read_manifest
-from inhouse.models.pickles import PickleRefused
-from inhouse.models.verify import lock, require_verified, verify
+from inhouse.manifests.hashing import HashCache, file_sha256
+from inhouse.manifests.manifest import ManifestError, read_manifest
+from inhouse.manifests.pickles import PickleRefused
+from inhouse.manifests.verify import lock, require_verified, verify
 
 
 @pytest.fixture

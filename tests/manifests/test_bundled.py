@@ -1,4 +1,4 @@
-from inhouse.bundled import default_chat_model, default_embedding_model
+from inhouse.manifests.bundled import default_chat_model, default_embedding_model
 
 
 def test_bundled_chat_model_is_a_gguf_file() -> None:

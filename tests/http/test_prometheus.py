@@ -1,7 +1,6 @@
 import pytest
 
-from inhouse.wire.auth import auth_headers, error_body, error_message
-from inhouse.wire.prometheus import sample_totals
+from inhouse.http.prometheus import sample_totals
 
 PAGE = """# HELP vllm:num_requests_waiting Waiting.
 # TYPE vllm:num_requests_waiting gauge
@@ -23,12 +22,3 @@ def test_samples_are_summed_over_label_sets_by_their_own_name() -> None:
 def test_a_page_that_is_not_an_exposition_is_refused() -> None:
     with pytest.raises(ValueError):
         sample_totals("<html>not metrics</html>\n")
-
-
-def test_auth_and_error_bodies() -> None:
-    assert auth_headers("k") == {"Authorization": "Bearer k"} and auth_headers(None) == {}
-    body = error_body("no", "server_error", "x")
-    assert body == {"error": {"message": "no", "type": "server_error", "param": None, "code": "x"}}
-    assert error_message(b'{"error": {"message": "no"}}') == "no"
-    assert error_message(b'{"detail": "gone"}') == "gone"
-    assert error_message(b"<h1>Bad Gateway</h1>") == "<h1>Bad Gateway</h1>"

@@ -29,8 +29,8 @@ def cost_command(
     `[cost] retry_window_s`."""
     from inhouse.cost.compare import compare, report_lines
     from inhouse.cost.settings import CostConfigError, load_cost
-    from inhouse.cost.traffic import measured
     from inhouse.gateway.db import open_database
+    from inhouse.gateway.traffic import measured
 
     settings = settings_for(config, database)
     try:

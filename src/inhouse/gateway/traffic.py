@@ -8,33 +8,13 @@ and that the same key did not send again with the same prompt (the same peppered
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sqlalchemy import Engine, and_, case, func, or_, select
 
+from inhouse.cost.compare import Traffic
 from inhouse.gateway.db import audit_log
 
 GENERATING = ("chat/completions", "completions")
 TASK_FINISHES = ("stop", "tool_calls")
-
-
-@dataclass(frozen=True, slots=True)
-class Traffic:
-    """Totals over `seconds` of serving."""
-
-    seconds: float
-    requests: int  # generating requests answered 200
-    prompt_tokens: int
-    completion_tokens: int
-    successful_tasks: int
-
-    @property
-    def days(self) -> float:
-        return self.seconds / 86400
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 def measured(db: Engine, since: float, until: float, retry_window_s: float) -> Traffic:

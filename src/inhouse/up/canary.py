@@ -19,14 +19,16 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from inhouse.gateway.config import GatewayConfig
+from inhouse.gateway.release_command import pinned_manifest
+from inhouse.launch.base import Endpoint, Engine, Health, LaunchSettings
 from inhouse.launch.ports import free_port
+from inhouse.manifests.command import checked_manifest
+from inhouse.manifests.manifest import Manifest
 
 if TYPE_CHECKING:
-    from inhouse.gateway.config import GatewayConfig
     from inhouse.gateway.releases import ReleaseStore
-    from inhouse.launch.base import Engine, LaunchSettings
     from inhouse.launch.replicas import Replica
-    from inhouse.models.manifest import Manifest
 
 CANARY_KEY_ENV = "INHOUSE_UP_CANARY_KEY"
 ACTOR = "inhouse up"
@@ -48,9 +50,8 @@ def start_candidate(
 ) -> Candidate:  # fmt: skip
     """Verify the manifest's files, then start one replica of its model (label `index`)
     with the settings `settings_for` gives its source."""
-    from inhouse.launch.base import Endpoint
+    # httpx: loaded when `up` runs, not with the CLI.
     from inhouse.launch.replicas import start_replica
-    from inhouse.models.command import checked_manifest
 
     pinned = checked_manifest(manifest_path)
     settings = replace(
@@ -76,9 +77,9 @@ class CanaryWatch(threading.Thread):
         self.release: int | None = None
 
     def run(self) -> None:
+        # SQLAlchemy and httpx: loaded when `up --canary` runs, not with the CLI.
         from inhouse.gateway.db import open_database
         from inhouse.gateway.releases import ReleaseError, ReleaseStore
-        from inhouse.launch.base import Health
         from inhouse.launch.replicas import stop_replicas, wait_started
 
         replica = self.candidate.replica
@@ -106,8 +107,7 @@ class CanaryWatch(threading.Thread):
     def _register(self, store: ReleaseStore) -> int:
         """The candidate as the model's new candidate release (replacing one left by an
         earlier `inhouse up`, whose replica is gone); its number."""
-        from inhouse.gateway.release_command import pinned_manifest
-        from inhouse.gateway.releases import BackendRef, NewRelease
+        from inhouse.gateway.releases import BackendRef, NewRelease  # SQLAlchemy, as in run()
 
         replica = self.candidate.replica
         os.environ[CANARY_KEY_ENV] = replica.endpoint.api_key

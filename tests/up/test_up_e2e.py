@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from inhouse.cli import app
 from inhouse.gateway.config import GatewayConfig
-from inhouse.gateway.up import ensure_admin_key
+from inhouse.up.command import ensure_admin_key
 from serving import free_port, inhouse_command, wait_healthy
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve (issue 4) is not importable yet")

@@ -14,7 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
+from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
 from serving import audit_rows, free_port, inhouse_command, wait_healthy
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve is not importable")

@@ -1,4 +1,7 @@
-"""`inhouse plan`, the planner's command line. Exit 0: fits; 1: does not fit; 2: bad input."""
+"""`inhouse plan`, the planner's command line. Exit 0: fits; 1: does not fit; 2: bad input.
+
+It lives in launch, not plan, because it prints each engine's flags: launch reads plans,
+plan knows no engine."""
 
 from __future__ import annotations
 
@@ -119,9 +122,10 @@ def plan(
 
     from rich.console import Console
 
-    from inhouse.bundled import BundledModelMissing
     from inhouse.launch import ENGINES
     from inhouse.launch.emit import emit as emit_command
+    from inhouse.launch.emit import flags_json, print_recommended
+    from inhouse.manifests.bundled import BundledModelMissing
     from inhouse.plan.errors import PlanError
     from inhouse.plan.latency import Traffic, parse_steps
     from inhouse.plan.latency_report import LatencyOptions, latency_section, render_latency
@@ -180,6 +184,7 @@ def plan(
         raise typer.Exit(EXIT_BAD_INPUT) from None
     if as_json:
         document = plan_as_dict(result)
+        document["flags"].update(flags_json(result))
         document["latency"] = report.to_json() if report else None
         typer.echo(json.dumps(document, indent=2))
     elif emit is not None and result.fits:
@@ -187,6 +192,7 @@ def plan(
     elif result.fits:
         console = Console(file=sys.stdout)
         render(result, console, explain=explain)
+        print_recommended(result, console)
         if report is not None:
             render_latency(report, console)
     if not result.fits:

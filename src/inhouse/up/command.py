@@ -14,20 +14,31 @@ import secrets
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from inhouse.cost.settings import CostConfigError, parse_cost
+from inhouse.gateway.config import GatewayConfig, default_database_url, parse_config
+from inhouse.gateway.serve import gateway_server, run_gateway
+from inhouse.launch import ENGINES
+from inhouse.launch.base import Endpoint, Engine, EngineMissing, Health, LaunchSettings
 from inhouse.launch.ports import free_port
+from inhouse.launch.settings import settings_from_plan
+from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME, BundledModelMissing
+from inhouse.manifests.command import checked_manifest
+from inhouse.plan.errors import PlanError
+from inhouse.plan.planner import PlanInputs, make_plan
+from inhouse.plan.source import load_model
+from inhouse.plan.units import parse_bytes
+from inhouse.up.canary import CanaryWatch, start_candidate
 
 if TYPE_CHECKING:
     import uvicorn
 
-    from inhouse.gateway.config import GatewayConfig
-    from inhouse.launch.base import Engine, LaunchSettings
     from inhouse.launch.replicas import Replica
-    from inhouse.plan.planner import PlanInputs
 
 __all__ = ["ensure_admin_key", "up_command"]
 
@@ -78,12 +89,8 @@ def up_command(
     ] = None,
 ) -> None:
     """Start engine replicas and the gateway in front of them on http://127.0.0.1:8000."""
-    from inhouse.gateway.config import default_database_url
-    from inhouse.gateway.serve import gateway_server, run_gateway
-    from inhouse.launch import ENGINES
-    from inhouse.launch.base import EngineMissing
+    # httpx: loaded when `up` runs, not with the CLI.
     from inhouse.launch.replicas import stop_replicas
-    from inhouse.plan.errors import PlanError
 
     cost_table = _cost_table(cost)  # checked before any replica starts
     chosen = ENGINES.get(engine)
@@ -98,8 +105,6 @@ def up_command(
         _fail("--tp needs --gpu or --vram: tensor parallelism is planned per GPU")
     chat_name = served_name(model)
     if manifest is not None:
-        from inhouse.models.command import checked_manifest
-
         if model is not None:
             _fail("give MODEL or --manifest, not both (the manifest names it)")
         pinned = checked_manifest(manifest)
@@ -119,7 +124,6 @@ def up_command(
     started = start_replicas(chosen, settings, chat_name, replicas, with_embeddings)
     candidate = None
     if canary is not None:
-        from inhouse.gateway.up_canary import start_candidate
 
         def candidate_settings(source: str) -> LaunchSettings:
             return launch_settings(source, inputs, max_model_len, max_num_seqs)
@@ -148,8 +152,6 @@ def up_command(
         outcome = StartWatch(started, server)
         outcome.start()
         if candidate is not None:
-            from inhouse.gateway.up_canary import CanaryWatch
-
             CanaryWatch(candidate, config, chat_name, percent, shadow, stop_watch).start()
         run_gateway(config, server)
     finally:
@@ -175,9 +177,6 @@ def plan_inputs(
     max_model_len: int | None,
 ) -> PlanInputs | None:
     """What to plan for, or None without --gpu/--vram (then each engine sizes itself)."""
-    from inhouse.plan.planner import PlanInputs
-    from inhouse.plan.units import parse_bytes
-
     if gpu is None and vram is None:
         return None
     return PlanInputs(
@@ -199,13 +198,6 @@ def launch_settings(
     max_num_seqs: int | None,
 ) -> LaunchSettings:
     """The plan's settings when there are plan inputs; otherwise the engine's own sizing."""
-    from inhouse.bundled import BundledModelMissing
-    from inhouse.launch.base import LaunchSettings
-    from inhouse.launch.settings import settings_from_plan
-    from inhouse.plan.errors import PlanError
-    from inhouse.plan.planner import make_plan
-    from inhouse.plan.source import load_model
-
     try:
         source = load_model(model)
     except BundledModelMissing as error:
@@ -231,8 +223,7 @@ def start_replicas(
     engine: Engine, settings: LaunchSettings, name: str, count: int, embeddings: bool
 ) -> list[Replica]:
     """Start `count` replicas on free loopback ports, each with its own random key."""
-    from inhouse.launch.base import Endpoint
-    from inhouse.launch.replicas import start_replica
+    from inhouse.launch.replicas import start_replica  # httpx, as in up_command
 
     started = []
     for index in range(1, count + 1):
@@ -260,8 +251,7 @@ class StartWatch(threading.Thread):
         self.all_failed = False
 
     def run(self) -> None:
-        from inhouse.launch.base import Health
-        from inhouse.launch.replicas import wait_started
+        from inhouse.launch.replicas import wait_started  # httpx, as in up_command
 
         states = wait_started(self.replicas)
         for replica in self.replicas:
@@ -287,8 +277,6 @@ class StartWatch(threading.Thread):
 
 
 def served_name(model: str | None) -> str:
-    from inhouse.bundled import DEFAULT_CHAT_MODEL_NAME
-
     if model is None:
         return DEFAULT_CHAT_MODEL_NAME
     path = Path(model)
@@ -306,7 +294,6 @@ def up_config(
     cost: dict[str, Any] | None = None,
 ) -> GatewayConfig:
     """The gateway config `inhouse up` runs with: one backend per replica, queue policy."""
-    from inhouse.gateway.config import parse_config
 
     def backend(replica: Replica, features: list[str]) -> dict[str, object]:
         key = replica.endpoint.api_key
@@ -331,10 +318,6 @@ def _cost_table(path: Path | None) -> dict[str, Any]:
     """The raw `[cost]` table of `--cost` (checked when the config is parsed)."""
     if path is None:
         return {}
-    import tomllib
-
-    from inhouse.cost.settings import CostConfigError, parse_cost
-
     try:
         with open(path, "rb") as f:
             table = tomllib.load(f).get("cost", {})
@@ -346,6 +329,7 @@ def _cost_table(path: Path | None) -> dict[str, Any]:
 
 def ensure_admin_key(config: GatewayConfig) -> str | None:
     """Create the admin key on first start; returns its secret then, else None."""
+    # SQLAlchemy: loaded when `up` runs, not with the CLI.
     from inhouse.gateway.db import open_database
     from inhouse.gateway.keys import KeyStore, load_pepper
 

@@ -43,8 +43,9 @@ class ChoiceDelta:
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
-    """Token counts of a `usage` object; None where a count is missing or not a whole number."""
+class UsageCounts:
+    """Token counts read from an answer's `usage` object; None where a count is missing or not
+    a whole number (the server's own response model is :class:`inhouse.api.common.Usage`)."""
 
     prompt_tokens: int | None
     completion_tokens: int | None
@@ -55,7 +56,7 @@ class Chunk:
     """One `data:` payload of a stream, or a whole non-streamed answer."""
 
     choices: tuple[ChoiceDelta, ...] = ()
-    usage: Usage | None = None
+    usage: UsageCounts | None = None
     error_message: str | None = None
     error_type: str | None = None
     done: bool = False
@@ -140,11 +141,11 @@ def choice_delta(choice: dict[str, Any]) -> ChoiceDelta:
     )
 
 
-def read_usage(usage: Any) -> Usage | None:
+def read_usage(usage: Any) -> UsageCounts | None:
     """The counts of a `usage` object that are whole numbers from 0 to 2^53."""
     if not isinstance(usage, dict) or not usage:
         return None
-    return Usage(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
+    return UsageCounts(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
 
 
 def _fragment(call: dict[str, Any]) -> ToolCallFragment:

@@ -13,8 +13,8 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from inhouse.models.manifest import DEFAULT_MANIFEST, Manifest, ManifestError, read_manifest
-from inhouse.models.pickles import PickleRefused
+from inhouse.manifests.manifest import DEFAULT_MANIFEST, Manifest, ManifestError, read_manifest
+from inhouse.manifests.pickles import PickleRefused
 
 EXIT_MISMATCH = 1
 T = TypeVar("T")
@@ -47,8 +47,8 @@ def byte_progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
 def checked_manifest(path: Path, rehash: bool = False) -> Manifest:
     """Read ``path`` and verify the model against it, with progress; exit 1 naming the
     files when anything differs, is missing or unexpected."""
-    from inhouse.models.hashing import HashCache
-    from inhouse.models.verify import require_verified, total_bytes
+    from inhouse.manifests.hashing import HashCache
+    from inhouse.manifests.verify import require_verified, total_bytes
 
     manifest = _or_exit(lambda: read_manifest(path))
     source = manifest.source_path()
@@ -80,7 +80,7 @@ def lock_command(
     quantization: Annotated[str, typer.Option(help="As inhouse serve --quantization.")] = "auto",
 ) -> None:
     """Hash every weight, tokenizer and config file of PATH into a manifest."""
-    from inhouse.models.verify import lock, total_bytes
+    from inhouse.manifests.verify import lock, total_bytes
 
     if not path.exists():
         typer.echo(f"inhouse: {path} does not exist", err=True)

@@ -8,7 +8,7 @@ from inhouse.api import bounds
 from inhouse.api.common import SamplingFields
 from inhouse.api.errors import APIError, invalid_request
 from inhouse.engine.errors import EngineInputError
-from inhouse.engine.sampling import Guide, SamplingParams
+from inhouse.engine.sampling_params import Guide, SamplingParams
 
 
 def sampling_params(

@@ -7,9 +7,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from inhouse.models.hashing import HashCache, Progress
-from inhouse.models.manifest import Manifest, ManifestError
-from inhouse.models.pickles import WHY, pickle_files, refuse_pickle
+from inhouse.manifests.hashing import HashCache, Progress
+from inhouse.manifests.manifest import Manifest, ManifestError
+from inhouse.manifests.pickles import WHY, pickle_files, refuse_pickle
 
 # The files a loader reads from an HF folder: weights, config, tokenizer, chat template.
 TRACKED_SUFFIXES = frozenset({".safetensors", ".gguf", ".json", ".model", ".txt", ".jinja"})

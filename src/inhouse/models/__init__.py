@@ -1,5 +1,0 @@
-"""Model manifests: pin a model's files to sha256 hashes, lock them, verify them, refuse pickle.
-
-Imports no torch: the CLI, ``inhouse up`` and the server's start-up all check a manifest
-before any engine loads.
-"""
