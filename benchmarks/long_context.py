@@ -38,7 +38,7 @@ def document(seed: int, words: int = 2400) -> str:
     return " ".join(" ".join(picks[i : i + 10]) + "." for i in range(0, words, 10))
 
 
-def measure(concurrency: list[int]) -> dict[str, float]:
+def measure(concurrency: list[int], quantization: str) -> dict[str, float]:
     """This process's tree: the figures in ms."""
     import time
 
@@ -49,7 +49,7 @@ def measure(concurrency: list[int]) -> dict[str, float]:
     from inhouse.engine.request import EngineRequest
     from inhouse.engine.sampling_params import SamplingParams
 
-    loaded = load_model(None)
+    loaded = load_model(None, quantization=quantization)
     config = EngineConfig(max_num_seqs=4)
 
     def steps(prompts: list[list[int]], new_tokens: int) -> list[float]:
@@ -86,9 +86,10 @@ def measure(concurrency: list[int]) -> dict[str, float]:
     return figures
 
 
-def child(tree: Path, concurrency: str) -> dict[str, float]:
+def child(tree: Path, concurrency: str, quantization: str) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}{os.pathsep}{Path(__file__).parent}")
     command = [sys.executable, __file__, "--child", "--concurrency", concurrency]
+    command += ["--quantization", quantization]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -98,16 +99,19 @@ def main() -> None:
     parser.add_argument("--trees", nargs="+", type=Path, default=[Path(__file__).parents[1]])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--concurrency", default="1,4", help="sequences at once, e.g. 1,4")
+    parser.add_argument(
+        "--quantization", default="auto", help="as inhouse serve's (auto: what serve runs)"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.child:
-        print(json.dumps(measure(concurrency)))
+        print(json.dumps(measure(concurrency, args.quantization)))
         return
     results: dict[Path, list[dict[str, float]]] = {tree: [] for tree in args.trees}
     for r in range(args.rounds):
         for tree in args.trees:
-            figures = child(tree, args.concurrency)
+            figures = child(tree, args.concurrency, args.quantization)
             results[tree].append(figures)
             load = os.getloadavg()[0]
             shown = " ".join(f"{k} {v:.1f}" for k, v in figures.items())

@@ -9,14 +9,15 @@ reports the time from process start to ``/health`` answering 200 and the peak re
 memory (VmHWM) of the server process.
 
 ``--long`` runs the long-prompt workloads instead: unique random documents of each of
-``--long-lens`` tokens (no prefix sharing), 256 output tokens, at c=1 and c=4, with
-llama.cpp given enough context per slot; one table per prompt length.
+``--long-lens`` tokens (no prefix sharing), 256 output tokens, at c=1 and c=4
+(``--long-steps``), with llama.cpp given enough context per slot; one table per prompt length.
 
 The benchmark does not build llama.cpp: pass the binary (see docs/benchmarks.md for how).
 
     .venv/bin/python benchmarks/vs_llamacpp.py --llama-server PATH [--steps 1,4,16]
         [--output-len 128] [--serve-args "--dtype float32 --quantization none"]
-    .venv/bin/python benchmarks/vs_llamacpp.py --llama-server PATH --long [--long-lens 1000,2500]
+    .venv/bin/python benchmarks/vs_llamacpp.py --llama-server PATH --long \\
+        [--long-lens 1000,2500] [--long-steps 1]
 """
 
 from __future__ import annotations
@@ -201,10 +202,11 @@ def main() -> None:
     parser.add_argument("--only", choices=("both", "ours", "theirs"), default="both")
     parser.add_argument("--long", action="store_true", help="the long-prompt workloads")
     parser.add_argument("--long-lens", default="1000,2500,6000", help="their prompt tokens")
+    parser.add_argument("--long-steps", default="1,4", help="the long workloads' concurrency")
     args = parser.parse_args()
     if args.long:
         lens = [int(n) for n in args.long_lens.split(",")]
-        workloads = [Workload(n, 256, "1,4") for n in lens]
+        workloads = [Workload(n, 256, args.long_steps) for n in lens]
     else:
         workloads = [Workload(args.input_len, args.output_len, args.steps)]
     slots = max(int(c) for w in workloads for c in w.steps.split(","))

@@ -156,6 +156,50 @@ def test_paged_attention_rows_matches_sdpa(window: int, dim: int, cache_dtype) -
 
 
 @needs_kernels
+@pytest.mark.parametrize("window", [0, 300])
+def test_long_rows_split_over_segments_give_the_prefill_rows_bits(window: int) -> None:
+    """Rows of 600-700 keys cross the kernel's 256-position segments: a decode row (its
+    segments on different threads, folded after) is bit for bit the same row in a run of
+    prefill rows (segments folded as the tile goes), alone or beside another sequence, and
+    matches SDPA."""
+    gen = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim, block = 9, 3, 64, 16
+    k_cache = torch.randn(96 * block, kv_heads, dim, generator=gen).to(torch.float16)
+    v_cache = torch.randn(96 * block, kv_heads, dim, generator=gen).to(torch.float16)
+    tables = torch.stack(
+        [torch.randperm(48, generator=gen), 48 + torch.randperm(48, generator=gen)]
+    )
+    lens = torch.arange(640, 700)  # sequence 1's positions 639..698 as one prefill run
+    q = torch.randn(len(lens), heads, dim, generator=gen)
+    args = (block, 0.125, window)
+    run = torch.ops.inhouse_cpu.paged_attention_rows(
+        q, k_cache, v_cache, tables, torch.ones(len(lens), dtype=torch.long), lens, *args
+    )
+    for i in (0, 1, 17, len(lens) - 1):
+        n = int(lens[i])
+        decode = torch.ops.inhouse_cpu.paged_attention_rows(
+            q[i : i + 1], k_cache, v_cache, tables[1:], None, lens[i : i + 1], *args, False
+        )
+        assert torch.equal(decode[0], run[i]), i
+        beside = torch.ops.inhouse_cpu.paged_attention_rows(
+            torch.cat([q[:1], q[i : i + 1]]),
+            k_cache,
+            v_cache,
+            tables,
+            None,
+            torch.tensor([5, n]),
+            *args,
+        )
+        assert torch.equal(beside[1], run[i]), i
+        slots = torch.tensor([int(tables[1, t // block]) * block + t % block for t in range(n)])
+        slots = slots[-window:] if window else slots
+        k = k_cache[slots].float().repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
+        v = v_cache[slots].float().repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
+        ref = F.scaled_dot_product_attention(q[i][:, None], k, v, scale=0.125)
+        torch.testing.assert_close(run[i], ref.reshape(-1), atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_fused_rotary_kv_write_swiglu_and_add_norm_match_the_eager_ops(cache_dtype) -> None:
     from inhouse.engine.models.llama import _rotate

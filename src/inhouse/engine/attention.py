@@ -50,6 +50,7 @@ class RowTables:
     block_size: int
     row_seq: torch.Tensor | None = None  # [T] each row's sequence; None: row i is sequence i
     decode: bool = False  # every entry decodes: one token, or one and a speculative draft
+    pool: bool = False  # on the kernels' own pool: the step's other ops are ours too (q8/q4)
 
 
 @dataclass(slots=True)
@@ -124,6 +125,7 @@ def _attend_rows(
         rows.block_size,
         scale,
         window,
+        not rows.pool,
     )
     return out.to(q.dtype)
 

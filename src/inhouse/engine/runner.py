@@ -36,6 +36,9 @@ class ModelRunner:
         self.sliding_window = args.sliding_window
         self.max_positions = loaded.model.rope_cos.shape[0]
         self.attention_kernel = loaded.attention_kernel
+        # q8/q4 steps run on the kernels' pool alone: OpenMP's threads, still spinning after
+        # an attention call, would take the cores from the pool's next linear
+        self.kernel_pool = loaded.quantization in ("q8", "q4")
         shape = (args.num_layers, 2, num_blocks * block_size, args.num_kv_heads, args.head_dim)
         self.kv_cache = _zeroed(shape, loaded.kv_dtype, loaded.device)
         self.kv_bytes_per_token = (
@@ -88,6 +91,8 @@ class ModelRunner:
             self.attention_kernel,
             decode=all(n == 1 or i in drafts for i, (_, n) in enumerate(batch)),
         )
+        if meta.rows is not None:
+            meta.rows.pool = self.kernel_pool
         input_ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
         rows = torch.tensor(logit_rows).to(self.device)
         return self.model(input_ids, positions, self.kv_cache, meta, rows)

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "work_pool.h"
@@ -53,25 +54,61 @@ struct QuantizedActivations {
   std::vector<int32_t> sum;
 };
 
+// One group's codes, its sum, d and d * sum, in the formulas' order; vectorized where the CPU
+// has AVX2 (the same IEEE products and round-to-nearest-even as std::nearbyint, so the
+// same bits as the scalar loop).
+inline void quantize_group(const float* xg, int8_t* qg, float* d_out, float* s_out, int32_t* sum_out) {
+#ifdef INHOUSE_AVX2
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 x[4], top = _mm256_setzero_ps();
+  for (int c = 0; c < 4; ++c) {
+    x[c] = _mm256_loadu_ps(xg + 8 * c);
+    top = _mm256_max_ps(top, _mm256_andnot_ps(sign, x[c]));
+  }
+  __m128 half = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+  half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
+  const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+  const __m256 inv8 = _mm256_set1_ps(inv);
+  __m256i codes[4], total = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {
+    codes[c] = _mm256_cvtps_epi32(_mm256_mul_ps(x[c], inv8));  // nearest even, as nearbyint
+    total = _mm256_add_epi32(total, codes[c]);
+  }
+  const __m256i words = _mm256_permute4x64_epi64(
+      _mm256_packs_epi32(codes[0], codes[1]), _MM_SHUFFLE(3, 1, 2, 0));
+  const __m256i words2 = _mm256_permute4x64_epi64(
+      _mm256_packs_epi32(codes[2], codes[3]), _MM_SHUFFLE(3, 1, 2, 0));
+  const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(words, words2),
+                                                 _MM_SHUFFLE(3, 1, 2, 0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qg), bytes);
+  __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+  sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, _MM_SHUFFLE(1, 0, 3, 2)));
+  const int sum = _mm_cvtsi128_si32(_mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, _MM_SHUFFLE(2, 3, 0, 1))));
+#else
+  float amax = 0.f;
+  for (int j = 0; j < kGroup; ++j) amax = std::max(amax, std::fabs(xg[j]));
+  const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+  int sum = 0;
+  for (int j = 0; j < kGroup; ++j) {
+    qg[j] = static_cast<int8_t>(std::nearbyint(xg[j] * inv));
+    sum += qg[j];
+  }
+#endif
+  *d_out = d;
+  *sum_out = sum;
+  *s_out = d * static_cast<float>(sum);
+}
+
 QuantizedActivations quantize_activations(const float* x, int64_t rows, int64_t k) {
   const int64_t groups = k / kGroup;
   QuantizedActivations a{std::vector<int8_t>(rows * k), std::vector<float>(rows * groups),
                          std::vector<float>(rows * groups), std::vector<int32_t>(rows * groups)};
-  for (int64_t i = 0; i < rows * groups; ++i) {
-    const float* xg = x + i * kGroup;
-    int8_t* qg = a.q.data() + i * kGroup;
-    float amax = 0.f;
-    for (int j = 0; j < kGroup; ++j) amax = std::max(amax, std::fabs(xg[j]));
-    const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
-    int sum = 0;
-    for (int j = 0; j < kGroup; ++j) {
-      qg[j] = static_cast<int8_t>(std::nearbyint(xg[j] * inv));
-      sum += qg[j];
+  inhouse::parallel_for(0, rows * groups, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      quantize_group(x + i * kGroup, a.q.data() + i * kGroup, &a.d[i], &a.s[i], &a.sum[i]);
     }
-    a.d[i] = d;
-    a.sum[i] = sum;
-    a.s[i] = d * static_cast<float>(sum);
-  }
+  });
   return a;
 }
 
@@ -691,10 +728,19 @@ void weigh_values(const T* const* values, const float* const* p, int64_t n, int6
 constexpr int kQueriesAtOnce = 1;
 #endif
 
-// e^(s - top) for each score, then scaled to sum to one; the scores before `from` and from
-// from + count on (keys another query of the block needs) become 0, which adds nothing to
-// the weighted sum's chains: a query's bits are its own keys' alone.
-inline void softmax_range(float* s, int64_t n, int64_t from, int64_t count) {
+// Each query row's keys fall into segments of kSegment positions, aligned to absolute
+// positions (0, 256, 512, ...), so where a segment starts depends on the position alone, never
+// on the batch, the chunking or the threads. A segment gives each query its own (top, total,
+// unnormalized weighted sum); the row's output folds its segments in position order
+// (fold_segment) and divides once by the total. Segments of one decode row run on different
+// threads (flash-decoding's split) and are folded after; a prefill tile folds them as it goes:
+// the same operations in the same order either way.
+constexpr int64_t kSegment = 256;
+
+// e^(s - top) for the query's own scores s[from .. from + count - 1], top their max; returns
+// {top, their sum}. Every other score of the block becomes 0, which adds nothing to the
+// weighted sum's chains: a query's bits are its own keys' alone. No keys: {-inf, 0}.
+inline std::pair<float, float> exp_segment(float* s, int64_t n, int64_t from, int64_t count) {
   float* own = s + from;
   float top = -INFINITY;
   int64_t t = 0;
@@ -706,38 +752,68 @@ inline void softmax_range(float* s, int64_t n, int64_t from, int64_t count) {
   for (const float lane : lanes) top = std::max(top, lane);
 #endif
   for (; t < count; ++t) top = std::max(top, own[t]);
-  const float inv = 1.f / exp_and_sum(own, count, top);
-  for (int64_t t = 0; t < count; ++t) own[t] *= inv;
+  const float total = count > 0 ? exp_and_sum(own, count, top) : 0.f;
   std::fill(s, own, 0.f);
   std::fill(own + count, s + n, 0.f);
+  return {top, total};
 }
 
-// Q queries over their share of n keys (query i: keys from[i] .. from[i] + count[i] - 1):
-// softmax(q . k * scale) weighted sum of the values into out[i], dim values each. Without
-// AVX2 (or with dim not a multiple of 8) the same sums one at a time, in their own order.
+// One query's running output over the segments seen so far.
+struct Running {
+  float top = -INFINITY, total = 0.f;
+  bool started = false;
+};
+
+// Folds a segment's (top, total, sums o) into the running (state, acc): both rescaled to the
+// larger top. The first segment is copied. Explicit fmas: no contraction the compiler might
+// choose differently at another call site.
+inline void fold_segment(Running& state, float* acc, float top, float total, const float* o,
+                         int64_t dim) {
+  if (total == 0.f) return;  // the query has no key in this segment
+  if (!state.started) {
+    state = {top, total, true};
+    std::memcpy(acc, o, dim * sizeof(float));
+    return;
+  }
+  const float high = std::max(state.top, top);
+  const float a = std::exp(state.top - high), b = std::exp(top - high);
+  for (int64_t f = 0; f < dim; ++f) acc[f] = std::fma(o[f], b, acc[f] * a);
+  state.total = std::fma(total, b, state.total * a);
+  state.top = high;
+}
+
+inline void finish_row(const Running& state, float* acc, int64_t dim) {
+  const float inv = 1.f / state.total;
+  for (int64_t f = 0; f < dim; ++f) acc[f] *= inv;
+}
+
+// Q queries over their share of n keys of one segment (query i: keys from[i] .. from[i] +
+// count[i] - 1): scores, e^(s - top) and the weighted sums of the values into o[i] (dim
+// each); tops and totals per query. Without AVX2 (or with dim not a multiple of 16) the same
+// sums one at a time, in their own order.
 template <typename T, int Q>
 void attend(const float* const* q, const T* const* keys, const T* const* values, int64_t n,
-            int64_t dim, float scale, float* const* scores, float* const* out,
-            const int64_t* from, const int64_t* count) {
+            int64_t dim, float scale, float* const* scores, float* const* o,
+            const int64_t* from, const int64_t* count, float* tops, float* totals) {
 #ifdef INHOUSE_AVX2
   if (dim % 16 == 0) {
     score_block<T, Q>(q, keys, n, dim, scale, scores);
-    for (int i = 0; i < Q; ++i) softmax_range(scores[i], n, from[i], count[i]);
-    weigh_values<T, Q>(values, scores, n, dim, out);
+    for (int i = 0; i < Q; ++i) std::tie(tops[i], totals[i]) = exp_segment(scores[i], n, from[i], count[i]);
+    weigh_values<T, Q>(values, scores, n, dim, o);
     return;
   }
 #endif
   for (int i = 0; i < Q; ++i) {
     for (int64_t t = 0; t < n; ++t) {
       float s = 0.f;
-      for (int64_t f = 0; f < dim; ++f) s += q[i][f] * static_cast<float>(keys[t][f]);
+      for (int64_t f = 0; f < dim; ++f) s = std::fma(q[i][f], static_cast<float>(keys[t][f]), s);
       scores[i][t] = s * scale;
     }
-    softmax_range(scores[i], n, from[i], count[i]);
+    std::tie(tops[i], totals[i]) = exp_segment(scores[i], n, from[i], count[i]);
     for (int64_t f = 0; f < dim; ++f) {
       float total = 0.f;
-      for (int64_t t = 0; t < n; ++t) total += scores[i][t] * static_cast<float>(values[t][f]);
-      out[i][f] = total;
+      for (int64_t t = 0; t < n; ++t) total = std::fma(scores[i][t], static_cast<float>(values[t][f]), total);
+      o[i][f] = total;
     }
   }
 }
@@ -745,14 +821,14 @@ void attend(const float* const* q, const T* const* keys, const T* const* values,
 // attend for a block of 1 .. kQueriesAtOnce queries.
 template <typename T>
 void attend_any(int queries, const float* const* q, const T* const* keys, const T* const* values,
-                int64_t n, int64_t dim, float scale, float* const* scores, float* const* out,
-                const int64_t* from, const int64_t* count) {
+                int64_t n, int64_t dim, float scale, float* const* scores, float* const* o,
+                const int64_t* from, const int64_t* count, float* tops, float* totals) {
   switch (queries) {
-#define INHOUSE_ATTEND(Q)                                                          \
-  case Q:                                                                          \
-    if constexpr (Q <= kQueriesAtOnce) {                                           \
-      return attend<T, Q>(q, keys, values, n, dim, scale, scores, out, from, count); \
-    }                                                                              \
+#define INHOUSE_ATTEND(Q)                                                                   \
+  case Q:                                                                                   \
+    if constexpr (Q <= kQueriesAtOnce) {                                                    \
+      return attend<T, Q>(q, keys, values, n, dim, scale, scores, o, from, count, tops, totals); \
+    }                                                                                       \
     break;
     INHOUSE_ATTEND(1)
     INHOUSE_ATTEND(2)
@@ -768,6 +844,12 @@ void attend_any(int queries, const float* const* q, const T* const* keys, const 
 // Consecutive rows of one sequence (a prefill) that share one gathering of their cache rows.
 constexpr int64_t kTileRows = 16;
 
+// A unit of work: a tile's queries of one KV head, over one segment (a tile of one row: its
+// segments run apart) or over all of them (segment -1).
+struct AttentionItem {
+  int64_t tile, kv_head, segment, partial;  // partial: the first of its queries' slots
+};
+
 template <typename T>
 void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
                          const torch::Tensor& v_cache, const torch::Tensor& tables,
@@ -781,7 +863,7 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   const T* vp = v_cache.data_ptr<T>();
   const int64_t* tp = tables.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
-  const int64_t slot_values = kv_heads * dim;
+  const int64_t slot_values = kv_heads * dim, partial_floats = dim + 2;
   const auto seq_of = [&](int64_t i) { return seq == nullptr ? i : seq[i]; };
   const auto first_key = [&](int64_t i) {
     return window > 0 ? std::max<int64_t>(0, lp[i] - window) : int64_t{0};
@@ -794,60 +876,133 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   }
   tile_starts.push_back(rows);
   const int64_t tiles = static_cast<int64_t>(tile_starts.size()) - 1;
+  // Items in an order that alternates cheap and dear ones (a prompt's tiles cost more the
+  // later they come), so a static split over threads gets even shares.
+  std::vector<AttentionItem> listed;
+  std::vector<std::pair<int64_t, int64_t>> split_rows;  // (row, first partial slot)
+  int64_t partials = 0;
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const int64_t r0 = tile_starts[tile];
+    if (tile_starts[tile + 1] - r0 > 1) {
+      for (int64_t h = 0; h < kv_heads; ++h) listed.push_back({tile, h, -1, 0});
+      continue;
+    }
+    const int64_t s0 = first_key(r0) / kSegment, s1 = (lp[r0] - 1) / kSegment + 1;
+    split_rows.emplace_back(r0, partials);
+    for (int64_t s = s0; s < s1; ++s) {
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        listed.push_back({tile, h, s, partials + ((s - s0) * kv_heads + h) * group});
+      }
+    }
+    partials += (s1 - s0) * heads;
+  }
+  const int64_t count_items = static_cast<int64_t>(listed.size());
+  std::vector<AttentionItem> items(count_items);
+  for (int64_t j = 0; j < count_items; ++j) {
+    items[j] = listed[j % 2 == 0 ? j / 2 : count_items - 1 - j / 2];
+  }
+  std::vector<float> partial(partials * partial_floats);
   const auto body = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+    std::vector<float> scores(kQueriesAtOnce * kSegment), sums(kQueriesAtOnce * dim);
     std::vector<const T*> keys, values;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t tile = item / kv_heads, kvh = item % kv_heads;
-      const int64_t r0 = tile_starts[tile], r1 = tile_starts[tile + 1];
+    for (int64_t index = begin; index < end; ++index) {
+      const AttentionItem& item = items[index];
+      const int64_t r0 = tile_starts[item.tile], r1 = tile_starts[item.tile + 1];
       const int64_t* table = tp + seq_of(r0) * width;
       int64_t lo = first_key(r0), hi = lp[r0];
       for (int64_t r = r0 + 1; r < r1; ++r) {
         lo = std::min(lo, first_key(r));
         hi = std::max(hi, lp[r]);
       }
-      const int64_t n = hi - lo;
-      keys.resize(n);
-      values.resize(n);
-      scores.resize(kQueriesAtOnce * n);
+      if (item.segment >= 0) {
+        lo = std::max(lo, item.segment * kSegment);
+        hi = std::min(hi, (item.segment + 1) * kSegment);
+      }
+      keys.resize(hi - lo);
+      values.resize(hi - lo);
       for (int64_t t = lo; t < hi; ++t) {
         const int64_t at = (table[t / block_size] * block_size + t % block_size) * slot_values;
-        keys[t - lo] = kp + at + kvh * dim;
-        values[t - lo] = vp + at + kvh * dim;
+        keys[t - lo] = kp + at + item.kv_head * dim;
+        values[t - lo] = vp + at + item.kv_head * dim;
       }
       // The tile's query heads of this KV head, row by row, kQueriesAtOnce at a time, each
-      // block over the keys any of its queries needs.
+      // block over the keys of a segment any of its queries needs.
       const int64_t queries = (r1 - r0) * group;
       for (int64_t b0 = 0; b0 < queries; b0 += kQueriesAtOnce) {
         const int in_block = static_cast<int>(std::min<int64_t>(kQueriesAtOnce, queries - b0));
         const float* qs[kQueriesAtOnce];
         float* outs[kQueriesAtOnce];
+        float* block_sums[kQueriesAtOnce];
         float* rows_scores[kQueriesAtOnce];
+        int64_t first[kQueriesAtOnce], last[kQueriesAtOnce];
         int64_t from[kQueriesAtOnce], count[kQueriesAtOnce];
-        int64_t block_lo = hi, block_hi = lo;
+        float tops[kQueriesAtOnce], totals[kQueriesAtOnce];
+        Running running[kQueriesAtOnce];
         for (int i = 0; i < in_block; ++i) {
-          const int64_t r = r0 + (b0 + i) / group, h = kvh * group + (b0 + i) % group;
+          const int64_t r = r0 + (b0 + i) / group, h = item.kv_head * group + (b0 + i) % group;
           qs[i] = qp + (r * heads + h) * dim;
           outs[i] = op + (r * heads + h) * dim;
-          from[i] = first_key(r);
-          count[i] = lp[r] - from[i];
-          block_lo = std::min(block_lo, from[i]);
-          block_hi = std::max(block_hi, lp[r]);
+          first[i] = std::max(first_key(r), lo);
+          last[i] = std::min(lp[r], hi);
+          if (item.segment >= 0) {
+            float* slot = partial.data() + (item.partial + b0 + i) * partial_floats;
+            block_sums[i] = slot;
+          } else {
+            block_sums[i] = sums.data() + i * dim;
+          }
         }
-        const int64_t span = block_hi - block_lo;
-        for (int i = 0; i < in_block; ++i) {
-          from[i] -= block_lo;
-          rows_scores[i] = scores.data() + i * span;
+        int64_t s_first = lo / kSegment;
+        for (int64_t s = s_first; s * kSegment < hi; ++s) {
+          const int64_t seg_lo = std::max(lo, s * kSegment), seg_hi = std::min(hi, (s + 1) * kSegment);
+          int64_t block_lo = seg_hi, block_hi = seg_lo;
+          for (int i = 0; i < in_block; ++i) {
+            from[i] = std::max(first[i], seg_lo);
+            count[i] = std::max<int64_t>(0, std::min(last[i], seg_hi) - from[i]);
+            if (count[i] > 0) {
+              block_lo = std::min(block_lo, from[i]);
+              block_hi = std::max(block_hi, from[i] + count[i]);
+            }
+          }
+          if (block_hi <= block_lo) continue;  // no query of the block has keys here
+          const int64_t span = block_hi - block_lo;
+          for (int i = 0; i < in_block; ++i) {
+            from[i] = count[i] > 0 ? from[i] - block_lo : 0;
+            rows_scores[i] = scores.data() + i * span;
+          }
+          attend_any<T>(in_block, qs, keys.data() + block_lo - lo, values.data() + block_lo - lo,
+                        span, dim, scale, rows_scores, block_sums, from, count, tops, totals);
+          for (int i = 0; i < in_block; ++i) {
+            if (item.segment >= 0) {
+              block_sums[i][dim] = tops[i];
+              block_sums[i][dim + 1] = totals[i];
+            } else {
+              fold_segment(running[i], outs[i], tops[i], totals[i], block_sums[i], dim);
+            }
+          }
         }
-        attend_any<T>(in_block, qs, keys.data() + block_lo - lo, values.data() + block_lo - lo,
-                      span, dim, scale, rows_scores, outs, from, count);
+        if (item.segment < 0) {
+          for (int i = 0; i < in_block; ++i) finish_row(running[i], outs[i], dim);
+        }
       }
     }
   };
   if (torch_threads) {
-    at::parallel_for(0, tiles * kv_heads, 1, body);
+    at::parallel_for(0, count_items, 1, body);
   } else {
-    inhouse::parallel_for(0, tiles * kv_heads, 1, body);
+    inhouse::parallel_for(0, count_items, 1, body);
+  }
+  // A split row's segments, folded in position order as a prefill tile folds them.
+  for (const auto& [r, first_slot] : split_rows) {
+    const int64_t segments = (lp[r] - 1) / kSegment + 1 - first_key(r) / kSegment;
+    for (int64_t h = 0; h < heads; ++h) {
+      Running running;
+      float* acc = op + (r * heads + h) * dim;
+      for (int64_t s = 0; s < segments; ++s) {
+        const float* slot = partial.data() + (first_slot + s * heads + h) * partial_floats;
+        fold_segment(running, acc, slot[dim], slot[dim + 1], slot, dim);
+      }
+      finish_row(running, acc, dim);
+    }
   }
 }
 
@@ -970,13 +1125,15 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   auto out = torch::empty({tokens, inter}, gate_up.options());
   const float* g = gate_up.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float* gt = g + t * 2 * inter;
-    for (int64_t i = 0; i < inter; ++i) {
-      const float x = gt[i];
-      o[t * inter + i] = x / (1.f + std::exp(-x)) * gt[inter + i];
+  inhouse::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* gt = g + t * 2 * inter;
+      for (int64_t i = 0; i < inter; ++i) {
+        const float x = gt[i];
+        o[t * inter + i] = x / (1.f + std::exp(-x)) * gt[inter + i];
+      }
     }
-  }
+  });
   return out;
 }
 
