@@ -16,7 +16,7 @@ from inhouse.cost.compare import Traffic, compare
 from inhouse.cost.settings import CostConfigError, CostSettings, Owned, TokenPrices, parse_cost
 from inhouse.gateway.audit.writer import AuditRecord, clean_row
 from inhouse.gateway.db import audit_log, open_database
-from inhouse.gateway.traffic import measured
+from inhouse.gateway.usage.traffic import measured
 from serving import gateway_toml
 
 DAY = 86400.0

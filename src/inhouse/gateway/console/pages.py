@@ -20,8 +20,8 @@ from inhouse.gateway.console.web import HEADERS, Web, same_origin
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import AuthError
 from inhouse.gateway.priority import CLASSES
-from inhouse.gateway.traffic import measured
 from inhouse.gateway.usage.report import GROUPINGS, usage
+from inhouse.gateway.usage.traffic import measured
 
 WARN_AT = 0.8  # a team's share of its budget shown as a warning (as the Prometheus alert)
 

@@ -31,7 +31,7 @@ def cost_command(
     from inhouse.cost.compare import compare, report_lines
     from inhouse.cost.settings import CostConfigError, load_cost
     from inhouse.gateway.db import open_database
-    from inhouse.gateway.traffic import measured
+    from inhouse.gateway.usage.traffic import measured
 
     settings = settings_for(config, database)
     try:
