@@ -12,10 +12,9 @@ MAX_DEFAULT_MODEL_LEN = 8192
 QUANTIZATIONS = ("auto", "none", "fp16", "q8", "q4")
 SCHEDULING_POLICIES = ("fcfs", "priority", "fair")
 # Prefill tokens one step gives under priority and fair when more than one sequence wants
-# tokens. A request arriving mid-step waits for that step: on a 2-core CPU the bundled
-# model prefills ~3 ms a token, so 128 keeps a step near 0.5 s (256 measured an interactive
-# p99 TTFT of 1.13 s beside 16 batch requests, 128 0.44 s), still twice what 16 batch
-# requests of 1,000-token prompts and 256 output tokens need (~62 a step).
+# tokens. A request arriving mid-step waits for that step, so the cap bounds a step's
+# length on a CPU, while staying above what a batch of long prompts needs a step to keep
+# its rate (the measurements: docs/benchmarks.md, "Fair share and priority").
 DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 128
 # Under priority and fair, while better-priority work is active, the most decode rows of
 # worse priority a step runs (a step's time is nearly linear in its rows on a CPU, so a
