@@ -169,14 +169,15 @@ def test_interactive_requests_degrade_to_the_small_model_while_big_is_saturated(
 
     elapsed, raw = _timed(
         lambda: chat.chat.completions.with_raw_response.create(
-            model="big", messages=MESSAGES, max_tokens=8
+            model="big", messages=MESSAGES, max_tokens=8, extra_body={"ignore_eos": True}
         )
     )
     assert not isinstance(raw, openai.APIStatusError), raw
     assert raw.headers["x-inhouse-degraded-from"] == "big"
     answer = raw.parse()
     assert answer.model == small.model  # the model that answered, as LiteLLM reports it
-    assert answer.choices[0].message.content
+    # Random weights may pick end-of-text or tokens that decode to nothing: count tokens.
+    assert answer.usage is not None and answer.usage.completion_tokens == 8
     assert elapsed < INTERACTIVE_WAIT_S, f"the degraded answer took {elapsed:.2f} s"
 
     def ask(client: openai.OpenAI) -> Any:
