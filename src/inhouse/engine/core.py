@@ -10,6 +10,8 @@ step goes on; only a fault of the step itself (the forward pass) raises.
 
 from __future__ import annotations
 
+import torch
+
 from inhouse.engine.config import EngineConfig, background_decode_rows, prefill_cap
 from inhouse.engine.errors import EngineInputError
 from inhouse.engine.info import EngineInfo
@@ -157,7 +159,12 @@ class EngineCore:
     # -- the step ---------------------------------------------------------------------
 
     def step(self) -> list[CoreOutput]:
-        """Run one scheduled batch; return the news of every request that sampled a token."""
+        """Run one scheduled batch; return the news of every request that sampled a token.
+        The sampler runs with the forward's threads (torch's own ops alone on a q8/q4 step)."""
+        with self.runner.threads():
+            return self._step()
+
+    def _step(self) -> list[CoreOutput]:
         drafts = {}
         if self.drafter is not None:
             drafts = self.drafter.propose(self.scheduler.decoding(), self._num_steps)
@@ -168,8 +175,7 @@ class EngineCore:
         eos = self.scheduler.eos_token_ids
 
         def sample(rows: list[int], seqs: list[Sequence]) -> list:
-            picked = logits if len(rows) == logits.shape[0] else logits[rows]
-            return self.sampler(picked, seqs, eos)
+            return self.sampler(_logit_rows(logits, rows), seqs, eos)
 
         news, verified = self.scheduler.update(plan, sample)
         if self.drafter is not None:
@@ -209,3 +215,12 @@ class EngineCore:
             finished_requests=dict(self.scheduler.finished_requests),
             spec_decode=None if self.drafter is None else self.drafter.counters.snapshot(),
         )
+
+
+def _logit_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The listed rows of the step's logits: a view when they are consecutive (every row of
+    a step without drafts, one verification round of one sequence), else a copy."""
+    first = rows[0]
+    if rows == list(range(first, first + len(rows))):
+        return logits[first : first + len(rows)]
+    return logits[rows]

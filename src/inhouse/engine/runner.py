@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 import mmap
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
 from inhouse.engine.attention import build_attention_metadata
 from inhouse.engine.models.loader import LoadedModel
 from inhouse.engine.sequence import Sequence
-from inhouse.engine.threads import use_cpu_threads
+from inhouse.engine.threads import step_threads
 
 
 class ModelRunner:
@@ -60,9 +61,16 @@ class ModelRunner:
         """
         if not batch:
             raise ValueError("execute() needs at least one (sequence, num_tokens) entry")
-        if self.device.type == "cpu":
-            use_cpu_threads()
-        drafts = drafts or {}
+        with self.threads():
+            return self._execute(batch, drafts or {})
+
+    def threads(self) -> AbstractContextManager[None]:
+        """The CPU threads a step of this model runs with (see :func:`step_threads`)."""
+        return step_threads(self.kernel_pool) if self.device.type == "cpu" else nullcontext()
+
+    def _execute(
+        self, batch: list[tuple[Sequence, int]], drafts: Mapping[int, list[int]]
+    ) -> torch.Tensor:
         computed, counts, tables, tokens, logit_rows = [], [], [], [], []
         for i, (seq, n) in enumerate(batch):
             c = seq.num_computed_tokens
@@ -94,7 +102,8 @@ class ModelRunner:
         if meta.rows is not None:
             meta.rows.pool = self.kernel_pool
         input_ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
-        rows = torch.tensor(logit_rows).to(self.device)
+        every_row = len(logit_rows) == len(tokens)  # each entry decodes (drafts included)
+        rows = None if every_row else torch.tensor(logit_rows).to(self.device)
         return self.model(input_ids, positions, self.kv_cache, meta, rows)
 
 

@@ -1,24 +1,37 @@
-"""CPU threads for torch, set in every thread that runs a model.
+"""CPU threads for torch and for the kernels' work pool, set around every step.
 
 ``torch.set_num_threads`` takes effect for the calling thread's parallel regions: a
 step loop on a thread of its own, with the setting made on the thread that loaded the
 model, ran its decode steps measurably slower, though ``torch.get_num_threads()`` read
-the same there. So each thread that runs a forward pass sets it once, itself.
+the same there. So each step sets it on the thread that runs it.
+
+A q8/q4 step (``kernel_pool``) runs its heavy work on the C++ kernels' own pool, and
+torch's remaining ops (the embedding lookup, picking logits rows, the sampler's argmax)
+on the step's thread alone: an OpenMP team woken for a few microseconds of work keeps
+polling for more afterwards, on the very cores the pool's next linear needs, and on a
+busy 2-core host waiting for a team member that lost its core took a whole scheduler
+slice (~8 ms for a 5-row ``argmax`` or a copy of 9 logits rows, against ~0.01 ms alone).
 """
 
 from __future__ import annotations
 
 import os
-import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
-_this_thread = threading.local()
 
-
-def use_cpu_threads() -> None:
-    """Give this thread's torch ops every CPU the process may use (once per thread)."""
-    if getattr(_this_thread, "done", False):
-        return
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
-    _this_thread.done = True
+@contextmanager
+def step_threads(kernel_pool: bool) -> Iterator[None]:
+    """Within: every CPU the process may use for torch's ops, or (``kernel_pool``) for the
+    kernels' pool, torch's ops then on this thread alone; torch's count restored after."""
+    before = torch.get_num_threads()
+    cpus = len(os.sched_getaffinity(0))
+    if kernel_pool:
+        torch.ops.inhouse_cpu.set_pool_threads(cpus)
+    torch.set_num_threads(1 if kernel_pool else cpus)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

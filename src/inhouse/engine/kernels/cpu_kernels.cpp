@@ -1303,6 +1303,13 @@ torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::T
   return *added;
 }
 
+// The calling thread's share of the work pool (threads, itself included; 0: its torch
+// setting), apart from torch's own threads.
+void set_pool_threads(int64_t threads) {
+  TORCH_CHECK(threads >= 0, "threads must be >= 0");
+  inhouse::WorkPool::caller_threads() = static_cast<int>(threads);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(inhouse_cpu, m) {
@@ -1325,6 +1332,7 @@ TORCH_LIBRARY(inhouse_cpu, m) {
       "-> Tensor");
   m.def("quantize_q8(Tensor weight) -> (Tensor, Tensor)");
   m.def("quantize_q4(Tensor weight) -> (Tensor, Tensor, Tensor)");
+  m.def("set_pool_threads(int threads) -> ()", &set_pool_threads);
 }
 
 TORCH_LIBRARY_IMPL(inhouse_cpu, CPU, m) {

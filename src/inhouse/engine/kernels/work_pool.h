@@ -40,10 +40,19 @@ class WorkPool {
     return *pool;
   }
 
-  // body(begin, end) over [0, n) in chunks of at least `grain`, with up to
-  // at::get_num_threads() - 1 helpers. A second caller while a loop runs works alone.
+  // Threads the calling thread's loops use, itself included; 0 (the default): its
+  // at::get_num_threads(). A q8/q4 step sets it and runs torch's own ops on one thread, so
+  // no OpenMP team spins on the cores the pool's helpers need (see threads.py).
+  static int& caller_threads() {
+    thread_local int threads = 0;
+    return threads;
+  }
+
+  // body(begin, end) over [0, n) in chunks of at least `grain`, with up to the caller's
+  // threads - 1 helpers. A second caller while a loop runs works alone.
   void run(int64_t n, int64_t grain, const Body& body) {
-    const int helpers = at::get_num_threads() - 1;
+    const int threads = caller_threads();
+    const int helpers = (threads > 0 ? threads : at::get_num_threads()) - 1;
     if (n <= 0) return;
     std::unique_lock<std::mutex> owner(run_mutex_, std::try_to_lock);
     if (n <= grain || helpers < 1 || !owner.owns_lock()) {

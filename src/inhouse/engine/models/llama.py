@@ -319,24 +319,25 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: torch.Tensor,
         meta: AttentionMetadata,
-        logit_rows: torch.Tensor,
+        logit_rows: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Float32 logits at ``logit_rows``; ``kv_caches``: ``[layers, 2, slots, heads, dim]``."""
+        """Float32 logits at ``logit_rows`` (None: every row); ``kv_caches``: ``[layers, 2,
+        slots, heads, dim]``."""
         h = self._embed(input_ids)
         cos = self.rope_cos[positions].to(h.dtype)[:, None, :]
         sin = self.rope_sin[positions].to(h.dtype)[:, None, :]
         if self.decode_weights is not None and _plain_decode(meta):
             delta = self._decode_layers(h, cos, sin, kv_caches, meta)
-            h = self.norm(h[logit_rows] + delta[logit_rows])
+            h = self.norm(_pick(h, logit_rows) + _pick(delta, logit_rows))
         elif self.fused_norms:
             delta = None
             for layer, cache in zip(self.layers, kv_caches, strict=True):
                 delta = layer.fused(h, delta, cos, sin, cache[0], cache[1], meta)
-            h = self.norm(h[logit_rows] + delta[logit_rows])
+            h = self.norm(_pick(h, logit_rows) + _pick(delta, logit_rows))
         else:
             for layer, cache in zip(self.layers, kv_caches, strict=True):
                 h = layer(h, cos, sin, cache[0], cache[1], meta)
-            h = self.norm(h[logit_rows])
+            h = self.norm(_pick(h, logit_rows))
         return self.lm_head(h).float()
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -457,6 +458,11 @@ class LlamaForCausalLM(nn.Module):
             return self.get_parameter(name)
         except AttributeError:
             return None
+
+
+def _pick(h: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """``h``'s rows at ``rows``; all of them, uncopied, for None."""
+    return h if rows is None else h[rows]
 
 
 def _plain_decode(meta: AttentionMetadata) -> bool:
