@@ -158,10 +158,11 @@ def test_paged_attention_rows_matches_sdpa(window: int, dim: int, cache_dtype) -
 @needs_kernels
 @pytest.mark.parametrize("window", [0, 300])
 def test_long_rows_split_over_segments_give_the_prefill_rows_bits(window: int) -> None:
-    """Rows of 600-700 keys cross the kernel's 256-position segments: a decode row (its
-    segments on different threads, folded after) is bit for bit the same row in a run of
-    prefill rows (segments folded as the tile goes), alone or beside another sequence, and
-    matches SDPA."""
+    """Rows of 500-600 keys cross the kernel's 256-position segments: a decode row (its
+    segments on different threads, folded after) and a few rows of one sequence (a
+    speculative draft's: a step that small splits its tiles' segments too) are bit for bit
+    the same rows in a long run of prefill rows (segments folded as the tile goes), alone
+    or beside another sequence, and match SDPA."""
     gen = torch.Generator().manual_seed(3)
     heads, kv_heads, dim, block = 9, 3, 64, 16
     k_cache = torch.randn(96 * block, kv_heads, dim, generator=gen).to(torch.float16)
@@ -169,18 +170,25 @@ def test_long_rows_split_over_segments_give_the_prefill_rows_bits(window: int) -
     tables = torch.stack(
         [torch.randperm(48, generator=gen), 48 + torch.randperm(48, generator=gen)]
     )
-    lens = torch.arange(640, 700)  # sequence 1's positions 639..698 as one prefill run
+    lens = torch.arange(500, 600)  # sequence 1's positions 499..598: one prefill run, long
+    # enough (over 64 rows) that its tiles are not split
     q = torch.randn(len(lens), heads, dim, generator=gen)
     args = (block, 0.125, window)
     run = torch.ops.inhouse_cpu.paged_attention_rows(
         q, k_cache, v_cache, tables, torch.ones(len(lens), dtype=torch.long), lens, *args
     )
-    for i in (0, 1, 17, len(lens) - 1):
+    for i in (0, 1, 8, 17, 52, len(lens) - 1):  # 8, 52: a run of 9 crosses a segment start
         n = int(lens[i])
         decode = torch.ops.inhouse_cpu.paged_attention_rows(
             q[i : i + 1], k_cache, v_cache, tables[1:], None, lens[i : i + 1], *args, False
         )
         assert torch.equal(decode[0], run[i]), i
+        rows = q[i : i + 9], lens[i : i + 9]
+        few = torch.ops.inhouse_cpu.paged_attention_rows(
+            rows[0], k_cache, v_cache, tables[1:], torch.zeros(len(rows[1]), dtype=torch.long),
+            rows[1], *args, False,
+        )  # fmt: skip
+        assert torch.equal(few, run[i : i + 9]), i
         beside = torch.ops.inhouse_cpu.paged_attention_rows(
             torch.cat([q[:1], q[i : i + 1]]),
             k_cache,

@@ -843,9 +843,12 @@ void attend_any(int queries, const float* const* q, const T* const* keys, const 
 
 // Consecutive rows of one sequence (a prefill) that share one gathering of their cache rows.
 constexpr int64_t kTileRows = 16;
+// A step of at most this many rows (decodes, a speculative draft's rows, a short prompt)
+// runs every tile's segments apart, so its few tiles still make work for every thread.
+constexpr int64_t kSplitRows = 64;
 
-// A unit of work: a tile's queries of one KV head, over one segment (a tile of one row: its
-// segments run apart) or over all of them (segment -1).
+// A unit of work: a tile's queries of one KV head, over one segment (a split tile: its
+// segments run apart, folded after) or over all of them (segment -1).
 struct AttentionItem {
   int64_t tile, kv_head, segment, partial;  // partial: the first of its queries' slots
 };
@@ -878,23 +881,34 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   const int64_t tiles = static_cast<int64_t>(tile_starts.size()) - 1;
   // Items in an order that alternates cheap and dear ones (a prompt's tiles cost more the
   // later they come), so a static split over threads gets even shares.
+  // A split tile's query i (row r0 + i / group, head i % group of the KV head) keeps one
+  // partial slot per segment s0 <= s < s1 and KV head, at first + ((s - s0) * KVH + h) * Q + i.
+  struct SplitTile {
+    int64_t tile, s0, s1, first;
+  };
   std::vector<AttentionItem> listed;
-  std::vector<std::pair<int64_t, int64_t>> split_rows;  // (row, first partial slot)
+  std::vector<SplitTile> split_tiles;
   int64_t partials = 0;
   for (int64_t tile = 0; tile < tiles; ++tile) {
-    const int64_t r0 = tile_starts[tile];
-    if (tile_starts[tile + 1] - r0 > 1) {
+    const int64_t r0 = tile_starts[tile], r1 = tile_starts[tile + 1];
+    if (r1 - r0 > 1 && rows > kSplitRows) {
       for (int64_t h = 0; h < kv_heads; ++h) listed.push_back({tile, h, -1, 0});
       continue;
     }
-    const int64_t s0 = first_key(r0) / kSegment, s1 = (lp[r0] - 1) / kSegment + 1;
-    split_rows.emplace_back(r0, partials);
+    int64_t first = first_key(r0), last = lp[r0];
+    for (int64_t r = r0 + 1; r < r1; ++r) {
+      first = std::min(first, first_key(r));
+      last = std::max(last, lp[r]);
+    }
+    const int64_t s0 = first / kSegment, s1 = (last - 1) / kSegment + 1;
+    const int64_t queries = (r1 - r0) * group;
+    split_tiles.push_back({tile, s0, s1, partials});
     for (int64_t s = s0; s < s1; ++s) {
       for (int64_t h = 0; h < kv_heads; ++h) {
-        listed.push_back({tile, h, s, partials + ((s - s0) * kv_heads + h) * group});
+        listed.push_back({tile, h, s, partials + ((s - s0) * kv_heads + h) * queries});
       }
     }
-    partials += (s1 - s0) * heads;
+    partials += (s1 - s0) * kv_heads * queries;
   }
   const int64_t count_items = static_cast<int64_t>(listed.size());
   std::vector<AttentionItem> items(count_items);
@@ -991,17 +1005,23 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   } else {
     inhouse::parallel_for(0, count_items, 1, body);
   }
-  // A split row's segments, folded in position order as a prefill tile folds them.
-  for (const auto& [r, first_slot] : split_rows) {
-    const int64_t segments = (lp[r] - 1) / kSegment + 1 - first_key(r) / kSegment;
-    for (int64_t h = 0; h < heads; ++h) {
-      Running running;
-      float* acc = op + (r * heads + h) * dim;
-      for (int64_t s = 0; s < segments; ++s) {
-        const float* slot = partial.data() + (first_slot + s * heads + h) * partial_floats;
-        fold_segment(running, acc, slot[dim], slot[dim + 1], slot, dim);
+  // A split tile's segments, folded in position order as an unsplit tile folds them (a
+  // segment without the query's keys has total 0 and folds as nothing, there as here).
+  for (const SplitTile& split : split_tiles) {
+    const int64_t r0 = tile_starts[split.tile], r1 = tile_starts[split.tile + 1];
+    const int64_t queries = (r1 - r0) * group;
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t i = (r - r0) * group + h % group;
+        Running running;
+        float* acc = op + (r * heads + h) * dim;
+        for (int64_t s = split.s0; s < split.s1; ++s) {
+          const int64_t at = split.first + ((s - split.s0) * kv_heads + h / group) * queries + i;
+          const float* slot = partial.data() + at * partial_floats;
+          fold_segment(running, acc, slot[dim], slot[dim + 1], slot, dim);
+        }
+        finish_row(running, acc, dim);
       }
-      finish_row(running, acc, dim);
     }
   }
 }
