@@ -96,7 +96,7 @@ def test_quantizing_gguf_blocks_gives_them_back() -> None:
 
 @needs_kernels
 @pytest.mark.parametrize("kind", ["q8", "q4"])
-@pytest.mark.parametrize("rows", [1, 3, 9, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9, 16])
 def test_linear_kernels_match_torch_on_the_same_numbers(kind: str, rows: int) -> None:
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(72, 96, generator=gen) * 0.05
