@@ -8,12 +8,15 @@ torch's profiler table of the op calls for each row count (the C++ ``decode_laye
 one op; the LM head and the rest show apart).
 
 Part 2, a real run: the speculative workload at c=1 through ``LLMEngine`` with
-``--speculative-config`` and without; each step's wall time split into the drafter's
-proposal, scheduling, the forward, the step's aftermath (``Scheduler.update``: sampling
-and verification) and the rest (detokenizing, outputs), grouped by the step's rows.
+``--speculative-config`` and without, each request on one engine then the other (so
+both see the same load on a shared host): output tok/s each way and their ratio, and
+each step's wall time split into the drafter's proposal, scheduling, the forward, the
+step's aftermath (``Scheduler.update``: sampling and verification) and the rest
+(detokenizing, outputs), grouped by the step's rows.
 
     .venv/bin/python benchmarks/verify_step.py [--rows 1,5,9] [--repeats 40] [--profile]
-        [--quantization auto|q8|q4|none] [--new-tokens 128]
+        [--quantization auto|q8|q4|none] [--new-tokens 256] [--requests 4]
+        [--speculative-config '{"method": "ngram", "num_speculative_tokens": 8, ...}']
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +41,7 @@ from inhouse.engine.sampling_params import SamplingParams
 from inhouse.engine.scheduler import Scheduler
 from inhouse.engine.sequence import Sequence
 from inhouse.engine.speculative.config import SpeculativeConfig
+from inhouse.engine.speculative.drafter import Drafter
 from speculative import DEFAULT_SPEC, prompts
 
 
@@ -92,52 +97,70 @@ def timed(owner: type, name: str, label: str) -> Callable[[], None]:
     return lambda: setattr(owner, name, inner)
 
 
-def step_parts(engine: LLMEngine, batch: list[list[int]], new_tokens: int) -> dict:
-    """Run the prompts one at a time; per-step parts (ms) summed by the step's row count."""
+@dataclass
+class Tally:
+    """One engine's run: tokens, seconds, and per-step parts (ms) by the step's rows."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    rows_of: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+
+
+def run_one(engine: LLMEngine, prompt: list[int], new_tokens: int, tally: Tally) -> None:
+    """One request to its end; its tokens, time and step parts into ``tally``."""
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
-    core = engine.core
-    rows_of: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    engine.add_request(EngineRequest(f"p{time.time()}", prompt, params))
+    prefilled = False
+    begin = time.perf_counter()
+    while engine.has_unfinished():
+        SECONDS.clear()
+        start = time.perf_counter()
+        for out in engine.step():
+            tally.tokens += sum(len(c.token_ids) for c in out.outputs)
+        total = time.perf_counter() - start
+        if not prefilled:  # the prompt's step
+            prefilled = True
+            continue
+        parts = tally.rows_of[LAST_ROWS[0]]
+        parts["steps"] += 1
+        parts["total"] += total * 1e3
+        known = 0.0
+        for label, seconds in SECONDS.items():
+            parts[label] += seconds * 1e3
+            known += seconds * 1e3
+        parts["other"] += total * 1e3 - known
+    tally.seconds += time.perf_counter() - begin
+
+
+LAST_ROWS = [0]
+
+
+def alternate(engines: list[LLMEngine], batch: list[list[int]], new_tokens: int) -> list[Tally]:
+    """Each prompt on each engine in turn (so both see the same load), timed by parts."""
     undo = [
-        timed(type(core.drafter), "propose", "propose") if core.drafter else None,
+        timed(Drafter, "propose", "propose"),
         timed(Scheduler, "schedule", "schedule"),
         timed(ModelRunner, "execute", "forward"),
         timed(Scheduler, "update", "update"),
     ]
-    last_rows = [0]
     schedule = Scheduler.schedule
 
     def counting(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
         out = schedule(self, *args, **kwargs)
-        last_rows[0] = out.num_tokens
+        LAST_ROWS[0] = out.num_tokens
         return out
 
     Scheduler.schedule = counting  # type: ignore[method-assign]
+    tallies = [Tally() for _ in engines]
     try:
-        for i, prompt in enumerate(batch):
-            engine.add_request(EngineRequest(f"p{time.time()}-{i}", prompt, params))
-            prefilled = False
-            while engine.has_unfinished():
-                SECONDS.clear()
-                start = time.perf_counter()
-                engine.step()
-                total = time.perf_counter() - start
-                if not prefilled:  # the prompt's step
-                    prefilled = True
-                    continue
-                parts = rows_of[last_rows[0]]
-                parts["steps"] += 1
-                parts["total"] += total * 1e3
-                known = 0.0
-                for label, seconds in SECONDS.items():
-                    parts[label] += seconds * 1e3
-                    known += seconds * 1e3
-                parts["other"] += total * 1e3 - known
+        for prompt in batch:
+            for engine, tally in zip(engines, tallies, strict=True):
+                run_one(engine, prompt, new_tokens, tally)
     finally:
         Scheduler.schedule = schedule  # type: ignore[method-assign]
-        for u in undo:
-            if u:
-                u()
-    return rows_of
+        for u in reversed(undo):
+            u()
+    return tallies
 
 
 def print_parts(title: str, rows_of: dict) -> None:
@@ -157,8 +180,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--quantization", default="auto")
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--requests", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--speculative-config", default=DEFAULT_SPEC)
     parser.add_argument("--skip-run", action="store_true", help="part 1 only")
     args = parser.parse_args()
@@ -172,12 +195,20 @@ def main() -> None:
         return
     spec = SpeculativeConfig.parse(args.speculative_config)
     settings = {"quantization": args.quantization, "max_num_seqs": 1}
-    batch = prompts(loaded, args.requests)
-    for speculative in (None, spec):
-        engine = LLMEngine(EngineConfig(**settings, speculative=speculative), loaded=loaded)
-        step_parts(engine, prompts(loaded, 1), 8)  # warm-up
-        parts = step_parts(engine, batch, args.new_tokens)
-        print_parts("speculative" if speculative else "plain", parts)
+    engines = [
+        LLMEngine(EngineConfig(**settings, speculative=speculative), loaded=loaded)
+        for speculative in (None, spec)
+    ]
+    alternate(engines, prompts(loaded, 1), 8)  # warm-up
+    plain, drafting = alternate(engines, prompts(loaded, args.requests), args.new_tokens)
+    print(f"\nc=1, {args.requests} requests alternating, speculative: {spec.describe()}")
+    print(
+        f"plain {plain.tokens / plain.seconds:.1f} tok/s, speculative "
+        f"{drafting.tokens / drafting.seconds:.1f} tok/s: "
+        f"{drafting.tokens / drafting.seconds / (plain.tokens / plain.seconds):.2f}x"
+    )
+    print_parts("plain", plain.rows_of)
+    print_parts("speculative", drafting.rows_of)
 
 
 if __name__ == "__main__":
