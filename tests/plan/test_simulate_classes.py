@@ -30,16 +30,18 @@ def test_fcfs_makes_a_chat_wait_for_the_batch_prefill_priority_lets_it_through()
     chat, _ = batch_and_chat("fcfs")
     # Step 1 prefills both prompts (2,000 tokens: 1.02 s); the chat joins step 2 (32 ms).
     assert chat.ttft == [pytest.approx(1.02 + 0.032 - 0.001)]
+    for cap in (256, 0):
+        chat, _ = batch_and_chat("priority", long_prefill_token_threshold=cap)
+        # Step 1 is the batch's alone and the chat, better, arrives 1 ms in: it stops there
+        # (nothing computed); step 2 is the chat's alone, the batch's prefill waiting behind
+        # the better priority (30 ms).
+        assert chat.ttft == [pytest.approx(0.030)]
+    # With a cap the chat's next token comes beside 256 batch prefill tokens; without one,
+    # beside the batch's whole 2,000 (step 1's 1.02 s and the chat's decode).
     chat, _ = batch_and_chat("priority", long_prefill_token_threshold=256)
-    # Step 1 gives the batch 256 prefill tokens (148 ms); step 2 is the chat's alone, the
-    # batch's prefill waiting behind the better priority (30 ms); step 3 takes 256 again.
-    assert chat.ttft == [pytest.approx(0.148 + 0.030 - 0.001)]
     assert chat.tpot == [pytest.approx(0.02 + 0.0005 * 257 + 0.001)]
     chat, _ = batch_and_chat("priority", long_prefill_token_threshold=0)
-    # No cap: a whole first step; the chat's prefill then runs without the batch's decodes.
-    assert chat.ttft == [pytest.approx(1.02 + 0.030 - 0.001)]
-    chat, _ = batch_and_chat("priority", long_prefill_token_threshold=0, background_decode_rows=0)
-    assert chat.ttft == [pytest.approx(1.02 + 0.032 - 0.001)]  # beside both decodes
+    assert chat.tpot == [pytest.approx(1.02 + 0.0005 + 0.001)]
 
 
 def test_a_chat_preempts_batch_work_that_holds_every_seat_at_most_once_a_step() -> None:
@@ -51,9 +53,9 @@ def test_a_chat_preempts_batch_work_that_holds_every_seat_at_most_once_a_step() 
         FLAT, [chat, batch], SchedulerLimits(policy="priority", **seats)
     )
     assert fcfs_chat.ttft_p(50) > 300 * 0.05  # waits for a 400-token batch answer to end
-    # The first chat waits out the step it arrived in and runs in the next, a batch sequence
-    # preempted for it; the seat it frees at the end goes to the next chat, and so on.
-    assert prio_chat.ttft == [pytest.approx(t) for t in (0.09, 0.05, 0.05)]
+    # The first chat stops the batch step it arrived in and runs in the next, a batch
+    # sequence preempted for it; the seat it frees at the end goes to the next chat, and so on.
+    assert prio_chat.ttft == [pytest.approx(t) for t in (0.05, 0.05, 0.05)]
     assert prio_batch.preemptions == 1
 
 

@@ -6,7 +6,9 @@ them into text with the ``OutputProcessor``: detokenizing, stop strings and logp
 text never hold up the next forward pass. A stop string found there goes back to the
 loop as a ``Finish``. ``generate`` validates at once (EngineInputError before anything
 is scheduled); ``abort`` (also when the consumer stops iterating or is cancelled) is
-applied before the loop's next step, which frees the request's blocks.
+applied before the loop's next step, which frees the request's blocks. Under the
+priority and fair policies a request of a better priority than the step in flight stops
+that step before its next layer (``step_interrupt``), so it is scheduled at once.
 """
 
 from __future__ import annotations
@@ -137,6 +139,8 @@ class AsyncEngine:
             self._streams[request.request_id] = stream
         self.processor.add(request)
         self._commands.put(request)
+        if self.core.interrupt is not None:
+            self.core.interrupt.arrived(request.priority)
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -157,6 +161,8 @@ class AsyncEngine:
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued adds, aborts and finishes (waiting for one if idle); False on shutdown."""
+        if self.core.interrupt is not None:
+            self.core.interrupt.taking_commands()
         while True:
             try:
                 command = self._commands.get(block=block)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from inhouse.engine.step_interrupt import StepInterrupt
+
 
 @dataclass(slots=True)
 class AttentionGroup:
@@ -61,6 +63,7 @@ class AttentionMetadata:
     groups: list[AttentionGroup]  # padded SDPA calls; empty when ``rows`` is set
     rows: RowTables | None = None  # set when the C++ kernel attends every row
     sliding_window: int = 0  # what a sliding layer passes that kernel (0: no window)
+    interrupt: StepInterrupt | None = None  # stops the step before a layer (CPU steps)
 
 
 def write_kv(

@@ -27,6 +27,7 @@ from inhouse.engine.scheduler import Scheduler
 from inhouse.engine.sequence import Sequence
 from inhouse.engine.speculative.factory import make_drafter
 from inhouse.engine.stats import EngineStats
+from inhouse.engine.step_interrupt import StepAbandoned, StepInterrupt
 
 MAX_CACHE_SALT_CHARS = 1024
 
@@ -58,6 +59,10 @@ class EngineCore:
         )
         self.sampler = Sampler(config.seed)
         self.drafter = make_drafter(config.speculative, self.loaded, config, self.budget.num_blocks)
+        # A better request arriving stops a step of worse work (priority and fair only).
+        self.interrupt = StepInterrupt() if config.scheduling_policy != "fcfs" else None
+        self._abandoned_steps = 0
+        self._abandoned_tokens = 0
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_steps = 0
@@ -171,7 +176,19 @@ class EngineCore:
         plan = self.scheduler.schedule(drafts)
         if not plan.scheduled:
             return []
-        logits = self.runner.execute(plan.scheduled, plan.drafts)
+        interrupt = self.interrupt
+        if interrupt is not None:
+            interrupt.begin(min(seq.priority for seq, _ in plan.scheduled))
+        try:
+            logits = self.runner.execute(plan.scheduled, plan.drafts, interrupt)
+        except StepAbandoned:
+            self.scheduler.abandon(plan)
+            self._abandoned_steps += 1
+            self._abandoned_tokens += plan.num_tokens
+            return []
+        finally:
+            if interrupt is not None:
+                interrupt.end()
         eos = self.scheduler.eos_token_ids
 
         def sample(rows: list[int], seqs: list[Sequence]) -> list:
@@ -214,6 +231,8 @@ class EngineCore:
             num_steps=self._num_steps,
             finished_requests=dict(self.scheduler.finished_requests),
             spec_decode=None if self.drafter is None else self.drafter.counters.snapshot(),
+            abandoned_steps=self._abandoned_steps,
+            abandoned_tokens=self._abandoned_tokens,
         )
 
 

@@ -103,6 +103,12 @@ class TenantShares:
         for seq, num_tokens in scheduled:
             self._vtime[seq.cache_salt] += num_tokens
 
+    def refund(self, scheduled: Iterable[tuple[Sequence, int]]) -> None:
+        """Take back a step's charge: it was abandoned, nothing was computed."""
+        for seq, num_tokens in scheduled:
+            if seq.cache_salt in self._vtime:
+                self._vtime[seq.cache_salt] -= num_tokens
+
     def vtime(self, tenant: str | None) -> float:
         """The tenant's virtual time (0 for a tenant that is not active)."""
         return self._vtime.get(tenant, 0.0)

@@ -12,6 +12,7 @@ import torch
 from inhouse.engine.attention import build_attention_metadata
 from inhouse.engine.models.loader import LoadedModel
 from inhouse.engine.sequence import Sequence
+from inhouse.engine.step_interrupt import StepInterrupt
 from inhouse.engine.threads import step_threads
 
 
@@ -49,7 +50,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(
-        self, batch: list[tuple[Sequence, int]], drafts: Mapping[int, list[int]] | None = None
+        self,
+        batch: list[tuple[Sequence, int]],
+        drafts: Mapping[int, list[int]] | None = None,
+        interrupt: StepInterrupt | None = None,
     ) -> torch.Tensor:
         """Float32 logits at each entry's last scheduled token, and at its draft tokens.
 
@@ -57,19 +61,23 @@ class ModelRunner:
         writing their K/V into ``seq.block_table`` and attending over positions ``0..c+n-1``.
         An entry ``i`` with ``drafts[i]`` runs its sequence's tokens followed by the draft
         (``n`` counts both) and gets ``1 + len(drafts[i])`` logits rows, its last ones;
-        every other entry gets one. ``seq`` is not modified.
+        every other entry gets one. ``seq`` is not modified. With an ``interrupt`` (CPU
+        only), a stop it is asked for raises StepAbandoned before the next layer.
         """
         if not batch:
             raise ValueError("execute() needs at least one (sequence, num_tokens) entry")
         with self.threads():
-            return self._execute(batch, drafts or {})
+            return self._execute(batch, drafts or {}, interrupt)
 
     def threads(self) -> AbstractContextManager[None]:
         """The CPU threads a step of this model runs with (see :func:`step_threads`)."""
         return step_threads(self.kernel_pool) if self.device.type == "cpu" else nullcontext()
 
     def _execute(
-        self, batch: list[tuple[Sequence, int]], drafts: Mapping[int, list[int]]
+        self,
+        batch: list[tuple[Sequence, int]],
+        drafts: Mapping[int, list[int]],
+        interrupt: StepInterrupt | None,
     ) -> torch.Tensor:
         computed, counts, tables, tokens, logit_rows = [], [], [], [], []
         for i, (seq, n) in enumerate(batch):
@@ -101,6 +109,8 @@ class ModelRunner:
         )
         if meta.rows is not None:
             meta.rows.pool = self.kernel_pool
+        if self.device.type == "cpu":
+            meta.interrupt = interrupt
         input_ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
         every_row = len(logit_rows) == len(tokens)  # each entry decodes (drafts included)
         rows = None if every_row else torch.tensor(logit_rows).to(self.device)

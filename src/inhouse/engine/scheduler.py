@@ -273,6 +273,15 @@ class Scheduler:
         out.preempted.append(seq)
         self.preemptions[cause] += 1
 
+    def abandon(self, out: SchedulerOutput) -> None:
+        """Undo what a step stopped before its end took: its tenants' charges and its
+        drafts' slots (admissions and preemptions stand; nothing was computed)."""
+        if self.shares is not None:
+            self.shares.refund(out.scheduled)
+        for row in out.drafts:
+            seq = out.scheduled[row][0]
+            self.kv_cache.release_beyond(seq, seq.num_tokens)
+
     # -- the step's aftermath ---------------------------------------------------------
 
     def update(

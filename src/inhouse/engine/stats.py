@@ -28,6 +28,8 @@ class EngineStats:
     finished_requests: dict[str, int] = field(default_factory=dict)
     preemptions_by_cause: dict[str, int] = field(default_factory=dict)  # "kv", "priority"
     spec_decode: SpecDecodeCounters | None = None  # None: speculative decoding is off
+    abandoned_steps: int = 0  # steps stopped for a better request (see step_interrupt)
+    abandoned_tokens: int = 0  # the tokens those steps had scheduled, computed again later
 
 
 @dataclass(slots=True, frozen=True)

@@ -15,7 +15,9 @@ candidate within the last `URGENT_HOLD_STEPS` steps) worse work runs in turns
 (`inhouse.plan.scheduling.background_rows`): none while the urgent level has prefill left,
 at most ``background_decode_rows`` decodes beside it decoding, and `GAP_ROWS` decode and
 no prefill while it has no candidate. A step's length comes from a `StepCost`; a
-sequence that has caught up samples a token at the step's end.
+sequence that has caught up samples a token at the step's end. Under ``priority`` and
+``fair`` a request that arrives during a step of only worse work stops that step at its
+arrival (the engine's step interrupt): nothing of it is computed, and its time is lost.
 
 With ``speculation`` (`inhouse.plan.speculation`), a step whose decoding sequences are no
 more than its ``disable_by_batch_size`` verifies K draft tokens for each: K more decode rows
@@ -138,6 +140,7 @@ class SimEngine:
     steps: int = 0
     peak_running: int = 0
     preemptions: int = 0
+    abandoned: int = 0  # steps a better request's arrival stopped
     arrived: int = 0
 
     @property
@@ -223,6 +226,11 @@ class SimEngine:
             step.take(request, min(request.uncomputed, step.budget, step.prefill_left), now)
         return step
 
+    def _stopped_by(self, step: _Step, end: float, arrival: tuple[float, int] | None) -> bool:
+        if self.limits.policy == "fcfs" or arrival is None or arrival[0] >= end:
+            return False
+        return arrival[1] < min(request.priority for request, _ in step.batch)
+
     def _step_time(self, step: _Step, drafts: int) -> float:
         """The step's length; `drafts` tokens verified for each decoding sequence, each a
         decode row attending over its sequence's context and the drafts before it."""
@@ -230,8 +238,13 @@ class SimEngine:
         context = step.context * (1 + drafts) + step.decodes * drafts * (drafts + 1) // 2
         return self.cost.step_time(step.prefill, rows, context, step.pairs)
 
-    def step(self, now: float) -> tuple[float, list[SimRequest], list[SimRequest]]:
-        """Run one step from `now`: its end, the requests it finished, those that sampled."""
+    def step(
+        self, now: float, next_arrival: tuple[float, int] | None = None
+    ) -> tuple[float, list[SimRequest], list[SimRequest]]:
+        """Run one step from `now`: its end, the requests it finished, those that sampled.
+        ``next_arrival`` (time, priority) of the next request: under priority and fair, one
+        arriving before the step ends with a priority better than all of the step's work
+        stops it there (the engine's step interrupt), with nothing computed."""
         preemptions = self.preemptions
         step = self._plan()
         if not step.batch and self.preemptions > preemptions:
@@ -248,6 +261,11 @@ class SimEngine:
         drafting = spec is not None and spec.drafts_at(step.decodes)
         end = now + self._step_time(step, spec.num_speculative_tokens if drafting else 0)
         self.steps += 1
+        if self._stopped_by(step, end, next_arrival):
+            assert next_arrival is not None
+            self.abandoned += 1
+            self.fair.charge([])
+            return next_arrival[0], [], []
         sampled, finished = [], []
         self.fair.charge(step.batch)
         for request, tokens in step.batch:

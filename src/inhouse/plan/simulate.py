@@ -193,7 +193,9 @@ def simulate_workloads(
                 break
             now = clients.arrivals[0][0]
             continue
-        now, finished, sampled = engine.step(now)
+        upcoming = clients.arrivals[0] if clients.arrivals else None
+        next_arrival = None if upcoming is None else (upcoming[0], upcoming[3].priority)
+        now, finished, sampled = engine.step(now, next_arrival)
         for request in sampled:
             tokens[request.klass] += request.advanced if now > window else 0
         for request in finished:

@@ -62,6 +62,14 @@ class EngineStatsCollector(Collector):
             "num_preemptions": ("Sequences preempted for KV.", stats.num_preemptions),
             "prompt_tokens": ("Prompt tokens processed.", stats.prompt_tokens),
             "generation_tokens": ("Tokens generated.", stats.generation_tokens),
+            "abandoned_steps": (
+                "Steps stopped before a layer for a request of a better priority.",
+                stats.abandoned_steps,
+            ),
+            "abandoned_tokens": (
+                "Tokens those steps had scheduled (computed again later).",
+                stats.abandoned_tokens,
+            ),
         }
         yield from _model_counters(counters, self._model)
         preemptions = CounterMetricFamily(

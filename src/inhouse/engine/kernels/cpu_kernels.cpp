@@ -1306,7 +1306,9 @@ constexpr size_t kLayerWeights = 18;
 // saves is Python's dispatch of ~10 ops a layer. `weights` holds
 // kLayerWeights entries a layer: input norm; qkv (q, d, mins?, bias?); o (the same four);
 // post-attention norm; gate_up; down. Adds the previous MLP output `delta` into `residual`
-// (in place) and returns the last layer's MLP output.
+// (in place) and returns the last layer's MLP output. A nonzero `stop[0]` (an int32 another
+// thread may set while this runs) ends the call before the next layer, returning an empty
+// tensor: the step was abandoned (its K/V writes so far are recomputed, the same bits, later).
 torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,
                             const torch::Tensor& cos, const torch::Tensor& sin,
                             torch::Tensor kv_caches, const torch::Tensor& slots,
@@ -1315,14 +1317,19 @@ torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::T
                             const torch::Tensor& context_lens, int64_t block_size, int64_t heads,
                             double scale,
                             at::IntArrayRef windows, double eps,
-                            const c10::List<c10::optional<torch::Tensor>>& weights) {
+                            const c10::List<c10::optional<torch::Tensor>>& weights,
+                            const c10::optional<torch::Tensor>& stop) {
   const int64_t layers = kv_caches.size(0), tokens = residual.size(0);
+  TORCH_CHECK(!stop.has_value() || (stop->scalar_type() == torch::kInt32 && stop->numel() == 1),
+              "stop is one int32");
+  const volatile int32_t* stop_flag = stop.has_value() ? stop->data_ptr<int32_t>() : nullptr;
   const int64_t kv_heads = kv_caches.size(3), dim = kv_caches.size(4);
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * static_cast<int64_t>(kLayerWeights) &&
                   static_cast<int64_t>(windows.size()) == layers,
               "one set of weights and one window per layer");
   c10::optional<torch::Tensor> added = delta;
   for (int64_t l = 0; l < layers; ++l) {
+    if (stop_flag != nullptr && *stop_flag != 0) return torch::empty({0}, residual.options());
     const size_t at = static_cast<size_t>(l) * kLayerWeights;
     torch::Tensor k_cache = kv_caches[l][0], v_cache = kv_caches[l][1];
     const torch::Tensor x = add_rms_norm(residual, added, *weights.get(at), eps);
@@ -1363,8 +1370,8 @@ TORCH_LIBRARY(inhouse_cpu, m) {
       "decode_layers(Tensor(a!) residual, Tensor? delta, Tensor cos, Tensor sin, "
       "Tensor(b!) kv_caches, Tensor slots, Tensor block_tables, Tensor? row_seq, "
       "Tensor context_lens, "
-      "int block_size, int heads, float scale, int[] windows, float eps, Tensor?[] weights) "
-      "-> Tensor");
+      "int block_size, int heads, float scale, int[] windows, float eps, Tensor?[] weights, "
+      "Tensor? stop=None) -> Tensor");
   m.def("quantize_q8(Tensor weight) -> (Tensor, Tensor)");
   m.def("quantize_q4(Tensor weight) -> (Tensor, Tensor, Tensor)");
   m.def("set_pool_threads(int threads) -> ()", &set_pool_threads);

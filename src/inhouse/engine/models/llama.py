@@ -19,6 +19,7 @@ from torch import nn
 from inhouse.engine.attention import AttentionMetadata, paged_attention, write_kv
 from inhouse.engine.kernels import quant
 from inhouse.engine.models.row_blocks import blocked_linear, invariant_row_blocks
+from inhouse.engine.step_interrupt import StepAbandoned, StepInterrupt
 
 SUPPORTED_ARCHITECTURES = frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
@@ -326,16 +327,21 @@ class LlamaForCausalLM(nn.Module):
         h = self._embed(input_ids)
         cos = self.rope_cos[positions].to(h.dtype)[:, None, :]
         sin = self.rope_sin[positions].to(h.dtype)[:, None, :]
+        interrupt = meta.interrupt
         if self.decode_weights is not None and _plain_decode(meta):
             delta = self._decode_layers(h, cos, sin, kv_caches, meta)
+            if delta.numel() == 0:
+                raise StepAbandoned
             h = self.norm(_pick(h, logit_rows) + _pick(delta, logit_rows))
         elif self.fused_norms:
             delta = None
             for layer, cache in zip(self.layers, kv_caches, strict=True):
+                _check(interrupt)
                 delta = layer.fused(h, delta, cos, sin, cache[0], cache[1], meta)
             h = self.norm(_pick(h, logit_rows) + _pick(delta, logit_rows))
         else:
             for layer, cache in zip(self.layers, kv_caches, strict=True):
+                _check(interrupt)
                 h = layer(h, cos, sin, cache[0], cache[1], meta)
             h = self.norm(_pick(h, logit_rows))
         return self.lm_head(h).float()
@@ -372,6 +378,7 @@ class LlamaForCausalLM(nn.Module):
             windows,
             self.args.rms_norm_eps,
             self.decode_weights,
+            None if meta.interrupt is None else meta.interrupt.flag,
         )
 
     def packer(self, quantization: str) -> Callable[[str], None]:
@@ -463,6 +470,12 @@ class LlamaForCausalLM(nn.Module):
 def _pick(h: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
     """``h``'s rows at ``rows``; all of them, uncopied, for None."""
     return h if rows is None else h[rows]
+
+
+def _check(interrupt: StepInterrupt | None) -> None:
+    """Raise StepAbandoned before the next layer if the step was asked to stop."""
+    if interrupt is not None and interrupt.stopped:
+        raise StepAbandoned
 
 
 def _plain_decode(meta: AttentionMetadata) -> bool:
