@@ -38,7 +38,7 @@ system-packages:
 # order: make test SEED=random (or a number).
 SEED ?= 1565132503
 test: $(STAMP) system-packages llama-server
-	$(PY) -m pytest -p randomly $(if $(filter random,$(SEED)),,--randomly-seed=$(SEED))
+	$(PY) -m pytest -p randomly $(if $(filter random,$(SEED)),,--randomly-seed=$(SEED)) --durations=25
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -41,8 +41,15 @@ def _preemptions(server: RunningServer) -> dict[str, float]:
     return {line.split('cause="')[1].split('"')[0]: float(line.split()[-1]) for line in lines}
 
 
+def _counter(server: RunningServer, name: str) -> float:
+    text = httpx.get(f"{server.base_url}/metrics").text
+    (line,) = [line for line in text.splitlines() if line.startswith(f"inhouse:{name}_total{{")]
+    return float(line.split()[-1])
+
+
 def test_an_urgent_request_overtakes_queued_batch_work_and_takes_the_seat(one_seat):
     before = _preemptions(one_seat)
+    stopped_before = _counter(one_seat, "abandoned_steps")
     finished: list[str] = []
 
     async def run() -> int:
@@ -83,6 +90,9 @@ def test_an_urgent_request_overtakes_queued_batch_work_and_takes_the_seat(one_se
     after = _preemptions(one_seat)
     assert after["priority"] - before.get("priority", 0) == 1 and after["kv"] == before["kv"]
     assert time.monotonic() - started < 300
+    # The urgent request stops at most the one step it came in (if it came mid-step).
+    stopped = _counter(one_seat, "abandoned_steps") - stopped_before
+    assert stopped in (0, 1) and _counter(one_seat, "abandoned_tokens") >= stopped
 
 
 def test_the_start_up_table_names_the_policy_and_its_caps(one_seat):
