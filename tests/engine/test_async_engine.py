@@ -157,11 +157,11 @@ def test_failed_step_fails_its_requests_and_the_engine_keeps_serving(tiny):
         real_execute = runner.execute
         calls = {"n": 0}
 
-        def failing_once(batch, drafts=None):
+        def failing_once(batch, *rest):
             calls["n"] += 1
             if calls["n"] == 2:
                 raise RuntimeError("device lost")
-            return real_execute(batch, drafts)
+            return real_execute(batch, *rest)
 
         runner.execute = failing_once
         try:
