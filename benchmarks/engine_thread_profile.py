@@ -32,8 +32,8 @@ QUESTION = "Explain in detail how a bicycle works, part by part (request {i})."
 SECONDS: dict[str, float] = defaultdict(float)
 
 
-def timed(owner: type, name: str, label: str) -> None:
-    """Wrap ``owner.name`` so its wall time adds up under ``label``."""
+def timed(owner: type, name: str, label: str) -> Callable[[], None]:
+    """Wrap ``owner.name`` so its wall time adds up under ``label``; returns the undo."""
     inner: Callable[..., Any] = getattr(owner, name)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -44,6 +44,7 @@ def timed(owner: type, name: str, label: str) -> None:
             SECONDS[label] += time.perf_counter() - start
 
     setattr(owner, name, wrapper)
+    return lambda: setattr(owner, name, inner)
 
 
 async def drive(engine: AsyncEngine, prompts: list[list[int]], new_tokens: int) -> int:

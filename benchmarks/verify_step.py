@@ -25,12 +25,12 @@ import argparse
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from engine_thread_profile import SECONDS, timed
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.core import EngineCore
 from inhouse.engine.engine import LLMEngine
@@ -77,24 +77,6 @@ def forward_ms(
             print(f"\n--- {n} rows, 10 forwards ---")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
     return {n: statistics.median(t) * 1e3 for n, t in times.items()}
-
-
-SECONDS: dict[str, float] = defaultdict(float)
-
-
-def timed(owner: type, name: str, label: str) -> Callable[[], None]:
-    """Wrap ``owner.name`` so its wall time adds up under ``label``; returns the undo."""
-    inner: Callable[..., Any] = getattr(owner, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            SECONDS[label] += time.perf_counter() - start
-
-    setattr(owner, name, wrapper)
-    return lambda: setattr(owner, name, inner)
 
 
 @dataclass
