@@ -2,7 +2,9 @@
 over 3 KV heads of 64 features, a float16 cache): a decode row at several context lengths
 and a whole prompt's prefill, in ms and GFLOP/s (2 flops a multiply-add, q.k and p.v).
 
-Prints one line per case, to compare two commits run alternately on the same host:
+``--layers 30`` times the decode rows over a step's 30 distinct caches, so their keys come
+from memory as in a real step (one cache stays in the CPU's caches). Prints one line per
+case, to compare two commits run alternately on the same host:
 
     for i in 1 2 3; do for t in A B; do PYTHONPATH=$t/src .venv/bin/python \\
         benchmarks/attention_kernel.py; done; done
@@ -40,13 +42,20 @@ def best_ms(call, repeats: int) -> float:
     return min(times) * 1e3
 
 
-def decode_ms(context: int, dtype: torch.dtype, repeats: int) -> float:
-    """One decode row attending `context` keys."""
-    k, v, table = _cache(context, dtype)
+def decode_ms(context: int, dtype: torch.dtype, repeats: int, layers: int) -> float:
+    """One decode row attending `context` keys: ms a layer, over `layers` distinct caches
+    taken in turn (30, a step's: their keys come from memory, as in a real step; 1: the one
+    cache stays in the CPU's caches)."""
+    caches = [_cache(context + layer * BLOCK, dtype) for layer in range(layers)]
     q = torch.randn(1, HEADS, DIM)
     lens = torch.tensor([context])
     op = torch.ops.inhouse_cpu.paged_attention_rows
-    return best_ms(lambda: op(q, k, v, table, None, lens, BLOCK, 0.125, 0), repeats)
+
+    def step() -> None:
+        for k, v, table in caches:
+            op(q, k, v, table, None, lens, BLOCK, 0.125, 0)
+
+    return best_ms(step, repeats) / layers
 
 
 def prefill_ms(tokens: int, dtype: torch.dtype, repeats: int) -> float:
@@ -64,15 +73,21 @@ def main() -> None:
     parser.add_argument("--contexts", default="128,2500", help="decode context lengths")
     parser.add_argument("--prompts", default="512,2500", help="prefill lengths")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--layers", type=int, default=1, help="decode: distinct caches a step (30: from memory)"
+    )
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
     args = parser.parse_args()
     built = load_kernels()
     if built is None:
         raise SystemExit("the C++ kernels do not build here")
     dtype = getattr(torch, args.dtype)
-    print(f"kernels {built.isa}, {args.dtype} cache, {torch.get_num_threads()} threads")
+    print(
+        f"kernels {built.isa}, {args.dtype} cache, {torch.get_num_threads()} threads, "
+        f"decode over {args.layers} distinct cache(s)"
+    )
     for n in map(int, args.contexts.split(",")):
-        ms = decode_ms(n, dtype, args.repeats * 20)
+        ms = decode_ms(n, dtype, max(args.repeats, args.repeats * 20 // args.layers), args.layers)
         flops = 4 * HEADS * DIM * n
         print(f"decode  ctx {n:5d}: {ms:8.3f} ms  {flops / ms / 1e6:6.1f} GFLOP/s")
     for n in map(int, args.prompts.split(",")):
