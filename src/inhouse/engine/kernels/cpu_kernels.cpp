@@ -954,7 +954,6 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   const auto body = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(kQueriesAtOnce * kSegment), sums(kQueriesAtOnce * dim);
     std::vector<const T*> keys, values;
-    std::vector<Running> running;
     for (int64_t index = begin; index < end; ++index) {
       const AttentionItem& item = items[index];
       const int64_t r0 = tile_starts[item.tile], r1 = tile_starts[item.tile + 1];
@@ -975,34 +974,39 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
         keys[t - lo] = kp + at + item.kv_head * dim;
         values[t - lo] = vp + at + item.kv_head * dim;
       }
-      // The tile's query heads of this KV head, segment by segment (its keys and values stay
-      // in cache while every query uses them), kQueriesAtOnce queries at a time, each block
-      // over the keys of the segment any of its queries needs. Each query still folds its
-      // segments in position order.
+      // The tile's query heads of this KV head, row by row, kQueriesAtOnce at a time, each
+      // block over the keys of a segment any of its queries needs.
       const int64_t queries = (r1 - r0) * group;
-      running.assign(queries, Running{});
-      const auto query_row = [&](int64_t i) { return r0 + i / group; };
-      const auto query_at = [&](int64_t i) {
-        return (query_row(i) * heads + item.kv_head * group + i % group) * dim;
-      };
-      for (int64_t s = lo / kSegment; s * kSegment < hi; ++s) {
-        const int64_t seg_lo = std::max(lo, s * kSegment), seg_hi = std::min(hi, (s + 1) * kSegment);
-        for (int64_t b0 = 0; b0 < queries; b0 += kQueriesAtOnce) {
-          const int in_block = static_cast<int>(std::min<int64_t>(kQueriesAtOnce, queries - b0));
-          const float* qs[kQueriesAtOnce];
-          float* block_sums[kQueriesAtOnce];
-          float* rows_scores[kQueriesAtOnce];
-          int64_t from[kQueriesAtOnce], count[kQueriesAtOnce];
-          float tops[kQueriesAtOnce], totals[kQueriesAtOnce];
+      for (int64_t b0 = 0; b0 < queries; b0 += kQueriesAtOnce) {
+        const int in_block = static_cast<int>(std::min<int64_t>(kQueriesAtOnce, queries - b0));
+        const float* qs[kQueriesAtOnce];
+        float* outs[kQueriesAtOnce];
+        float* block_sums[kQueriesAtOnce];
+        float* rows_scores[kQueriesAtOnce];
+        int64_t first[kQueriesAtOnce], last[kQueriesAtOnce];
+        int64_t from[kQueriesAtOnce], count[kQueriesAtOnce];
+        float tops[kQueriesAtOnce], totals[kQueriesAtOnce];
+        Running running[kQueriesAtOnce];
+        for (int i = 0; i < in_block; ++i) {
+          const int64_t r = r0 + (b0 + i) / group, h = item.kv_head * group + (b0 + i) % group;
+          qs[i] = qp + (r * heads + h) * dim;
+          outs[i] = op + (r * heads + h) * dim;
+          first[i] = std::max(first_key(r), lo);
+          last[i] = std::min(lp[r], hi);
+          if (item.segment >= 0) {
+            float* slot = partial.data() + (item.partial + b0 + i) * partial_floats;
+            block_sums[i] = slot;
+          } else {
+            block_sums[i] = sums.data() + i * dim;
+          }
+        }
+        int64_t s_first = lo / kSegment;
+        for (int64_t s = s_first; s * kSegment < hi; ++s) {
+          const int64_t seg_lo = std::max(lo, s * kSegment), seg_hi = std::min(hi, (s + 1) * kSegment);
           int64_t block_lo = seg_hi, block_hi = seg_lo;
           for (int i = 0; i < in_block; ++i) {
-            const int64_t r = query_row(b0 + i);
-            qs[i] = qp + query_at(b0 + i);
-            block_sums[i] = item.segment >= 0
-                                ? partial.data() + (item.partial + b0 + i) * partial_floats
-                                : sums.data() + i * dim;
-            from[i] = std::max({first_key(r), lo, seg_lo});
-            count[i] = std::max<int64_t>(0, std::min({lp[r], hi, seg_hi}) - from[i]);
+            from[i] = std::max(first[i], seg_lo);
+            count[i] = std::max<int64_t>(0, std::min(last[i], seg_hi) - from[i]);
             if (count[i] > 0) {
               block_lo = std::min(block_lo, from[i]);
               block_hi = std::max(block_hi, from[i] + count[i]);
@@ -1021,14 +1025,13 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
               block_sums[i][dim] = tops[i];
               block_sums[i][dim + 1] = totals[i];
             } else {
-              fold_segment(running[b0 + i], op + query_at(b0 + i), tops[i], totals[i],
-                           block_sums[i], dim);
+              fold_segment(running[i], outs[i], tops[i], totals[i], block_sums[i], dim);
             }
           }
         }
-      }
-      if (item.segment < 0) {
-        for (int64_t i = 0; i < queries; ++i) finish_row(running[i], op + query_at(i), dim);
+        if (item.segment < 0) {
+          for (int i = 0; i < in_block; ++i) finish_row(running[i], outs[i], dim);
+        }
       }
     }
   };
