@@ -147,6 +147,13 @@ inline int tile_code(const uint8_t* tile_group, int r, int k) {
 }
 
 #ifdef INHOUSE_AVX2
+// Asks for `bytes` from p that a loop reads soon: the next tile pair's weights while this
+// one computes, a paged cache's rows ahead of the attention (timing only; no result changes).
+inline void prefetch(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
+}
+
 #ifdef INHOUSE_VNNI
 // Lanes 0-7 all dword i of a, lanes 8-15 all dword j.
 inline __m512i dword_pair(__m512i a, int i, int j) {
@@ -339,14 +346,6 @@ void tile_pair_rows(const uint8_t* w0, const uint8_t* w1, const float* d0, const
     }
   }
   INHOUSE_UNROLL for (int r = 0; r < R; ++r) out[r] = acc[r];
-}
-
-// Asks for bytes the next tile pair reads while this one computes: with a few rows a pair's
-// products take about as long as streaming its weights, and the hardware's prefetchers
-// alone let the two take turns (timing only; no result changes).
-inline void prefetch(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
 }
 
 // tile_dot for tiles t and t + 1 (weights w, scales wd, mins wm and bias from tile t's).
@@ -654,25 +653,20 @@ inline KeyLanes fma_lanes(KeyLanes a, KeyLanes b, KeyLanes c) {
 // a decode row's keys come from memory, not cache (timing only; no result changes).
 constexpr int64_t kRowsAhead = 16;
 
-template <typename T>
-inline void prefetch_row(const T* row, int64_t dim) {
-  const char* c = reinterpret_cast<const char*>(row);
-  for (int64_t at = 0; at < dim * static_cast<int64_t>(sizeof(T)); at += 64) __builtin_prefetch(c + at);
-}
-
 // scores[i][t] = (q[i] . keys[t]) * scale for Q queries and n keys, dim a multiple of 16;
 // the keys' and values' rows are fetched kRowsAhead ahead (the values for weigh_values).
 template <typename T, int Q>
 void score_block(const float* const* q, const T* const* keys, const T* const* values, int64_t n,
                  int64_t dim, float scale, float* const* scores) {
+  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
   for (int64_t j = 0; j < std::min(n, kRowsAhead); ++j) {
-    prefetch_row(keys[j], dim);
-    prefetch_row(values[j], dim);
+    prefetch(keys[j], row_bytes);
+    prefetch(values[j], row_bytes);
   }
   for (int64_t t = 0; t < n; t += kKeysAtOnce) {
     for (int64_t j = t + kRowsAhead; j < std::min(n, t + kRowsAhead + kKeysAtOnce); ++j) {
-      prefetch_row(keys[j], dim);
-      prefetch_row(values[j], dim);
+      prefetch(keys[j], row_bytes);
+      prefetch(values[j], row_bytes);
     }
     const T* k[kKeysAtOnce];  // the last block repeats its last key; only n are stored
     INHOUSE_UNROLL for (int j = 0; j < kKeysAtOnce; ++j) k[j] = keys[std::min<int64_t>(t + j, n - 1)];
