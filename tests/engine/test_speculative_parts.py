@@ -40,6 +40,7 @@ def test_config_takes_vllm_spelling_and_defaults():
         ('{"num_speculative_tokens": 2, "method": "eagle"}', "not supported"),
         ('{"num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}', "unknown"),
         ('{"num_speculative_tokens": 2, "min_acceptance_rate": 2}', "min_acceptance_rate"),
+        ('{"num_speculative_tokens": 2, "adaptive_length": 1}', "adaptive_length"),
     ],
 )
 def test_config_refuses_what_cannot_work(text, words):
@@ -139,6 +140,7 @@ def test_the_drafter_stops_drafting_for_a_sequence_whose_drafts_fail_and_counts_
         min_acceptance_rate=0.5,
         acceptance_window=2,
         pause_steps=3,
+        adaptive_length=False,  # the gate alone: every draft as long as the lookup allows
     )
     drafter = make_drafter(config, None, None, 0)
     seq = make_seq(2, max_tokens=40)
@@ -170,3 +172,22 @@ def test_no_sequence_drafts_while_more_than_disable_by_batch_size_decode():
     assert drafter.propose([(s, 5) for s in seqs[:2]], step=0) == {
         s.seq_id: [5, 4] for s in seqs[:2]
     }
+
+
+def test_an_adaptive_draft_length_doubles_after_whole_drafts_and_shrinks_after_rejections():
+    config = SpeculativeConfig(
+        num_speculative_tokens=8, prompt_lookup_min=1, prompt_lookup_max=1, adaptive_length=True
+    )
+    drafter = make_drafter(config, None, None, 0)
+    seq, other = make_seq(2, request_id="a"), make_seq(2, request_id="b")
+    seq.token_ids = other.token_ids = [4, *range(10, 20), 4]
+    lengths = []
+    for step, accepted in enumerate([1, 2, 2, 4, 8, 3]):
+        draft = drafter.propose([(seq, 100)], step)[seq.seq_id]
+        lengths.append(len(draft))
+        drafter.record([Verified(seq, len(draft), min(accepted, len(draft)))], step)
+    # starts at K; 1 of 8 accepted: 2; whole: 4; 2 of 4: 3; whole: 6; whole: 8 (K)
+    assert lengths == [8, 2, 4, 3, 6, 8]
+    assert len(drafter.propose([(other, 100)], 6)[other.seq_id]) == 8  # its own length
+    drafter.keep_only([other])
+    assert drafter.length is not None and drafter.length.of(seq.seq_id) == 8

@@ -43,6 +43,16 @@ def test_speculation_at_one_sequence_divides_tpot_by_the_hand_computed_factor() 
     assert spec.ttft == plain.ttft  # the prefill step does not draft
 
 
+def test_a_measured_draft_length_sets_the_verify_rows() -> None:
+    # The engine's adaptive length drafted 2 tokens a draft on average, not K = 4: a verified
+    # step is 3 rows (20 ms + max(10 ms, 1.5 ms) + 3 x 1 ms) = 33 ms instead of 35 ms. Ten
+    # tokens after the first at 2.25 a step: five steps either way.
+    short = Speculation(4, 1, 0.625, 2.25, mean_draft_length=2.0)
+    assert short.rows_per_draft == 2
+    assert alone(11, short).tpot == [pytest.approx(5 * 0.033 / 10)]
+    assert alone(11, Speculation(4, 1, 0.625, 2.25)).tpot == [pytest.approx(5 * 0.035 / 10)]
+
+
 def test_above_the_gate_decodes_are_plain() -> None:
     plain, spec = alone(40, None, concurrency=2), alone(40, SPEC, concurrency=2)
     assert spec.tpot == plain.tpot and spec.ttft == plain.ttft and spec.steps == plain.steps
@@ -106,6 +116,13 @@ def test_a_speculation_that_is_not_an_object_is_refused() -> None:
     document["speculation"] = [4, 2.5]
     with pytest.raises(PlanError, match="speculation must be an object"):
         profile_from_json(document)
+
+
+def test_acceptance_from_counters_gives_the_mean_draft_length() -> None:
+    spec = measured_speculation(8, 4, drafts=10, draft_tokens=25, accepted=15, requests=3)
+    assert spec.mean_draft_length == 2.5 and spec.rows_per_draft == 2
+    with pytest.raises(PlanError, match="mean draft length"):
+        Speculation(4, 4, 0.5, 2.0, mean_draft_length=5.0)
 
 
 def test_acceptance_from_counters_is_vllms_rate_and_mean_length() -> None:

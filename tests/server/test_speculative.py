@@ -143,12 +143,14 @@ def test_version_and_start_up_table_say_how_it_drafts(server, speculative):
     assert version["speculative_config"]["method"] == "ngram"
     assert version["speculative_config"]["num_speculative_tokens"] == 4
     assert version["speculative_config"]["prompt_lookup_min"] == 1
+    assert version["speculative_config"]["adaptive_length"] is True
     assert httpx.get(f"{server.base_url}/version").json()["speculative_config"] is None
     deadline = time.monotonic() + 10  # the table is printed by a thread once loaded
     while "Serving on" not in served.process.log.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
     table = served.process.log.read_text()
-    assert re.search(r"\n  speculative +ngram, 4 tokens, n-grams 1\.\.3\n", table), table[-600:]
+    line = r"\n  speculative +ngram, up to 4 tokens, n-grams 1\.\.3\n"
+    assert re.search(line, table), table[-600:]
 
 
 @pytest.mark.parametrize(

@@ -259,7 +259,7 @@ class SimEngine:
         self.peak_running = max(self.peak_running, len(self.running))
         spec = self.limits.speculation
         drafting = spec is not None and spec.drafts_at(step.decodes)
-        end = now + self._step_time(step, spec.num_speculative_tokens if drafting else 0)
+        end = now + self._step_time(step, spec.rows_per_draft if drafting else 0)
         self.steps += 1
         if self._stopped_by(step, end, next_arrival):
             assert next_arrival is not None

@@ -2,8 +2,9 @@
 acceptance a calibration measured (`inhouse bench calibrate`'s acceptance probe).
 
 While at most ``disable_by_batch_size`` sequences decode, each decoding sequence is verified
-with ``num_speculative_tokens`` draft tokens in the same step (K extra rows of the batch)
-and advances by ``mean_accepted_length`` tokens a step (vLLM's 1 + accepted / drafts).
+with ``mean_draft_length`` draft tokens in the same step (that many extra rows of the batch;
+the engine's adaptive length keeps it below ``num_speculative_tokens``, a profile without it
+means K) and advances by ``mean_accepted_length`` tokens a step (vLLM's 1 + accepted / drafts).
 Acceptance depends on the workload: text copied or edited from the prompt accepts many
 drafts, free writing few.
 """
@@ -26,6 +27,7 @@ class Speculation:
     acceptance_rate: float
     mean_accepted_length: float
     requests: int = 0
+    mean_draft_length: float | None = None  # draft tokens / drafts; None: K
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -43,9 +45,22 @@ class Speculation:
                 f"the mean accepted length must be a number in [1, {k + 1}] "
                 f"(1 + num_speculative_tokens), not {length!r}"
             )
+        drafted = self.mean_draft_length
+        if drafted is not None and (not _number(drafted) or not 1 <= drafted <= k):
+            raise PlanError(f"the mean draft length must be a number in [1, {k}], not {drafted!r}")
         count = self.requests
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise PlanError(f"the acceptance probe's request count must be ≥ 0, not {count!r}")
+
+    @property
+    def rows_per_draft(self) -> int:
+        """The extra rows a decoding sequence's draft adds to a step."""
+        length = (
+            self.num_speculative_tokens
+            if self.mean_draft_length is None
+            else self.mean_draft_length
+        )
+        return max(1, round(length))
 
     def drafts_at(self, decodes: int) -> bool:
         """Whether a step with `decodes` decoding sequences verifies drafts."""
@@ -61,10 +76,15 @@ class Speculation:
         gate = self.disable_by_batch_size
         when = "always" if gate is None else f"while ≤ {gate} sequences decode"
         return (
-            f"speculation: {self.num_speculative_tokens} draft tokens {when}, acceptance "
+            f"speculation: {self._drafts()} {when}, acceptance "
             f"{self.acceptance_rate:.0%}, mean accepted length {self.mean_accepted_length:.2f} "
             f"(measured over {self.requests} probe requests; acceptance is workload-specific)"
         )
+
+    def _drafts(self) -> str:
+        if self.mean_draft_length is None:
+            return f"{self.num_speculative_tokens} draft tokens"
+        return f"{self.mean_draft_length:.1f} of up to {self.num_speculative_tokens} draft tokens"
 
 
 def _number(value: object) -> bool:
@@ -103,4 +123,5 @@ def measured_speculation(
         acceptance_rate=round(accepted / draft_tokens, 4),
         mean_accepted_length=round(1 + accepted / drafts, 4),
         requests=requests,
+        mean_draft_length=round(min(max(draft_tokens / drafts, 1.0), num_speculative_tokens), 4),
     )

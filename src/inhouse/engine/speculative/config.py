@@ -14,6 +14,10 @@ always draft). Verifying drafts is nearly free while a step is bound by streamin
 weights (one or a few users on a CPU) and costs full rows once the batch is large:
 ``benchmarks/speculative.py`` measured 1.09x at c=1 and 0.70x at c=16 with drafting
 always on, hence the default of 4.
+
+``adaptive_length`` (ours, on by default): each sequence's drafts are at most as long as
+its last draft's fate allows (:mod:`~inhouse.engine.speculative.length`); false drafts
+``num_speculative_tokens`` whenever the lookup finds that many.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class SpeculativeConfig:
     acceptance_window: int = 8
     pause_steps: int = 32
     disable_by_batch_size: int | None = 4
+    adaptive_length: bool = True
 
     def __post_init__(self) -> None:
         if self.method is None:
@@ -72,6 +77,10 @@ class SpeculativeConfig:
             raise EngineConfigError(f"min_acceptance_rate must be in [0, 1], got {rate!r}")
         _int_in("acceptance_window", self.acceptance_window, 1, 1024)
         _int_in("pause_steps", self.pause_steps, 0, 1_000_000)
+        if not isinstance(self.adaptive_length, bool):
+            raise EngineConfigError(
+                f"adaptive_length must be true or false, got {self.adaptive_length!r}"
+            )
         if self.disable_by_batch_size is not None:
             _int_in("disable_by_batch_size", self.disable_by_batch_size, 1, 1_000_000)
 
@@ -103,8 +112,12 @@ class SpeculativeConfig:
         """One line for the start-up table and /version."""
         if self.method == "ngram":
             lookup = f"n-grams {self.prompt_lookup_min}..{self.prompt_lookup_max}"
-            return f"ngram, {self.num_speculative_tokens} tokens, {lookup}"
-        return f"draft model {self.model}, {self.num_speculative_tokens} tokens"
+            return f"ngram, {self._tokens()}, {lookup}"
+        return f"draft model {self.model}, {self._tokens()}"
+
+    def _tokens(self) -> str:
+        up_to = "up to " if self.adaptive_length else ""
+        return f"{up_to}{self.num_speculative_tokens} tokens"
 
 
 def _int_in(name: str, value: Any, low: int, high: int) -> None:

@@ -16,6 +16,7 @@ from typing import Protocol
 from inhouse.engine.sequence import Sequence
 from inhouse.engine.speculative.config import SpeculativeConfig
 from inhouse.engine.speculative.gate import AcceptanceGate
+from inhouse.engine.speculative.length import DraftLength
 
 
 class Proposer(Protocol):
@@ -61,6 +62,7 @@ class Drafter:
         self.gate = AcceptanceGate(
             config.min_acceptance_rate, config.acceptance_window, config.pause_steps
         )
+        self.length = DraftLength(config.num_speculative_tokens) if config.adaptive_length else None
         self.counters = SpecDecodeCounters(
             num_accepted_tokens_per_pos=[0] * config.num_speculative_tokens
         )
@@ -73,9 +75,9 @@ class Drafter:
         if limit is not None and len(decoding) > limit:
             return {}
         k = self.config.num_speculative_tokens
-        gate = self.gate
+        gate, length = self.gate, self.length
         asked = [
-            (seq, min(k, room))
+            (seq, min(k if length is None else length.of(seq.seq_id), room))
             for seq, room in decoding
             if room > 0 and gate.allows(seq.seq_id, step)
         ]
@@ -89,6 +91,8 @@ class Drafter:
         keep = {seq.seq_id for seq in running}
         self.gate.forget(keep)
         self.proposer.forget(keep)
+        if self.length is not None:
+            self.length.forget(keep)
 
     def record(self, verified: list[Verified], step: int) -> None:
         """Count the step's verified drafts and tell the gate how each fared."""
@@ -100,4 +104,6 @@ class Drafter:
             for pos in range(item.num_accepted):
                 counters.num_accepted_tokens_per_pos[pos] += 1
             self.gate.record(item.seq.seq_id, step, item.num_drafted, item.num_accepted)
+            if self.length is not None:
+                self.length.record(item.seq.seq_id, item.num_drafted, item.num_accepted)
         counters.num_pauses = self.gate.num_pauses
