@@ -28,7 +28,8 @@ SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
         "prompt_lookup_min": 1}  # fmt: skip
 PROBES = Probes(
     prefill_prompts=(64, 320), prefill_repeats=1, decode_batches=(1, 2), decode_output=8,
-    long_prompt=400, long_batches=(1,), acceptance_requests=2, acceptance_output=48,
+    long_prompts=(), long_prompt=400, long_batches=(1,), acceptance_requests=2,
+    acceptance_output=48,
 )  # fmt: skip
 
 

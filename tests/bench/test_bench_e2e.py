@@ -377,14 +377,16 @@ def test_calibrate_then_sweep_draws_the_prediction_beside_the_measurement(
 
     probes = Probes(
         prefill_prompts=(64, 320), prefill_repeats=2, decode_batches=(1, 2), decode_output=8,
-        long_prompt=400, long_batches=(1,),
+        long_prompts=(2048,), long_batches=(),
     )  # fmt: skip
     target = Target(served.url, served.model, API_KEY, max_num_seqs=2)
     profile = asyncio.run(calibrate(target, probes))
     assert profile.speculation is None  # the server does not speculate
     measured = profile.measured
-    assert [p["prompt_tokens"] for p in measured["prefill"]] == [64, 320]
-    assert [(d["batch"], d["context_tokens"] > 300) for d in measured["decode"]] == [
+    # The long probe is capped at the server's 512-token model length (less its output), and
+    # gives a prefill point and a decode point at its context.
+    assert [p["prompt_tokens"] for p in measured["prefill"]] == [64, 320, 503]
+    assert [(d["batch"], d["context_tokens"] > 500) for d in measured["decode"]] == [
         (1, False), (2, False), (1, True)
     ]  # fmt: skip
     cost = profile.cost

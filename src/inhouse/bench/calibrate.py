@@ -3,14 +3,16 @@
 Prefill probes send prompts of growing length one at a time and time their first
 token; decode probes send 1, 2, 4, … requests together with short prompts and a fixed
 number of output tokens (``ignore_eos``) and take the median gap between tokens, at a
-short and a long context (1 and 4 sequences: four 1,024-token contexts show a decode's
-attention above a noisy host's jitter, one alone hardly does; prefills that take more than
-one step delay a few gaps, which the median leaves out). Every prompt is fresh random
-words, so nothing but the chat template's first block is found in a prefix cache. The
-fit (`inhouse.plan.fit`) turns the points into a `StepCost`; the profile file holds it,
-the points and the scheduler settings the simulator should assume. A server that speculates
-gets an acceptance probe too (`inhouse.bench.acceptance`). Works against any
-OpenAI-compatible server.
+short and a long context (four 1,024-token contexts show a decode's attention above a noisy
+host's jitter; prefills that take more than one step delay a few gaps, which the median
+leaves out). Long probes send one prompt of 2,048 and one of 4,096 tokens (chunked past the
+step budget): their first token fixes the prefill's attention-pair cost where it matters,
+which short prompts hardly see, and their gaps are one sequence decoding over that
+context. Every prompt is fresh random words, so nothing but the chat template's first
+block is found in a prefix cache. The fit (`inhouse.plan.fit`) turns the points into a
+`StepCost`; the profile file holds it, the points and the scheduler settings the simulator
+should assume. A server that speculates gets an acceptance probe too
+(`inhouse.bench.acceptance`). Works against any OpenAI-compatible server.
 """
 
 from __future__ import annotations
@@ -40,11 +42,12 @@ class Probes:
 
     prefill_prompts: tuple[int, ...] = (64, 256, 512, 1024)
     prefill_repeats: int = 2
+    long_prompts: tuple[int, ...] = (2048, 4096)  # once each, up to the model's length
     decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     decode_prompt: int = 64
     decode_output: int = 24
     long_prompt: int = 1024
-    long_batches: tuple[int, ...] = (1, 4)
+    long_batches: tuple[int, ...] = (4,)
     acceptance_requests: int = 8
     acceptance_output: int = 96
 
@@ -119,6 +122,43 @@ class _Prober:
         context = statistics.mean((r.prompt_tokens or prompt) for r in records) + output // 2
         return DecodePoint(batch, round(context), statistics.median(gaps))
 
+    async def long(self, prompt: int, output: int) -> tuple[PrefillPoint, DecodePoint]:
+        """One long prompt alone: its first token as a prefill point, its gaps as a decode."""
+        (record,) = await self.together(await self.prompts(1, prompt, output))
+        if not record.itl:
+            raise CalibrationError("the long probe streamed no token gaps (is streaming on?)")
+        tokens = record.prompt_tokens or prompt
+        decode = DecodePoint(1, tokens + output // 2, statistics.median(record.itl))
+        return PrefillPoint(tokens, record.ttft or 0.0), decode
+
+
+async def _run_probes(
+    prober: _Prober, target: Target, probes: Probes, longest: int
+) -> tuple[list[PrefillPoint], list[DecodePoint]]:
+    """The prefill, decode and long probes, within the server's step budget, sequence limit
+    and model length (`longest`)."""
+    cap = min(target.max_num_batched_tokens, longest - 2)
+    short = sorted({min(p, cap) for p in probes.prefill_prompts})
+    prefill = [await prober.prefill(p, probes.prefill_repeats) for p in short]
+    decode = [
+        await prober.decode(b, probes.decode_prompt, probes.decode_output)
+        for b in probes.decode_batches
+        if b <= target.max_num_seqs
+    ]
+    longest_prompt = longest - probes.decode_output - 1
+    for p in sorted({min(p, longest_prompt) for p in probes.long_prompts}):
+        if p > short[-1]:
+            first_token, gaps = await prober.long(p, probes.decode_output)
+            prefill.append(first_token)
+            decode.append(gaps)
+    long_prompt = min(probes.long_prompt, longest_prompt)
+    decode += [
+        await prober.decode(b, long_prompt, probes.decode_output)
+        for b in probes.long_batches
+        if b <= target.max_num_seqs
+    ]
+    return prefill, decode
+
 
 async def calibrate(target: Target, probes: Probes = Probes()) -> Profile:
     """Run the probes against the server and fit its profile."""
@@ -142,23 +182,7 @@ async def calibrate(target: Target, probes: Probes = Probes()) -> Profile:
             if counter is not None:
                 prober.overhead = await counter.chat_overhead()
             await prober.together(await prober.prompts(2, probes.decode_prompt, 4))  # warm-up
-            budget = target.max_num_batched_tokens
-            prefill_cap = min(budget, longest - 2)
-            prefill = [
-                await prober.prefill(p, probes.prefill_repeats)
-                for p in sorted({min(p, prefill_cap) for p in probes.prefill_prompts})
-            ]
-            decode = [
-                await prober.decode(b, probes.decode_prompt, probes.decode_output)
-                for b in probes.decode_batches
-                if b <= target.max_num_seqs
-            ]
-            long_prompt = min(probes.long_prompt, longest - probes.decode_output - 1)
-            decode += [
-                await prober.decode(b, long_prompt, probes.decode_output)
-                for b in probes.long_batches
-                if b <= target.max_num_seqs
-            ]
+            prefill, decode = await _run_probes(prober, target, probes, longest)
     speculation = await _acceptance(target, probes)
     cost = fit_step_cost(prefill, decode, source=f"calibrated: {target.base_url}")
     return Profile(
