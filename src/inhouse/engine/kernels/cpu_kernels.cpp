@@ -124,8 +124,10 @@ constexpr int64_t kTile = 8;
 constexpr int64_t kQ8TileGroupBytes = kTile * kGroup;
 constexpr int64_t kQ4TileGroupBytes = kTile * kGroup / 2;
 // Activation rows multiplied per pass over a tile (register tile), and per pass over all
-// tiles (so a long prompt's rows stay in cache while every tile streams past them).
-constexpr int kRowsAtOnce = 4;
+// tiles (so a long prompt's rows stay in cache while every tile streams past them). Eight,
+// not four: a speculative step's 5-9 rows then unpack each weight tile once, not twice
+// (AVX2 host: 5 rows' forward 1.89x one row's, now 1.72x; AVX2 spills a few registers).
+constexpr int kRowsAtOnce = 8;
 constexpr int64_t kRowBlock = 64;
 
 // The byte of a tile group that holds row r's code at k (0..31); in q4 its low nibble
@@ -388,7 +390,11 @@ void tile_dot(const uint8_t* wq, const float* wd, const float* wm, const float* 
     case 1: tile_rows<kQ4, 1>(wq, wd, wm, a, row0, groups, sums); break;
     case 2: tile_rows<kQ4, 2>(wq, wd, wm, a, row0, groups, sums); break;
     case 3: tile_rows<kQ4, 3>(wq, wd, wm, a, row0, groups, sums); break;
-    default: tile_rows<kQ4, 4>(wq, wd, wm, a, row0, groups, sums); break;
+    case 4: tile_rows<kQ4, 4>(wq, wd, wm, a, row0, groups, sums); break;
+    case 5: tile_rows<kQ4, 5>(wq, wd, wm, a, row0, groups, sums); break;
+    case 6: tile_rows<kQ4, 6>(wq, wd, wm, a, row0, groups, sums); break;
+    case 7: tile_rows<kQ4, 7>(wq, wd, wm, a, row0, groups, sums); break;
+    default: tile_rows<kQ4, 8>(wq, wd, wm, a, row0, groups, sums); break;
   }
   const __m256 b = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
   for (int r = 0; r < rows; ++r) _mm256_storeu_ps(out + r * stride, _mm256_add_ps(sums[r], b));
