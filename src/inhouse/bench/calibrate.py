@@ -116,20 +116,22 @@ class _Prober:
 
     async def decode(self, batch: int, prompt: int, output: int) -> DecodePoint:
         records = await self.together(await self.prompts(batch, prompt, output))
-        gaps = [gap for r in records for gap in r.itl]
-        if not gaps:
-            raise CalibrationError("the decode probe streamed no token gaps (is streaming on?)")
-        context = statistics.mean((r.prompt_tokens or prompt) for r in records) + output // 2
-        return DecodePoint(batch, round(context), statistics.median(gaps))
+        return _decode_point(records, prompt, output)
 
     async def long(self, prompt: int, output: int) -> tuple[PrefillPoint, DecodePoint]:
         """One long prompt alone: its first token as a prefill point, its gaps as a decode."""
         (record,) = await self.together(await self.prompts(1, prompt, output))
-        if not record.itl:
-            raise CalibrationError("the long probe streamed no token gaps (is streaming on?)")
-        tokens = record.prompt_tokens or prompt
-        decode = DecodePoint(1, tokens + output // 2, statistics.median(record.itl))
-        return PrefillPoint(tokens, record.ttft or 0.0), decode
+        first_token = PrefillPoint(record.prompt_tokens or prompt, record.ttft or 0.0)
+        return first_token, _decode_point([record], prompt, output)
+
+
+def _decode_point(records: list[RequestRecord], prompt: int, output: int) -> DecodePoint:
+    """The requests decoding together: their median gap, at their mean context mid-output."""
+    gaps = [gap for r in records for gap in r.itl]
+    if not gaps:
+        raise CalibrationError("a decode probe streamed no token gaps (is streaming on?)")
+    context = statistics.mean((r.prompt_tokens or prompt) for r in records) + output // 2
+    return DecodePoint(len(records), round(context), statistics.median(gaps))
 
 
 async def _run_probes(
