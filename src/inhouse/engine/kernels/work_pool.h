@@ -28,6 +28,12 @@
 #define INHOUSE_PAUSE() std::this_thread::yield()
 #endif
 
+// Where a helper may lose its core between two of its steps; empty in a build. The stress
+// test (tests/engine/test_work_pool.py) defines it as a random pause, to widen those windows.
+#ifndef INHOUSE_POOL_WINDOW
+#define INHOUSE_POOL_WINDOW()
+#endif
+
 namespace inhouse {
 
 class WorkPool {
@@ -61,12 +67,15 @@ class WorkPool {
     }
     start_helpers(helpers);
     const int64_t per_chunk = std::max<int64_t>(grain, (n + kChunksEach * (helpers + 1) - 1) / (kChunksEach * (helpers + 1)));
-    size_.store(n, std::memory_order_relaxed);
-    chunk_.store(per_chunk, std::memory_order_relaxed);
+    // The new generation first, still closed to claims: a helper that read the last job's
+    // state just before it ended cannot then claim a chunk of it with this job's fields.
+    generation_ = generation_ % kMaxGeneration + 1;
+    state_.store(generation_ << kIndexBits | kPublishing, std::memory_order_seq_cst);
+    size_.store(n, std::memory_order_release);
+    chunk_.store(per_chunk, std::memory_order_release);
     body_.store(&body, std::memory_order_relaxed);
     wanted_.store(helpers, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
-    generation_ = generation_ % kMaxGeneration + 1;
     state_.store(generation_ << kIndexBits, std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lock(sleep_mutex_);
@@ -87,6 +96,8 @@ class WorkPool {
   static constexpr int kIndexBits = 40;
   static constexpr uint64_t kIndexMask = (uint64_t{1} << kIndexBits) - 1;
   static constexpr uint64_t kMaxGeneration = (uint64_t{1} << (64 - kIndexBits)) - 1;
+  // The index of a job whose caller is still writing its fields: nothing to claim yet.
+  static constexpr uint64_t kPublishing = kIndexMask;
   static constexpr int kSpins = 20000;  // ~0.1 ms of polling before a helper sleeps
   static constexpr int64_t kChunksEach = 3;  // chunks a thread, for balance: few, long streams
 
@@ -107,15 +118,24 @@ class WorkPool {
     for (;;) {
       uint64_t state = state_.load(std::memory_order_acquire);
       if (generation_of(state) != generation) return;
+      if ((state & kIndexMask) == kPublishing) {
+        INHOUSE_PAUSE();
+        continue;
+      }
       const int64_t begin = static_cast<int64_t>(state & kIndexMask);
-      const int64_t n = size_.load(std::memory_order_relaxed);
-      const int64_t chunk = chunk_.load(std::memory_order_relaxed);
+      INHOUSE_POOL_WINDOW();
+      // A size or chunk of a newer job (read after its caller closed this one: acquire
+      // pairs with that store) makes the claim below fail, as the state has moved on.
+      const int64_t n = size_.load(std::memory_order_acquire);
+      const int64_t chunk = chunk_.load(std::memory_order_acquire);
+      INHOUSE_POOL_WINDOW();
       if (begin >= n) return;
       if (!state_.compare_exchange_weak(state, state + static_cast<uint64_t>(chunk),
                                         std::memory_order_acq_rel)) {
         continue;
       }
       // The job cannot finish (nor its fields change) before this chunk is counted done.
+      INHOUSE_POOL_WINDOW();
       const int64_t end = std::min(begin + chunk, n);
       (*body_.load(std::memory_order_relaxed))(begin, end);
       done_.fetch_add(end - begin, std::memory_order_release);
@@ -139,6 +159,7 @@ class WorkPool {
         sleepers_.fetch_sub(1, std::memory_order_seq_cst);
         continue;
       }
+      INHOUSE_POOL_WINDOW();
       seen = generation;
       if (index < wanted_.load(std::memory_order_relaxed)) claim_chunks(generation);
     }
