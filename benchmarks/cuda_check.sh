@@ -11,7 +11,8 @@ PORT=${PORT:-8011}
 INHOUSE=(python3 -c 'from inhouse.cli import main; main()')
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-python3 -m pytest -p no:cacheprovider tests/engine/test_model_equality.py -k cuda -q
+python3 -m pytest -p no:cacheprovider tests/engine/test_model_equality.py \
+    tests/engine/test_step_threads.py -k cuda -q
 "${INHOUSE[@]}" serve $MODEL --device cuda --port "$PORT" --served-model-name cuda-check \
     --embedding-model none >"$OUT/serve.log" 2>&1 &
 SERVER=$!

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import mmap
 from collections.abc import Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -71,7 +71,7 @@ class ModelRunner:
 
     def threads(self) -> AbstractContextManager[None]:
         """The CPU threads a step of this model runs with (see :func:`step_threads`)."""
-        return step_threads(self.kernel_pool) if self.device.type == "cpu" else nullcontext()
+        return step_threads(self.device, self.kernel_pool)
 
     def _execute(
         self,
