@@ -1,5 +1,6 @@
 """One layer's paged attention on the C++ kernel at SmolLM2-135M's shapes (9 query heads
-over 3 KV heads of 64 features, a float16 cache): a decode row at several context lengths
+over 3 KV heads of 64 features, a float16 cache, or another with ``--dtype``; ``int8`` is
+``--kv-cache-dtype int8``'s rows): a decode row at several context lengths
 and a whole prompt's prefill, in ms and GFLOP/s (2 flops a multiply-add, q.k and p.v).
 
 ``--layers 30`` times the decode rows over a step's 30 distinct caches, so their keys come
@@ -18,6 +19,7 @@ import time
 import torch
 
 from inhouse.engine.kernels.build import load_kernels
+from inhouse.engine.kernels.quant import kv_rows_int8
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
 
@@ -25,8 +27,10 @@ HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
 def _cache(tokens: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(tokens)
     blocks = -(-tokens // BLOCK)
-    k = torch.randn(blocks * BLOCK, KV_HEADS, DIM, generator=gen).to(dtype)
-    v = torch.randn(blocks * BLOCK, KV_HEADS, DIM, generator=gen).to(dtype)
+    k, v = (
+        kv_rows_int8(x) if dtype == torch.int8 else x.to(dtype)
+        for x in torch.randn(2, blocks * BLOCK, KV_HEADS, DIM, generator=gen)
+    )
     table = torch.randperm(blocks, generator=gen)[None]
     return k, v, table
 
@@ -76,7 +80,9 @@ def main() -> None:
     parser.add_argument(
         "--layers", type=int, default=1, help="decode: distinct caches a step (30: from memory)"
     )
-    parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    parser.add_argument(
+        "--dtype", choices=["float16", "bfloat16", "float32", "int8"], default="float16"
+    )
     args = parser.parse_args()
     built = load_kernels()
     if built is None:

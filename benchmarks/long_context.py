@@ -9,6 +9,9 @@ the first. The prompts are unique documents (no prefix shared between them).
 
     .venv/bin/python benchmarks/long_context.py --trees /work/main /work/wt/mine --rounds 3
     .venv/bin/python benchmarks/long_context.py --concurrency 1   # this tree, one round
+    .venv/bin/python benchmarks/long_context.py --kv-cache-dtypes auto,int8 --rounds 2
+
+With several ``--kv-cache-dtypes`` every tree runs with each, alternating the same way.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def document(seed: int, words: int = 2400) -> str:
     return " ".join(" ".join(picks[i : i + 10]) + "." for i in range(0, words, 10))
 
 
-def measure(concurrency: list[int], quantization: str) -> dict[str, float]:
+def measure(concurrency: list[int], quantization: str, kv_cache_dtype: str) -> dict[str, float]:
     """This process's tree: the figures in ms."""
     import time
 
@@ -50,7 +53,7 @@ def measure(concurrency: list[int], quantization: str) -> dict[str, float]:
     from inhouse.engine.sampling_params import SamplingParams
 
     loaded = load_model(None, quantization=quantization)
-    config = EngineConfig(max_num_seqs=4)
+    config = EngineConfig(max_num_seqs=4, kv_cache_dtype=kv_cache_dtype)
 
     def steps(prompts: list[list[int]], new_tokens: int) -> list[float]:
         engine = LLMEngine(config, loaded=loaded)
@@ -86,10 +89,12 @@ def measure(concurrency: list[int], quantization: str) -> dict[str, float]:
     return figures
 
 
-def child(tree: Path, concurrency: str, quantization: str) -> dict[str, float]:
+def child(tree: Path, concurrency: str, quantization: str, kv: str) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}{os.pathsep}{Path(__file__).parent}")
     command = [sys.executable, __file__, "--child", "--concurrency", concurrency]
     command += ["--quantization", quantization]
+    if kv != "auto":  # a tree from before the option runs its default
+        command += ["--kv-cache-dtypes", kv]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -102,23 +107,29 @@ def main() -> None:
     parser.add_argument(
         "--quantization", default="auto", help="as inhouse serve's (auto: what serve runs)"
     )
+    parser.add_argument(
+        "--kv-cache-dtypes",
+        default="auto",
+        help="as inhouse serve's --kv-cache-dtype, e.g. auto,int8",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.child:
-        print(json.dumps(measure(concurrency, args.quantization)))
+        print(json.dumps(measure(concurrency, args.quantization, args.kv_cache_dtypes)))
         return
-    results: dict[Path, list[dict[str, float]]] = {tree: [] for tree in args.trees}
+    variants = [(tree, kv) for tree in args.trees for kv in args.kv_cache_dtypes.split(",")]
+    results: dict[tuple[Path, str], list[dict[str, float]]] = {v: [] for v in variants}
     for r in range(args.rounds):
-        for tree in args.trees:
-            figures = child(tree, args.concurrency, args.quantization)
-            results[tree].append(figures)
+        for tree, kv in variants:
+            figures = child(tree, args.concurrency, args.quantization, kv)
+            results[tree, kv].append(figures)
             load = os.getloadavg()[0]
             shown = " ".join(f"{k} {v:.1f}" for k, v in figures.items())
-            print(f"round {r + 1} {tree} (load {load:.1f}): {shown}", flush=True)
+            print(f"round {r + 1} {tree} kv {kv} (load {load:.1f}): {shown}", flush=True)
     medians = {
-        tree: {k: statistics.median(f[k] for f in runs) for k in runs[0]}
-        for tree, runs in results.items()
+        f"{tree} kv {kv}": {k: statistics.median(f[k] for f in runs) for k in runs[0]}
+        for (tree, kv), runs in results.items()
     }
     for tree, figures in medians.items():
         long_vs_short = " ".join(
@@ -127,10 +138,10 @@ def main() -> None:
         )
         print(f"median {tree}: " + " ".join(f"{k} {v:.1f} ms" for k, v in figures.items()))
         print(f"  {long_vs_short}")
-    if len(args.trees) > 1:
-        first, last = medians[args.trees[0]], medians[args.trees[-1]]
+    if len(medians) > 1:
+        (first_name, first), *_, (last_name, last) = medians.items()
         ratios = " ".join(f"{k} {last[k] / first[k]:.2f}x" for k in first)
-        print(f"{args.trees[-1]} / {args.trees[0]}: {ratios}")
+        print(f"{last_name} / {first_name}: {ratios}")
 
 
 if __name__ == "__main__":

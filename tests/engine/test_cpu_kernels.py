@@ -25,7 +25,14 @@ from inhouse.engine.config import EngineConfig
 from inhouse.engine.errors import EngineConfigError
 from inhouse.engine.kernels import build as kernel_build
 from inhouse.engine.kernels.build import Kernels, isa_of
-from inhouse.engine.kernels.quant import dequantize, linear, quantizable, quantize
+from inhouse.engine.kernels.quant import (
+    dequantize,
+    kv_row_values,
+    kv_rows_int8,
+    linear,
+    quantizable,
+    quantize,
+)
 from inhouse.engine.models.loader import load_model
 from inhouse.engine.models.precision import choose_precision, resolve_dtype
 from inhouse.engine.runner import ModelRunner
@@ -116,18 +123,23 @@ def test_linear_kernels_match_torch_on_the_same_numbers(kind: str, rows: int) ->
 
 @needs_kernels
 @pytest.mark.parametrize(
-    "cache_dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"]
+    "cache_dtype",
+    [torch.float32, torch.float16, torch.bfloat16, torch.int8],
+    ids=["fp32", "fp16", "bf16", "int8"],
 )
 @pytest.mark.parametrize("dim", [16, 64])
 @pytest.mark.parametrize("window", [0, 5])
 def test_paged_attention_rows_matches_sdpa(window: int, dim: int, cache_dtype) -> None:
     """Decode rows (one per sequence) and prefill rows (a run of one sequence's positions,
-    more than one tile of them) against SDPA on the gathered keys; and a row's bits are the
-    same in a run of rows, alone, on torch's threads or on the pool."""
+    more than one tile of them) against SDPA on the gathered keys (an int8 cache's values
+    dequantized); and a row's bits are the same in a run of rows, alone, on torch's threads
+    or on the pool."""
     gen = torch.Generator().manual_seed(window)
     heads, kv_heads, block = 4, 2, 4
-    k_cache = torch.randn(80, kv_heads, dim, generator=gen).to(cache_dtype)
-    v_cache = torch.randn(80, kv_heads, dim, generator=gen).to(cache_dtype)
+    k_cache, v_cache = (
+        kv_rows_int8(x) if cache_dtype == torch.int8 else x.to(cache_dtype)
+        for x in torch.randn(2, 80, kv_heads, dim, generator=gen)
+    )
     tables = torch.tensor([[7, 0, 0, 0, 0, 0], [2, 5, 9, 0, 0, 0], [1, 3, 8, 4, 11, 19]])
     # three decodes, then sequence 2's positions 2..21 as one prefill (20 rows)
     row_seq = torch.tensor([0, 1, 2] + [2] * 20)
@@ -140,8 +152,8 @@ def test_paged_attention_rows_matches_sdpa(window: int, dim: int, cache_dtype) -
         slots = torch.tensor([int(tables[s, t // block]) * block + t % block for t in range(n)])
         if window:
             slots = slots[-window:]
-        k = k_cache[slots].float().repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
-        v = v_cache[slots].float().repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
+        k = kv_row_values(k_cache[slots]).repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
+        v = kv_row_values(v_cache[slots]).repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
         ref = F.scaled_dot_product_attention(q[i][:, None], k, v, scale=0.25)
         torch.testing.assert_close(got[i], ref.reshape(-1), atol=1e-5, rtol=1e-5)
         alone = torch.ops.inhouse_cpu.paged_attention_rows(
@@ -211,22 +223,36 @@ def test_long_rows_split_over_segments_give_the_prefill_rows_bits(window: int) -
 
 
 @needs_kernels
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize(
+    "cache_dtype", [torch.float32, torch.float16, torch.int8], ids=["fp32", "fp16", "int8"]
+)
 def test_fused_rotary_kv_write_swiglu_and_add_norm_match_the_eager_ops(cache_dtype) -> None:
     from inhouse.engine.models.llama import _rotate
 
     gen = torch.Generator().manual_seed(1)
     heads, kv_heads, dim, tokens = 4, 2, 16, 3
     qkv = torch.randn(tokens, heads + 2 * kv_heads, dim, generator=gen)
+    qkv[1, heads + kv_heads] = 0  # an all-zero V row: scale 0, codes 0
     cos, sin = torch.randn(tokens, dim, generator=gen), torch.randn(tokens, dim, generator=gen)
-    k_cache = torch.zeros(10, kv_heads, dim, dtype=cache_dtype)
-    v_cache = torch.zeros(10, kv_heads, dim, dtype=cache_dtype)
+    row = dim + 4 if cache_dtype == torch.int8 else dim
+    k_cache = torch.zeros(10, kv_heads, row, dtype=cache_dtype)
+    v_cache = torch.zeros(10, kv_heads, row, dtype=cache_dtype)
     slots = torch.tensor([7, 2, 5])
     q = torch.ops.inhouse_cpu.rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads)
     rotated = _rotate(qkv[:, : heads + kv_heads], cos[:, None], sin[:, None])
     torch.testing.assert_close(q, rotated[:, :heads])
-    torch.testing.assert_close(k_cache[slots], rotated[:, heads:].to(cache_dtype))
-    assert torch.equal(v_cache[slots], qkv[:, heads + kv_heads :].to(cache_dtype))
+    k, v = rotated[:, heads:], qkv[:, heads + kv_heads :]
+    if cache_dtype == torch.int8:  # the rotation's rounding may move a code by one
+        assert (k_cache[slots, :, :dim].int() - kv_rows_int8(k)[..., :dim].int()).abs().max() <= 1
+        scales = k_cache[slots, :, dim:].contiguous().view(torch.float32)
+        torch.testing.assert_close(
+            scales, kv_rows_int8(k)[..., dim:].contiguous().view(torch.float32)
+        )
+        assert torch.equal(v_cache[slots], kv_rows_int8(v))
+        assert not v_cache[2, 0].any()
+    else:
+        torch.testing.assert_close(k_cache[slots], k.to(cache_dtype))
+        assert torch.equal(v_cache[slots], v.to(cache_dtype))
     gate_up = torch.randn(tokens, 2 * 24, generator=gen)
     gate, up = gate_up.split(24, dim=-1)
     torch.testing.assert_close(torch.ops.inhouse_cpu.silu_mul(gate_up), F.silu(gate) * up)

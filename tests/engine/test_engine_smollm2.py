@@ -108,26 +108,27 @@ def _bf16_path_id() -> str:
 
 
 @pytest.mark.parametrize(
-    "weights",
+    ("weights", "kv_cache_dtype"),
     [
-        pytest.param("bundled_model_fp32", id="fp32"),
-        pytest.param("bundled_model_fp16", id="fp16-weights"),
-        pytest.param("bundled_model_bf16", id=_bf16_path_id()),
-        pytest.param("bundled_model_q8", id="q8-kernels"),
-        pytest.param("bundled_model_q4", id="q4-kernels"),
+        pytest.param("bundled_model_fp32", "auto", id="fp32"),
+        pytest.param("bundled_model_fp16", "auto", id="fp16-weights"),
+        pytest.param("bundled_model_bf16", "auto", id=_bf16_path_id()),
+        pytest.param("bundled_model_q8", "auto", id="q8-kernels"),
+        pytest.param("bundled_model_q4", "auto", id="q4-kernels"),
+        pytest.param("bundled_model_q4", "int8", id="q4-kernels-int8-kv"),
     ],
 )
-def test_sixteen_requests_together_equal_each_alone(weights, chat_prompts, request):
+def test_sixteen_requests_together_equal_each_alone(weights, kv_cache_dtype, chat_prompts, request):
     loaded = request.getfixturevalue(weights)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     prompts = {f"r{i}": p for i, p in enumerate(chat_prompts)}
     assert len(prompts) == 16 and len({len(p) for p in prompts.values()}) > 8
-    engine = smol_engine(loaded, enable_prefix_caching=False)
+    engine = smol_engine(loaded, enable_prefix_caching=False, kv_cache_dtype=kv_cache_dtype)
     alone = {
         rid: generate(engine, {rid: p}, params)[rid].choices[0].token_ids
         for rid, p in prompts.items()
     }
-    engine = smol_engine(loaded, max_num_batched_tokens=64)
+    engine = smol_engine(loaded, max_num_batched_tokens=64, kv_cache_dtype=kv_cache_dtype)
     for rid, p in prompts.items():
         add(engine, rid, p, params)
     together = run_to_end(engine)
@@ -139,6 +140,7 @@ def test_sixteen_requests_together_equal_each_alone(weights, chat_prompts, reque
             max_num_batched_tokens=64,
             scheduling_policy=policy,
             long_prefill_token_threshold=24,
+            kv_cache_dtype=kv_cache_dtype,
         )
         for k, (rid, p) in enumerate(prompts.items()):
             add(engine, rid, p, params, priority=k % 3 - 1, cache_salt=f"tenant{k % 2}")

@@ -10,6 +10,7 @@ from inhouse.engine.speculative.config import SpeculativeConfig
 
 MAX_DEFAULT_MODEL_LEN = 8192
 QUANTIZATIONS = ("auto", "none", "fp16", "q8", "q4")
+KV_CACHE_DTYPES = ("auto", "int8")
 SCHEDULING_POLICIES = ("fcfs", "priority", "fair")
 # Prefill tokens one step gives under priority and fair when more than one sequence wants
 # tokens. A request arriving mid-step waits for that step, so the cap bounds a step's
@@ -45,6 +46,8 @@ class EngineConfig:
     while more than one sequence wants tokens (None: the default; 0: no cap).
     ``background_decode_rows`` caps, under priority and fair, a step's decodes of worse
     priority while better-priority work is active (None: the default; 0: no cap).
+    ``kv_cache_dtype`` is "auto" (the path's own: float16 under q8/q4, else the activations')
+    or "int8" (a scale per token and KV head, on the q8/q4 kernels' path).
     """
 
     model: str | Path | None = None
@@ -63,6 +66,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     long_prefill_token_threshold: int | None = None
     background_decode_rows: int | None = None
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -80,6 +84,10 @@ class EngineConfig:
         if self.quantization not in QUANTIZATIONS:
             raise EngineConfigError(
                 f"unknown quantization {self.quantization!r}; use {', '.join(QUANTIZATIONS)}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise EngineConfigError(
+                f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; use {', '.join(KV_CACHE_DTYPES)}"
             )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise EngineConfigError(f"max_model_len must be at least 2, got {self.max_model_len}")

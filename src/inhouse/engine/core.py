@@ -17,7 +17,7 @@ from inhouse.engine.errors import EngineInputError
 from inhouse.engine.info import EngineInfo
 from inhouse.engine.kv_budget import plan_kv_budget
 from inhouse.engine.kv_cache import KVCacheManager
-from inhouse.engine.models.loader import LoadedModel, load_model
+from inhouse.engine.models.loader import LoadedModel, load_model, with_kv_cache_dtype
 from inhouse.engine.outputs import CoreOutput, Finish, SequenceOutput
 from inhouse.engine.request import EngineRequest
 from inhouse.engine.runner import ModelRunner
@@ -37,9 +37,10 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        self.loaded = loaded or load_model(
+        loaded = loaded or load_model(
             config.model, config.dtype, config.device, quantization=config.quantization
         )
+        self.loaded = with_kv_cache_dtype(loaded, config.kv_cache_dtype)
         self.budget = plan_kv_budget(config, self.loaded)
         self.info = EngineInfo.describe(self.loaded, self.budget, config.speculative)
         self.runner = ModelRunner(self.loaded, self.budget.num_blocks, config.block_size)

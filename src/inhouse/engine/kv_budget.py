@@ -20,7 +20,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The planner's name for each cache dtype the engine allocates.
-PLAN_KV_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+PLAN_KV_DTYPES = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.int8: "int8",
+}
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,9 +48,14 @@ class KVBudget:
         return self.num_blocks / -(-self.max_model_len // self.block_size)
 
 
-def kv_bytes_per_token(config_dict: dict, dtype: torch.dtype) -> int:
-    """K and V of every layer for one token in ``dtype``, as ``inhouse.plan`` counts them."""
-    return plan_kv_bytes_per_token(spec_from_hf_config(config_dict), PLAN_KV_DTYPES[dtype])
+def kv_bytes_per_token(loaded: LoadedModel) -> int:
+    """K and V of every layer for one token in the model's KV dtype, as ``inhouse.plan``
+    counts them, and an int8 row's scale beside its codes."""
+    spec = spec_from_hf_config(loaded.config_dict)
+    planned = plan_kv_bytes_per_token(spec, PLAN_KV_DTYPES[loaded.kv_dtype])
+    if loaded.kv_dtype != torch.int8:
+        return planned
+    return planned * loaded.kv_row_width // spec.head_dim
 
 
 def plan_kv_budget(config: EngineConfig, loaded: LoadedModel) -> KVBudget:
@@ -57,7 +67,7 @@ def plan_kv_budget(config: EngineConfig, loaded: LoadedModel) -> KVBudget:
             f"max_position_embeddings {model_max}"
         )
     max_model_len = config.max_model_len or min(model_max, MAX_DEFAULT_MODEL_LEN)
-    per_token = kv_bytes_per_token(loaded.config_dict, loaded.kv_dtype)
+    per_token = kv_bytes_per_token(loaded)
     block_size = config.block_size
     one_sequence = -(-max_model_len // block_size) * block_size * per_token
     if config.kv_cache_memory is not None:

@@ -19,9 +19,9 @@ from inhouse.engine.threads import step_threads
 class ModelRunner:
     """Runs the model over a batch of sequences, each catching up some of its tokens.
 
-    The KV cache is one tensor ``[layers, 2 (K/V), num_blocks * block_size, kv_heads, head_dim]``
-    in the model's dtype, allocated once. Block ``b`` owns slots ``b*block_size ..
-    (b+1)*block_size - 1``.
+    The KV cache is one tensor ``[layers, 2 (K/V), num_blocks * block_size, kv_heads, row]``
+    in the model's KV dtype, allocated once (row: the head dim; an int8 row's scale after
+    it). Block ``b`` owns slots ``b*block_size .. (b+1)*block_size - 1``.
     """
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int) -> None:
@@ -41,10 +41,11 @@ class ModelRunner:
         # q8/q4 steps run on the kernels' pool alone: OpenMP's threads, still spinning after
         # an attention call, would take the cores from the pool's next linear
         self.kernel_pool = loaded.quantization in ("q8", "q4")
-        shape = (args.num_layers, 2, num_blocks * block_size, args.num_kv_heads, args.head_dim)
+        row = loaded.kv_row_width
+        shape = (args.num_layers, 2, num_blocks * block_size, args.num_kv_heads, row)
         self.kv_cache = _zeroed(shape, loaded.kv_dtype, loaded.device)
         self.kv_bytes_per_token = (
-            2 * args.num_layers * args.num_kv_heads * args.head_dim * self.kv_cache.element_size()
+            2 * args.num_layers * args.num_kv_heads * row * self.kv_cache.element_size()
         )
         self.kv_bytes_per_block = self.kv_bytes_per_token * block_size
 

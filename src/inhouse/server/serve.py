@@ -52,6 +52,14 @@ def serve_command(
         ),
     ] = "auto",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    kv_cache_dtype: Annotated[
+        str,
+        typer.Option(
+            help="KV cache dtype: auto (float16 under q8/q4, else the activations') or int8 "
+            "(a scale per token and KV head; q8/q4 weights on a CPU): half the bytes a long "
+            "context's attention reads.",
+        ),
+    ] = "auto",
     enable_prefix_caching: Annotated[
         bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")
     ] = True,
@@ -148,6 +156,7 @@ def serve_command(
             scheduling_policy=scheduling_policy,
             long_prefill_token_threshold=long_prefill_token_threshold,
             background_decode_rows=background_decode_rows,
+            kv_cache_dtype=kv_cache_dtype,
             speculative=SpeculativeConfig.parse(speculative_config) if speculative_config else None,
         )
     except ValueError as err:  # a bad flag (EngineConfigError too): one line, exit 2

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -488,9 +489,45 @@ torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& q, const to
   return linear_impl<true>(x, q, d, &mins, bias);
 }
 
-// KV cache rows are float32, float16 or bfloat16 (LoadedModel.kv_dtype);
-// the arithmetic is float32 either way.
+// KV cache rows are float32, float16, bfloat16 or int8 (LoadedModel.kv_dtype); the
+// arithmetic is float32 either way. An int8 row (one token's K or V of one KV head) is its
+// dim codes q in [-127, 127], then its float scale d (4 bytes, unaligned): x = d * q, as
+// vLLM's int8_per_token_head. Attention multiplies a key's score by its d, and a value's
+// weight by its d, after summing the codes' products, so each row's bits stay its own.
+constexpr int64_t kQ8Scale = sizeof(float);
+
+template <typename T>
+constexpr bool kQ8Cache = std::is_same_v<T, int8_t>;
+
+// Elements of T one KV head's cache row takes.
+template <typename T>
+constexpr int64_t row_width(int64_t dim) {
+  return kQ8Cache<T> ? dim + kQ8Scale : dim;
+}
+
+// An int8 row's scale, after its codes.
+inline float row_scale(const int8_t* row, int64_t dim) {
+  float d;
+  std::memcpy(&d, row + dim, sizeof d);
+  return d;
+}
+
+// x (dim floats) as an int8 row: d = max|x| / 127, q = round(x / d) (0 for an all-zero x).
+inline void store_q8_row(const float* x, int64_t dim, int8_t* out) {
+  float top = 0.f;
+  for (int64_t f = 0; f < dim; ++f) top = std::max(top, std::fabs(x[f]));
+  const float d = top / 127.f;
+  for (int64_t f = 0; f < dim; ++f) {
+    const float code = d > 0.f ? std::nearbyint(x[f] / d) : 0.f;
+    out[f] = static_cast<int8_t>(std::clamp(code, -127.f, 127.f));
+  }
+  std::memcpy(out + dim, &d, sizeof d);
+}
+
 #ifdef INHOUSE_AVX2
+inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -508,6 +545,9 @@ inline __m512 load16(const c10::BFloat16* p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
+inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 
 // Eight values at a in lanes 0-7 and eight at b in lanes 8-15.
 inline __m512 load8x2(const float* a, const float* b) {
@@ -523,6 +563,11 @@ inline __m256i halves(const T* a, const T* b) {
 inline __m512 load8x2(const c10::Half* a, const c10::Half* b) { return _mm512_cvtph_ps(halves(a, b)); }
 inline __m512 load8x2(const c10::BFloat16* a, const c10::BFloat16* b) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves(a, b)), 16));
+}
+inline __m512 load8x2(const int8_t* a, const int8_t* b) {
+  const __m128i both = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                                          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(both));
 }
 #endif
 #endif
@@ -664,7 +709,7 @@ constexpr int64_t kRowsAhead = 16;
 template <typename T, int Q>
 void score_block(const float* const* q, const T* const* keys, const T* const* values, int64_t n,
                  int64_t dim, float scale, float* const* scores) {
-  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
+  const int64_t row_bytes = row_width<T>(dim) * static_cast<int64_t>(sizeof(T));
   for (int64_t j = 0; j < std::min(n, kRowsAhead); ++j) {
     prefetch(keys[j], row_bytes);
     prefetch(values[j], row_bytes);
@@ -822,18 +867,33 @@ inline void finish_row(const Running& state, float* acc, int64_t dim) {
   for (int64_t f = 0; f < dim; ++f) acc[f] *= inv;
 }
 
+// scores[i][t] *= row_scales[t] for Q queries and n keys: an int8 cache's key scales on the
+// scores, or its value scales on the weights (nothing for a float cache).
+template <typename T, int Q>
+inline void scale_rows(float* const* scores, const float* row_scales, int64_t n) {
+  if constexpr (kQ8Cache<T>) {
+    for (int i = 0; i < Q; ++i) {
+      for (int64_t t = 0; t < n; ++t) scores[i][t] *= row_scales[t];
+    }
+  }
+}
+
 // Q queries over their share of n keys of one segment (query i: keys from[i] .. from[i] +
 // count[i] - 1): scores, e^(s - top) and the weighted sums of the values into o[i] (dim
-// each); tops and totals per query. Without AVX2 (or with dim not a multiple of 16) the same
-// sums one at a time, in their own order.
+// each); tops and totals per query. An int8 cache's row scales (k_scales, v_scales; unused
+// otherwise) go on the scores and on the weights after e^, the totals taken before. Without
+// AVX2 (or with dim not a multiple of 16) the same sums one at a time, in their own order.
 template <typename T, int Q>
 void attend(const float* const* q, const T* const* keys, const T* const* values, int64_t n,
-            int64_t dim, float scale, float* const* scores, float* const* o,
-            const int64_t* from, const int64_t* count, float* tops, float* totals) {
+            int64_t dim, float scale, const float* k_scales, const float* v_scales,
+            float* const* scores, float* const* o, const int64_t* from, const int64_t* count,
+            float* tops, float* totals) {
 #ifdef INHOUSE_AVX2
   if (dim % 16 == 0) {
     score_block<T, Q>(q, keys, values, n, dim, scale, scores);
+    scale_rows<T, Q>(scores, k_scales, n);
     for (int i = 0; i < Q; ++i) std::tie(tops[i], totals[i]) = exp_segment(scores[i], n, from[i], count[i]);
+    scale_rows<T, Q>(scores, v_scales, n);
     weigh_values<T, Q>(values, scores, n, dim, o);
     return;
   }
@@ -844,7 +904,11 @@ void attend(const float* const* q, const T* const* keys, const T* const* values,
       for (int64_t f = 0; f < dim; ++f) s = std::fma(q[i][f], static_cast<float>(keys[t][f]), s);
       scores[i][t] = s * scale;
     }
-    std::tie(tops[i], totals[i]) = exp_segment(scores[i], n, from[i], count[i]);
+  }
+  scale_rows<T, Q>(scores, k_scales, n);
+  for (int i = 0; i < Q; ++i) std::tie(tops[i], totals[i]) = exp_segment(scores[i], n, from[i], count[i]);
+  scale_rows<T, Q>(scores, v_scales, n);
+  for (int i = 0; i < Q; ++i) {
     for (int64_t f = 0; f < dim; ++f) {
       float total = 0.f;
       for (int64_t t = 0; t < n; ++t) total = std::fma(scores[i][t], static_cast<float>(values[t][f]), total);
@@ -856,13 +920,15 @@ void attend(const float* const* q, const T* const* keys, const T* const* values,
 // attend for a block of 1 .. kQueriesAtOnce queries.
 template <typename T>
 void attend_any(int queries, const float* const* q, const T* const* keys, const T* const* values,
-                int64_t n, int64_t dim, float scale, float* const* scores, float* const* o,
-                const int64_t* from, const int64_t* count, float* tops, float* totals) {
+                int64_t n, int64_t dim, float scale, const float* k_scales, const float* v_scales,
+                float* const* scores, float* const* o, const int64_t* from, const int64_t* count,
+                float* tops, float* totals) {
   switch (queries) {
 #define INHOUSE_ATTEND(Q)                                                                   \
   case Q:                                                                                   \
     if constexpr (Q <= kQueriesAtOnce) {                                                    \
-      return attend<T, Q>(q, keys, values, n, dim, scale, scores, o, from, count, tops, totals); \
+      return attend<T, Q>(q, keys, values, n, dim, scale, k_scales, v_scales, scores, o, from, \
+                          count, tops, totals);                                             \
     }                                                                                       \
     break;
     INHOUSE_ATTEND(1)
@@ -901,7 +967,7 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   const T* vp = v_cache.data_ptr<T>();
   const int64_t* tp = tables.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
-  const int64_t slot_values = kv_heads * dim, partial_floats = dim + 2;
+  const int64_t row = row_width<T>(dim), slot_values = kv_heads * row, partial_floats = dim + 2;
   const auto seq_of = [&](int64_t i) { return seq == nullptr ? i : seq[i]; };
   const auto first_key = [&](int64_t i) {
     return window > 0 ? std::max<int64_t>(0, lp[i] - window) : int64_t{0};
@@ -954,6 +1020,7 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   const auto body = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(kQueriesAtOnce * kSegment), sums(kQueriesAtOnce * dim);
     std::vector<const T*> keys, values;
+    std::vector<float> k_scales, v_scales;  // an int8 cache's, per key
     for (int64_t index = begin; index < end; ++index) {
       const AttentionItem& item = items[index];
       const int64_t r0 = tile_starts[item.tile], r1 = tile_starts[item.tile + 1];
@@ -971,8 +1038,16 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
       values.resize(hi - lo);
       for (int64_t t = lo; t < hi; ++t) {
         const int64_t at = (table[t / block_size] * block_size + t % block_size) * slot_values;
-        keys[t - lo] = kp + at + item.kv_head * dim;
-        values[t - lo] = vp + at + item.kv_head * dim;
+        keys[t - lo] = kp + at + item.kv_head * row;
+        values[t - lo] = vp + at + item.kv_head * row;
+      }
+      if constexpr (kQ8Cache<T>) {
+        k_scales.resize(hi - lo);
+        v_scales.resize(hi - lo);
+        for (int64_t t = 0; t < hi - lo; ++t) {
+          k_scales[t] = row_scale(keys[t], dim);
+          v_scales[t] = row_scale(values[t], dim);
+        }
       }
       // The tile's query heads of this KV head, row by row, kQueriesAtOnce at a time, each
       // block over the keys of a segment any of its queries needs.
@@ -1019,7 +1094,9 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
             rows_scores[i] = scores.data() + i * span;
           }
           attend_any<T>(in_block, qs, keys.data() + block_lo - lo, values.data() + block_lo - lo,
-                        span, dim, scale, rows_scores, block_sums, from, count, tops, totals);
+                        span, dim, scale, k_scales.data() + (kQ8Cache<T> ? block_lo - lo : 0),
+                        v_scales.data() + (kQ8Cache<T> ? block_lo - lo : 0), rows_scores,
+                        block_sums, from, count, tops, totals);
           for (int i = 0; i < in_block; ++i) {
             if (item.segment >= 0) {
               block_sums[i][dim] = tops[i];
@@ -1062,7 +1139,8 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
 }
 
 // Attention of query rows straight from the paged cache, for decodes and prefills alike.
-// q [R, H, D] float32; caches [slots, KVH, D] float32, float16 or bfloat16; block_tables
+// q [R, H, D] float32; caches [slots, KVH, D] float32, float16 or bfloat16, or [slots, KVH,
+// D + 4] int8 (codes and scale, see kQ8Scale); block_tables
 // int64 [S, W]; row_seq int64 [R], the sequence (row of block_tables) of each query row,
 // or None when row i is sequence i (a step of decodes); context_lens int64 [R], the keys
 // each row attends to, itself included: its positions max(0, len - window) .. len - 1
@@ -1079,9 +1157,13 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
   const auto cache_type = k_cache.scalar_type();
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && v_cache.scalar_type() == cache_type &&
                   (cache_type == torch::kFloat32 || cache_type == torch::kHalf ||
-                   cache_type == torch::kBFloat16),
-              "float32 queries; a float32, float16 or bfloat16 cache");
+                   cache_type == torch::kBFloat16 || cache_type == torch::kChar),
+              "float32 queries; a float32, float16, bfloat16 or int8 cache");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && q.is_contiguous());
+  const int64_t dim = q.size(2);
+  TORCH_CHECK(k_cache.size(2) == (cache_type == torch::kChar ? dim + kQ8Scale : dim) &&
+                  v_cache.sizes() == k_cache.sizes(),
+              "cache rows of the queries' head dim (int8: and a scale)");
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
   torch::Tensor seqs = row_seq.has_value() ? row_seq->contiguous() : torch::Tensor();
@@ -1098,7 +1180,10 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
   }
   auto out = torch::empty({rows, q.size(1) * q.size(2)}, q.options());
   const float scale_f = static_cast<float>(scale);
-  if (cache_type == torch::kHalf) {
+  if (cache_type == torch::kChar) {
+    attention_rows_impl<int8_t>(q, k_cache, v_cache, tables, sp, lp, block_size, scale_f, window,
+                                torch_threads, out);
+  } else if (cache_type == torch::kHalf) {
     attention_rows_impl<c10::Half>(q, k_cache, v_cache, tables, sp, lp, block_size, scale_f,
                                    window, torch_threads, out);
   } else if (cache_type == torch::kBFloat16) {
@@ -1125,28 +1210,37 @@ template <typename T>
 void rope_write_kv_impl(const float* src, const float* cp, const float* sp, const int64_t* slot,
                         int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim, float* qp,
                         T* kp, T* vp) {
-  const int64_t width = heads + 2 * kv_heads;
+  const int64_t width = heads + 2 * kv_heads, row = row_width<T>(dim);
   inhouse::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> rotated(kQ8Cache<T> ? dim : 0);
     for (int64_t t = begin; t < end; ++t) {
       const float* c = cp + t * dim;
       const float* s = sp + t * dim;
-      const float* row = src + t * width * dim;
+      const float* x = src + t * width * dim;
       for (int64_t h = 0; h < heads; ++h) {
-        rotate_half(row + h * dim, c, s, dim, qp + (t * heads + h) * dim);
+        rotate_half(x + h * dim, c, s, dim, qp + (t * heads + h) * dim);
       }
-      T* k = kp + slot[t] * kv_heads * dim;
-      for (int64_t h = 0; h < kv_heads; ++h) rotate_half(row + (heads + h) * dim, c, s, dim, k + h * dim);
-      const float* v = row + (heads + kv_heads) * dim;
-      T* v_out = vp + slot[t] * kv_heads * dim;
-      for (int64_t i = 0; i < kv_heads * dim; ++i) v_out[i] = static_cast<T>(v[i]);
+      T* k = kp + slot[t] * kv_heads * row;
+      T* v_out = vp + slot[t] * kv_heads * row;
+      const float* v = x + (heads + kv_heads) * dim;
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        if constexpr (kQ8Cache<T>) {
+          rotate_half(x + (heads + h) * dim, c, s, dim, rotated.data());
+          store_q8_row(rotated.data(), dim, k + h * row);
+          store_q8_row(v + h * dim, dim, v_out + h * row);
+        } else {
+          rotate_half(x + (heads + h) * dim, c, s, dim, k + h * dim);
+          for (int64_t i = 0; i < dim; ++i) v_out[h * dim + i] = static_cast<T>(v[h * dim + i]);
+        }
+      }
     }
   });
 }
 
 // Rotary embedding (HF's rotate-half) of q and k, and K/V stored at their cache slots, in
 // one pass. qkv [T, H + 2 KVH, D] as the fused projection gives it; cos/sin [T, D];
-// caches [slots, KVH, D], float32 or float16 (rounded to nearest, as torch's cast).
-// Returns the rotated queries [T, H, D].
+// caches [slots, KVH, D], float32 or float16 (rounded to nearest, as torch's cast), or
+// [slots, KVH, D + 4] int8 rows (store_q8_row). Returns the rotated queries [T, H, D].
 torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& cos,
                             const torch::Tensor& sin, torch::Tensor k_cache, torch::Tensor v_cache,
                             const torch::Tensor& slots, int64_t heads) {
@@ -1154,14 +1248,22 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& cos,
               k_cache.is_contiguous() && v_cache.is_contiguous());
   const auto cache_type = k_cache.scalar_type();
   TORCH_CHECK(v_cache.scalar_type() == cache_type &&
-                  (cache_type == torch::kFloat32 || cache_type == torch::kHalf),
-              "a float32 or float16 cache");
+                  (cache_type == torch::kFloat32 || cache_type == torch::kHalf ||
+                   cache_type == torch::kChar),
+              "a float32, float16 or int8 cache");
   const int64_t tokens = qkv.size(0), dim = qkv.size(2), kv_heads = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(2) == (cache_type == torch::kChar ? dim + kQ8Scale : dim) &&
+                  v_cache.sizes() == k_cache.sizes(),
+              "cache rows of the head dim (int8: and a scale)");
   auto q = torch::empty({tokens, heads, dim}, qkv.options());
   auto slot_list = slots.contiguous();
   const float* src = qkv.data_ptr<float>();
   const int64_t* slot = slot_list.data_ptr<int64_t>();
-  if (cache_type == torch::kHalf) {
+  if (cache_type == torch::kChar) {
+    rope_write_kv_impl(src, cos.data_ptr<float>(), sin.data_ptr<float>(), slot, tokens, heads,
+                       kv_heads, dim, q.data_ptr<float>(), k_cache.data_ptr<int8_t>(),
+                       v_cache.data_ptr<int8_t>());
+  } else if (cache_type == torch::kHalf) {
     rope_write_kv_impl(src, cos.data_ptr<float>(), sin.data_ptr<float>(), slot, tokens, heads,
                        kv_heads, dim, q.data_ptr<float>(), k_cache.data_ptr<c10::Half>(),
                        v_cache.data_ptr<c10::Half>());
@@ -1343,7 +1445,8 @@ torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::T
   TORCH_CHECK(!stop.has_value() || (stop->scalar_type() == torch::kInt32 && stop->numel() == 1),
               "stop is one int32");
   const volatile int32_t* stop_flag = stop.has_value() ? stop->data_ptr<int32_t>() : nullptr;
-  const int64_t kv_heads = kv_caches.size(3), dim = kv_caches.size(4);
+  const int64_t kv_heads = kv_caches.size(3);
+  const int64_t dim = kv_caches.size(4) - (kv_caches.scalar_type() == torch::kChar ? kQ8Scale : 0);
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * static_cast<int64_t>(kLayerWeights) &&
                   static_cast<int64_t>(windows.size()) == layers,
               "one set of weights and one window per layer");

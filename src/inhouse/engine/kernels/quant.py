@@ -106,6 +106,22 @@ def dequantize_rows(weight: QuantizedWeight, rows: torch.Tensor) -> torch.Tensor
     return scaled.reshape(len(rows), weight.in_features)
 
 
+def kv_rows_int8(x: torch.Tensor) -> torch.Tensor:
+    """Rows ``[..., D]`` as the int8 KV cache holds them ``[..., D + 4]``: codes round(x / d),
+    d = max|x| / 127 (codes 0 for an all-zero row), then d's four bytes (the kernels'
+    store_q8_row, for reference runs and benchmarks)."""
+    d = x.float().abs().amax(-1, keepdim=True) / 127
+    codes = torch.where(d > 0, x / d, 0).round().clamp(-127, 127).to(torch.int8)
+    return torch.cat([codes, d.contiguous().view(torch.int8)], -1).contiguous()
+
+
+def kv_row_values(rows: torch.Tensor) -> torch.Tensor:
+    """The float values KV cache rows hold: an int8 row's codes times its scale."""
+    if rows.dtype != torch.int8:
+        return rows.float()
+    return rows[..., :-4].float() * rows[..., -4:].contiguous().view(torch.float32)
+
+
 def linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` by the C++ kernel for the weight's format (float32 ``x``)."""
     ops = torch.ops.inhouse_cpu

@@ -11,7 +11,7 @@ import json
 import math
 import mmap
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -50,13 +50,42 @@ class LoadedModel:
     quantization: str = "none"  # weight format: none, fp16, q8 or q4 (see precision.py)
     path_reason: str = ""  # why this dtype and weight format were chosen on this machine
     attention_kernel: bool = False  # every query row attended by the C++ kernel, in place
+    kv_cache_dtype: str = "auto"  # or "int8": see with_kv_cache_dtype
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        """The KV cache's dtype: float16 under the quantized kernels (as llama.cpp's default
-        cache: half the bytes a decode step's attention reads and a token keeps resident),
-        else the activations' dtype, so the exact float32 path stays exact."""
+        """The KV cache's dtype: int8 when asked for; else float16 under the quantized kernels
+        (as llama.cpp's default cache: half the bytes a decode step's attention reads and a
+        token keeps resident), else the activations' dtype, so the exact float32 path stays
+        exact."""
+        if self.kv_cache_dtype == "int8":
+            return torch.int8
         return torch.float16 if self.quantization in ("q8", "q4") else self.dtype
+
+    @property
+    def kv_row_width(self) -> int:
+        """Cache elements one token's K (or V) of one KV head takes: the head dim, and an
+        int8 row's float scale (4 bytes) after its codes."""
+        return self.model.args.head_dim + (4 if self.kv_dtype == torch.int8 else 0)
+
+
+def with_kv_cache_dtype(loaded: LoadedModel, kv_cache_dtype: str) -> LoadedModel:
+    """The same model with its KV cache in ``kv_cache_dtype`` ("auto" or "int8": a scale per
+    token and KV head, as vLLM's int8_per_token_head). int8 rows are written and read by the
+    C++ kernels alone, so it needs their q8/q4 path with every layer's attention fused."""
+    if kv_cache_dtype == loaded.kv_cache_dtype:
+        return loaded
+    if kv_cache_dtype == "int8":
+        need = "an int8 KV cache needs the C++ CPU kernels' q8/q4 weights"
+        if loaded.quantization not in ("q8", "q4"):
+            raise ModelSourceError(
+                f"{need}; this model runs {loaded.quantization} weights on {loaded.device.type}"
+            )
+        if not all(layer.self_attn.fused for layer in loaded.model.layers):
+            raise ModelSourceError(
+                f"{need}, and this model's per-head q/k norms keep its attention off them"
+            )
+    return replace(loaded, kv_cache_dtype=kv_cache_dtype)
 
 
 def _folder_fingerprint(folder: Path) -> str:
