@@ -867,33 +867,35 @@ inline void finish_row(const Running& state, float* acc, int64_t dim) {
   for (int64_t f = 0; f < dim; ++f) acc[f] *= inv;
 }
 
-// scores[i][t] *= row_scales[t] for Q queries and n keys: an int8 cache's key scales on the
-// scores, or its value scales on the weights (nothing for a float cache).
+// scores[i][t] *= the scale of rows[t] for Q queries and n keys: an int8 cache's key scales
+// on the scores, or its value scales on the weights (nothing for a float cache). Read here,
+// after score_block has fetched the rows: gathered before, each scale was a load from memory
+// that nothing had asked for yet (a quarter of a long decode row's attention time).
 template <typename T, int Q>
-inline void scale_rows(float* const* scores, const float* row_scales, int64_t n) {
+inline void scale_rows(float* const* scores, const T* const* rows, int64_t n, int64_t dim) {
   if constexpr (kQ8Cache<T>) {
-    for (int i = 0; i < Q; ++i) {
-      for (int64_t t = 0; t < n; ++t) scores[i][t] *= row_scales[t];
+    for (int64_t t = 0; t < n; ++t) {
+      const float d = row_scale(rows[t], dim);
+      for (int i = 0; i < Q; ++i) scores[i][t] *= d;
     }
   }
 }
 
 // Q queries over their share of n keys of one segment (query i: keys from[i] .. from[i] +
 // count[i] - 1): scores, e^(s - top) and the weighted sums of the values into o[i] (dim
-// each); tops and totals per query. An int8 cache's row scales (k_scales, v_scales; unused
-// otherwise) go on the scores and on the weights after e^, the totals taken before. Without
+// each); tops and totals per query. An int8 cache's row scales go on the scores and on the
+// weights after e^, the totals taken before. Without
 // AVX2 (or with dim not a multiple of 16) the same sums one at a time, in their own order.
 template <typename T, int Q>
 void attend(const float* const* q, const T* const* keys, const T* const* values, int64_t n,
-            int64_t dim, float scale, const float* k_scales, const float* v_scales,
-            float* const* scores, float* const* o, const int64_t* from, const int64_t* count,
-            float* tops, float* totals) {
+            int64_t dim, float scale, float* const* scores, float* const* o,
+            const int64_t* from, const int64_t* count, float* tops, float* totals) {
 #ifdef INHOUSE_AVX2
   if (dim % 16 == 0) {
     score_block<T, Q>(q, keys, values, n, dim, scale, scores);
-    scale_rows<T, Q>(scores, k_scales, n);
+    scale_rows<T, Q>(scores, keys, n, dim);
     for (int i = 0; i < Q; ++i) std::tie(tops[i], totals[i]) = exp_segment(scores[i], n, from[i], count[i]);
-    scale_rows<T, Q>(scores, v_scales, n);
+    scale_rows<T, Q>(scores, values, n, dim);
     weigh_values<T, Q>(values, scores, n, dim, o);
     return;
   }
@@ -905,9 +907,9 @@ void attend(const float* const* q, const T* const* keys, const T* const* values,
       scores[i][t] = s * scale;
     }
   }
-  scale_rows<T, Q>(scores, k_scales, n);
+  scale_rows<T, Q>(scores, keys, n, dim);
   for (int i = 0; i < Q; ++i) std::tie(tops[i], totals[i]) = exp_segment(scores[i], n, from[i], count[i]);
-  scale_rows<T, Q>(scores, v_scales, n);
+  scale_rows<T, Q>(scores, values, n, dim);
   for (int i = 0; i < Q; ++i) {
     for (int64_t f = 0; f < dim; ++f) {
       float total = 0.f;
@@ -920,15 +922,13 @@ void attend(const float* const* q, const T* const* keys, const T* const* values,
 // attend for a block of 1 .. kQueriesAtOnce queries.
 template <typename T>
 void attend_any(int queries, const float* const* q, const T* const* keys, const T* const* values,
-                int64_t n, int64_t dim, float scale, const float* k_scales, const float* v_scales,
-                float* const* scores, float* const* o, const int64_t* from, const int64_t* count,
-                float* tops, float* totals) {
+                int64_t n, int64_t dim, float scale, float* const* scores, float* const* o,
+                const int64_t* from, const int64_t* count, float* tops, float* totals) {
   switch (queries) {
 #define INHOUSE_ATTEND(Q)                                                                   \
   case Q:                                                                                   \
     if constexpr (Q <= kQueriesAtOnce) {                                                    \
-      return attend<T, Q>(q, keys, values, n, dim, scale, k_scales, v_scales, scores, o, from, \
-                          count, tops, totals);                                             \
+      return attend<T, Q>(q, keys, values, n, dim, scale, scores, o, from, count, tops, totals); \
     }                                                                                       \
     break;
     INHOUSE_ATTEND(1)
@@ -1020,7 +1020,6 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   const auto body = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(kQueriesAtOnce * kSegment), sums(kQueriesAtOnce * dim);
     std::vector<const T*> keys, values;
-    std::vector<float> k_scales, v_scales;  // an int8 cache's, per key
     for (int64_t index = begin; index < end; ++index) {
       const AttentionItem& item = items[index];
       const int64_t r0 = tile_starts[item.tile], r1 = tile_starts[item.tile + 1];
@@ -1041,14 +1040,7 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
         keys[t - lo] = kp + at + item.kv_head * row;
         values[t - lo] = vp + at + item.kv_head * row;
       }
-      if constexpr (kQ8Cache<T>) {
-        k_scales.resize(hi - lo);
-        v_scales.resize(hi - lo);
-        for (int64_t t = 0; t < hi - lo; ++t) {
-          k_scales[t] = row_scale(keys[t], dim);
-          v_scales[t] = row_scale(values[t], dim);
-        }
-      }
+
       // The tile's query heads of this KV head, row by row, kQueriesAtOnce at a time, each
       // block over the keys of a segment any of its queries needs.
       const int64_t queries = (r1 - r0) * group;
@@ -1094,9 +1086,7 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
             rows_scores[i] = scores.data() + i * span;
           }
           attend_any<T>(in_block, qs, keys.data() + block_lo - lo, values.data() + block_lo - lo,
-                        span, dim, scale, k_scales.data() + (kQ8Cache<T> ? block_lo - lo : 0),
-                        v_scales.data() + (kQ8Cache<T> ? block_lo - lo : 0), rows_scores,
-                        block_sums, from, count, tops, totals);
+                        span, dim, scale, rows_scores, block_sums, from, count, tops, totals);
           for (int i = 0; i < in_block; ++i) {
             if (item.segment >= 0) {
               block_sums[i][dim] = tops[i];
