@@ -884,8 +884,8 @@ inline void scale_rows(float* const* scores, const T* const* rows, int64_t n, in
 // Q queries over their share of n keys of one segment (query i: keys from[i] .. from[i] +
 // count[i] - 1): scores, e^(s - top) and the weighted sums of the values into o[i] (dim
 // each); tops and totals per query. An int8 cache's row scales go on the scores and on the
-// weights after e^, the totals taken before. Without
-// AVX2 (or with dim not a multiple of 16) the same sums one at a time, in their own order.
+// weights after e^, the totals taken before. Without AVX2 (or with dim not a multiple of
+// 16) the same sums one at a time, in their own order.
 template <typename T, int Q>
 void attend(const float* const* q, const T* const* keys, const T* const* values, int64_t n,
             int64_t dim, float scale, float* const* scores, float* const* o,
@@ -1040,7 +1040,6 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
         keys[t - lo] = kp + at + item.kv_head * row;
         values[t - lo] = vp + at + item.kv_head * row;
       }
-
       // The tile's query heads of this KV head, row by row, kQueriesAtOnce at a time, each
       // block over the keys of a segment any of its queries needs.
       const int64_t queries = (r1 - r0) * group;

@@ -106,6 +106,9 @@ def dequantize_rows(weight: QuantizedWeight, rows: torch.Tensor) -> torch.Tensor
     return scaled.reshape(len(rows), weight.in_features)
 
 
+KV_INT8_SCALE_BYTES = 4  # an int8 KV row's float scale, after its codes (kQ8Scale)
+
+
 def kv_rows_int8(x: torch.Tensor) -> torch.Tensor:
     """Rows ``[..., D]`` as the int8 KV cache holds them ``[..., D + 4]``: codes round(x / d),
     d = max|x| / 127 (codes 0 for an all-zero row), then d's four bytes (the kernels'
@@ -119,7 +122,8 @@ def kv_row_values(rows: torch.Tensor) -> torch.Tensor:
     """The float values KV cache rows hold: an int8 row's codes times its scale."""
     if rows.dtype != torch.int8:
         return rows.float()
-    return rows[..., :-4].float() * rows[..., -4:].contiguous().view(torch.float32)
+    codes, scale = rows.split([rows.shape[-1] - KV_INT8_SCALE_BYTES, KV_INT8_SCALE_BYTES], -1)
+    return codes.float() * scale.contiguous().view(torch.float32)
 
 
 def linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:

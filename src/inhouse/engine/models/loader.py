@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 import torch
 
 from inhouse.engine.kernels.build import load_kernels
+from inhouse.engine.kernels.quant import KV_INT8_SCALE_BYTES
 from inhouse.engine.models.gguf_convert import convert_gguf, main_block_type
 from inhouse.engine.models.llama import LlamaArgs, LlamaForCausalLM
 from inhouse.engine.models.precision import choose_precision
@@ -66,7 +67,8 @@ class LoadedModel:
     def kv_row_width(self) -> int:
         """Cache elements one token's K (or V) of one KV head takes: the head dim, and an
         int8 row's float scale (4 bytes) after its codes."""
-        return self.model.args.head_dim + (4 if self.kv_dtype == torch.int8 else 0)
+        scale = KV_INT8_SCALE_BYTES if self.kv_dtype == torch.int8 else 0
+        return self.model.args.head_dim + scale
 
 
 def with_kv_cache_dtype(loaded: LoadedModel, kv_cache_dtype: str) -> LoadedModel:
