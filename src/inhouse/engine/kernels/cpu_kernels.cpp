@@ -705,10 +705,12 @@ inline KeyLanes fma_lanes(KeyLanes a, KeyLanes b, KeyLanes c) {
 constexpr int64_t kRowsAhead = 16;
 
 // scores[i][t] = (q[i] . keys[t]) * scale for Q queries and n keys, dim a multiple of 16;
-// the keys' and values' rows are fetched kRowsAhead ahead (the values for weigh_values).
+// the keys' and values' rows are fetched kRowsAhead ahead (the values for weigh_values). An
+// int8 cache's scores are then times their key's scale, and value_scales[t] is values[t]'s
+// (read as the keys' are: after a fetch asked for kRowsAhead keys before).
 template <typename T, int Q>
 void score_block(const float* const* q, const T* const* keys, const T* const* values, int64_t n,
-                 int64_t dim, float scale, float* const* scores) {
+                 int64_t dim, float scale, float* const* scores, float* value_scales) {
   const int64_t row_bytes = row_width<T>(dim) * static_cast<int64_t>(sizeof(T));
   for (int64_t j = 0; j < std::min(n, kRowsAhead); ++j) {
     prefetch(keys[j], row_bytes);
@@ -740,13 +742,21 @@ void score_block(const float* const* q, const T* const* keys, const T* const* va
       }
     }
     const int64_t stored = std::min<int64_t>(kKeysAtOnce, n - t);
+    // An int8 cache's key scales, read now that the rows are fetched: the score times d.
+    float d[kKeysAtOnce];
+    if constexpr (kQ8Cache<T>) {
+      INHOUSE_UNROLL for (int j = 0; j < kKeysAtOnce; ++j) d[j] = row_scale(k[j], dim);
+      for (int64_t j = 0; j < stored; ++j) value_scales[t + j] = row_scale(values[t + j], dim);
+    }
     INHOUSE_UNROLL for (int i = 0; i < Q; ++i) {
       float* out = scores[i] + t;
 #ifdef INHOUSE_AVX512
-      const __m128 s = _mm_mul_ps(key_scores(even[i], odd[i]), _mm_set1_ps(scale));
+      __m128 s = _mm_mul_ps(key_scores(even[i], odd[i]), _mm_set1_ps(scale));
+      if constexpr (kQ8Cache<T>) s = _mm_mul_ps(s, _mm_loadu_ps(d));
       _mm_mask_storeu_ps(out, static_cast<__mmask8>((1u << stored) - 1), s);
 #else
-      const __m256 s = _mm256_mul_ps(key_scores(even[i], odd[i]), _mm256_set1_ps(scale));
+      __m256 s = _mm256_mul_ps(key_scores(even[i], odd[i]), _mm256_set1_ps(scale));
+      if constexpr (kQ8Cache<T>) s = _mm256_mul_ps(s, _mm256_setr_ps(d[0], 0, 0, 0, d[1], 0, 0, 0));
       out[0] = _mm256_cvtss_f32(s);
       if (stored > 1) out[1] = _mm_cvtss_f32(_mm256_extractf128_ps(s, 1));
 #endif
@@ -867,10 +877,9 @@ inline void finish_row(const Running& state, float* acc, int64_t dim) {
   for (int64_t f = 0; f < dim; ++f) acc[f] *= inv;
 }
 
-// scores[i][t] *= the scale of rows[t] for Q queries and n keys: an int8 cache's key scales
-// on the scores, or its value scales on the weights (nothing for a float cache). Read here,
-// after score_block has fetched the rows: gathered before, each scale was a load from memory
-// that nothing had asked for yet (a quarter of a long decode row's attention time).
+// scores[i][t] *= the scale of rows[t] for Q queries and n keys, the plain loop's way: an
+// int8 cache's key scales on the scores, or its value scales on the weights (nothing for a
+// float cache).
 template <typename T, int Q>
 inline void scale_rows(float* const* scores, const T* const* rows, int64_t n, int64_t dim) {
   if constexpr (kQ8Cache<T>) {
@@ -884,18 +893,22 @@ inline void scale_rows(float* const* scores, const T* const* rows, int64_t n, in
 // Q queries over their share of n keys of one segment (query i: keys from[i] .. from[i] +
 // count[i] - 1): scores, e^(s - top) and the weighted sums of the values into o[i] (dim
 // each); tops and totals per query. An int8 cache's row scales go on the scores and on the
-// weights after e^, the totals taken before. Without AVX2 (or with dim not a multiple of
-// 16) the same sums one at a time, in their own order.
+// weights after e^, the totals taken before (value_scales: n floats of scratch). Without
+// AVX2 (or with dim not a multiple of 16) the same sums one at a time, in their own order.
 template <typename T, int Q>
 void attend(const float* const* q, const T* const* keys, const T* const* values, int64_t n,
             int64_t dim, float scale, float* const* scores, float* const* o,
-            const int64_t* from, const int64_t* count, float* tops, float* totals) {
+            const int64_t* from, const int64_t* count, float* tops, float* totals,
+            float* value_scales) {
 #ifdef INHOUSE_AVX2
   if (dim % 16 == 0) {
-    score_block<T, Q>(q, keys, values, n, dim, scale, scores);
-    scale_rows<T, Q>(scores, keys, n, dim);
-    for (int i = 0; i < Q; ++i) std::tie(tops[i], totals[i]) = exp_segment(scores[i], n, from[i], count[i]);
-    scale_rows<T, Q>(scores, values, n, dim);
+    score_block<T, Q>(q, keys, values, n, dim, scale, scores, value_scales);
+    for (int i = 0; i < Q; ++i) {
+      std::tie(tops[i], totals[i]) = exp_segment(scores[i], n, from[i], count[i]);
+      if constexpr (kQ8Cache<T>) {
+        for (int64_t t = from[i]; t < from[i] + count[i]; ++t) scores[i][t] *= value_scales[t];
+      }
+    }
     weigh_values<T, Q>(values, scores, n, dim, o);
     return;
   }
@@ -923,12 +936,14 @@ void attend(const float* const* q, const T* const* keys, const T* const* values,
 template <typename T>
 void attend_any(int queries, const float* const* q, const T* const* keys, const T* const* values,
                 int64_t n, int64_t dim, float scale, float* const* scores, float* const* o,
-                const int64_t* from, const int64_t* count, float* tops, float* totals) {
+                const int64_t* from, const int64_t* count, float* tops, float* totals,
+                float* value_scales) {
   switch (queries) {
 #define INHOUSE_ATTEND(Q)                                                                   \
   case Q:                                                                                   \
     if constexpr (Q <= kQueriesAtOnce) {                                                    \
-      return attend<T, Q>(q, keys, values, n, dim, scale, scores, o, from, count, tops, totals); \
+      return attend<T, Q>(q, keys, values, n, dim, scale, scores, o, from, count, tops,     \
+                          totals, value_scales);                                            \
     }                                                                                       \
     break;
     INHOUSE_ATTEND(1)
@@ -1019,6 +1034,7 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   std::vector<float> partial(partials * partial_floats);
   const auto body = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(kQueriesAtOnce * kSegment), sums(kQueriesAtOnce * dim);
+    std::vector<float> value_scales(kSegment);
     std::vector<const T*> keys, values;
     for (int64_t index = begin; index < end; ++index) {
       const AttentionItem& item = items[index];
@@ -1035,10 +1051,15 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
       }
       keys.resize(hi - lo);
       values.resize(hi - lo);
-      for (int64_t t = lo; t < hi; ++t) {
-        const int64_t at = (table[t / block_size] * block_size + t % block_size) * slot_values;
-        keys[t - lo] = kp + at + item.kv_head * row;
-        values[t - lo] = vp + at + item.kv_head * row;
+      // Block by block: a division per key cost a tenth of a long decode row's attention.
+      const int64_t head_at = item.kv_head * row;
+      for (int64_t b = lo / block_size, t = lo; t < hi; ++b) {
+        const int64_t end = std::min(hi, (b + 1) * block_size);
+        const int64_t block_at = (table[b] * block_size - b * block_size) * slot_values + head_at;
+        for (; t < end; ++t) {
+          keys[t - lo] = kp + block_at + t * slot_values;
+          values[t - lo] = vp + block_at + t * slot_values;
+        }
       }
       // The tile's query heads of this KV head, row by row, kQueriesAtOnce at a time, each
       // block over the keys of a segment any of its queries needs.
@@ -1085,7 +1106,8 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
             rows_scores[i] = scores.data() + i * span;
           }
           attend_any<T>(in_block, qs, keys.data() + block_lo - lo, values.data() + block_lo - lo,
-                        span, dim, scale, rows_scores, block_sums, from, count, tops, totals);
+                        span, dim, scale, rows_scores, block_sums, from, count, tops, totals,
+                        value_scales.data());
           for (int i = 0; i < in_block; ++i) {
             if (item.segment >= 0) {
               block_sums[i][dim] = tops[i];
