@@ -318,9 +318,9 @@ def _sdpa_over_fp16_kv(module, query, key, value, *args, **kwargs):
 
 def hf_with_quantized_weights(folder, kind: str, kv_dtype: torch.dtype):
     """HF's model in float64 (a reference that does not move with the host's float kernels)
-    with every projection as our kernels hold it (LM head q8), its inputs rounded as the
-    kernels round them and, when our cache is float16, its keys and values rounded to
-    float16 before attention."""
+    with every weight as our kernels hold it (LM head q8, a tied embedding too), the inputs
+    of its linears rounded as the kernels round them and, when our cache is float16, its
+    keys and values rounded to float16 before attention."""
     from transformers import AttentionInterface, AutoModelForCausalLM
 
     attention = "sdpa"
@@ -330,8 +330,11 @@ def hf_with_quantized_weights(folder, kind: str, kv_dtype: torch.dtype):
     hf = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float64, attn_implementation=attention
     ).eval()
+    tied = hf.config.tie_word_embeddings  # an untied embedding stays float, as ours does
     with torch.no_grad():
         for name, param in hf.named_parameters():
+            if "embed_tokens" in name and not tied:
+                continue
             if param.dim() == 2 and quantizable(*param.shape):
                 head = "embed_tokens" in name or "lm_head" in name
                 param.copy_(dequantize(quantize(param, "q8" if head else kind)))
