@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from inhouse.engine.kernels.build import cpu_flags
 from inhouse.engine.kv_budget import kv_bytes_per_token
 from inhouse.engine.models.llama import Linear
 from inhouse.engine.models.loader import load_model, with_kv_cache_dtype
@@ -40,14 +41,8 @@ def probe(threads: int) -> dict[str, float]:
     return json.loads(out.stdout)
 
 
-def cpu_flags() -> str:
-    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
-    wanted = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
-    return " ".join(f for f in wanted if f in flags)
-
-
 def print_rates(rates: dict[int, dict[str, float]]) -> None:
-    print(f"CPU flags: {cpu_flags()}")
+    print(f"CPU flags: {' '.join(sorted(cpu_flags()))}")
     print("threads | fp32 FMA GFLOP/s | int8 madd GOP/s | read GB/s")
     for n, r in rates.items():
         fma, int8, read = r["fp32_fma_gflops"], r["int8_madd_gops"], r["read_gbs"]

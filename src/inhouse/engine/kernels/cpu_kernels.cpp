@@ -1034,7 +1034,7 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   std::vector<float> partial(partials * partial_floats);
   const auto body = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(kQueriesAtOnce * kSegment), sums(kQueriesAtOnce * dim);
-    std::vector<float> value_scales(kSegment);
+    std::vector<float> value_scales(kQ8Cache<T> ? kSegment : 0);  // an int8 cache's
     std::vector<const T*> keys, values;
     for (int64_t index = begin; index < end; ++index) {
       const AttentionItem& item = items[index];
