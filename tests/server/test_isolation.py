@@ -27,6 +27,8 @@ EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 BIG_EMBEDDING = {"model": EMBEDDING_MODEL, "input": ["hello world " * 200] * 2000}  # 4.8 MB
 ONE_INPUT_S = 1.0  # the bound for a one-input embedding beside a big request
 HEALTH_S = 1.0
+CHATS = 5  # json_schema chats timed idle and busy: a 12-token chat is ~0.1 s, so one
+# scheduler hiccup on a 2-core host moves it; medians of five, not three
 
 
 @pytest.fixture(scope="module")
@@ -118,20 +120,16 @@ def test_a_big_embeddings_request_running_or_abandoned_leaves_the_model_to_other
     client = _client(served)
     _timed(_one_embedding(client))
     _timed(_json_schema_chat(client, served, "warm"))
-    idle = statistics.median(
-        _timed(_json_schema_chat(client, served, f"idle_{i}")) for i in range(3)
-    )
+    idle = [_timed(_json_schema_chat(client, served, f"idle_{i}")) for i in range(CHATS)]
     big = RawRequest(served, "/v1/embeddings", BIG_EMBEDDING)
     try:
         time.sleep(3)  # parsed and running (the client left after 3 s)
         beside = [_timed(_one_embedding(client)) for _ in range(3)]
-        busy = statistics.median(
-            _timed(_json_schema_chat(client, served, f"busy_{i}")) for i in range(3)
-        )
+        busy = [_timed(_json_schema_chat(client, served, f"busy_{i}")) for i in range(CHATS)]
         assert not big.answered(), "the big request finished: nothing ran beside it"
         assert max(beside) < ONE_INPUT_S, beside
-        assert busy < 2 * idle, (
-            f"json_schema chat {busy:.2f} s beside the big request, {idle:.2f} s idle"
+        assert statistics.median(busy) < 2 * statistics.median(idle), (
+            f"json_schema chats {busy} s beside the big request, {idle} s idle"
         )
     finally:
         big.leave()
