@@ -11,7 +11,7 @@ tokens) and the mean accepted length (tokens a drafting step yields: 1 + accepte
 vLLM's "mean acceptance length").
 
     .venv/bin/python benchmarks/speculative.py [--concurrency 1,16] [--new-tokens 256]
-        [--speculative-config '{"method": "ngram", "num_speculative_tokens": 4, ...}']
+        [--speculative-config '{"method": "ngram", "num_speculative_tokens": 16, ...}']
         [--quantization auto|none|fp16|q8|q4]
 """
 
@@ -31,8 +31,8 @@ from inhouse.engine.sampling_params import SamplingParams
 from inhouse.engine.speculative.config import SpeculativeConfig
 
 DEFAULT_SPEC = (
-    '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, '
-    '"prompt_lookup_min": 1}'
+    '{"method": "ngram", "num_speculative_tokens": 16, "prompt_lookup_max": 16, '
+    '"prompt_lookup_min": 2}'
 )
 TEXT = """\
 Incident report, storage cluster east-2, written for the operations review.

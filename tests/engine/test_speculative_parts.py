@@ -3,6 +3,8 @@ and the scheduler's handling of a draft's blocks."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from test_scheduler import BS, make_scheduler, make_seq
 
@@ -12,6 +14,7 @@ from inhouse.engine.speculative.config import SpeculativeConfig
 from inhouse.engine.speculative.drafter import Verified
 from inhouse.engine.speculative.factory import make_drafter
 from inhouse.engine.speculative.gate import AcceptanceGate
+from inhouse.engine.speculative.length import DraftLength
 from inhouse.engine.speculative.ngram import NgramProposer
 
 
@@ -162,32 +165,44 @@ def test_the_drafter_stops_drafting_for_a_sequence_whose_drafts_fail_and_counts_
 
 def test_no_sequence_drafts_while_more_than_disable_by_batch_size_decode():
     config = SpeculativeConfig(
-        num_speculative_tokens=2, prompt_lookup_min=1, disable_by_batch_size=2
+        num_speculative_tokens=2, prompt_lookup_min=2, disable_by_batch_size=2
     )
     drafter = make_drafter(config, None, None, 0)
     seqs = [make_seq(2, request_id=f"r{i}") for i in range(3)]
     for seq in seqs:
-        seq.token_ids = [4, 5, 4]
+        seq.token_ids = [4, 5, 4, 5]
     assert drafter.propose([(s, 5) for s in seqs], step=0) == {}
     assert drafter.propose([(s, 5) for s in seqs[:2]], step=0) == {
-        s.seq_id: [5, 4] for s in seqs[:2]
+        s.seq_id: [4, 5] for s in seqs[:2]
     }
 
 
 def test_an_adaptive_draft_length_doubles_after_whole_drafts_and_shrinks_after_rejections():
-    config = SpeculativeConfig(
-        num_speculative_tokens=8, prompt_lookup_min=1, prompt_lookup_max=1, adaptive_length=True
-    )
-    drafter = make_drafter(config, None, None, 0)
-    seq, other = make_seq(2, request_id="a"), make_seq(2, request_id="b")
-    seq.token_ids = other.token_ids = [4, *range(10, 20), 4]
+    length = DraftLength(most=8)  # a draft model's drafts: prompt lookup's follow its match
     lengths = []
-    for step, accepted in enumerate([1, 2, 2, 4, 8, 3]):
-        draft = drafter.propose([(seq, 100)], step)[seq.seq_id]
-        lengths.append(len(draft))
-        drafter.record([Verified(seq, len(draft), min(accepted, len(draft)))], step)
+    for accepted in [1, 2, 2, 4, 8, 3]:
+        drafted = length.of(1)
+        lengths.append(drafted)
+        length.record(1, drafted, min(accepted, drafted))
     # starts at K; 1 of 8 accepted: 2; whole: 4; 2 of 4: 3; whole: 6; whole: 8 (K)
     assert lengths == [8, 2, 4, 3, 6, 8]
-    assert len(drafter.propose([(other, 100)], 6)[other.seq_id]) == 8  # its own length
-    drafter.keep_only([other])
-    assert drafter.length is not None and drafter.length.of(seq.seq_id) == 8
+    assert length.of(2) == 8  # another sequence: its own length
+    length.forget({2})
+    assert length.of(1) == 8
+
+
+def test_adaptive_prompt_lookup_drafts_as_many_tokens_as_its_match_is_long():
+    config = SpeculativeConfig(
+        num_speculative_tokens=8, prompt_lookup_min=1, prompt_lookup_max=8, adaptive_length=True
+    )
+    drafter = make_drafter(config, None, None, 0)
+    seq = make_seq(2)
+    passage = list(range(10, 30))
+    seq.token_ids = [*passage, 7, *passage[:3]]  # "10 11 12" recurs: a 3-gram
+    assert drafter.propose([(seq, 100)], 0) == {seq.seq_id: [13, 14, 15]}
+    seq.token_ids = [*passage, 7, *passage[:12]]  # 12 tokens recur: K caps the draft
+    assert drafter.propose([(seq, 100)], 1) == {seq.seq_id: passage[12:20]}
+    seq.token_ids = [5, *passage, 7, 5]  # a 1-gram earns one token
+    assert drafter.propose([(seq, 100)], 2) == {seq.seq_id: [10]}
+    fixed = make_drafter(replace(config, adaptive_length=False), None, None, 0)
+    assert fixed.propose([(seq, 100)], 3) == {seq.seq_id: passage[:8]}

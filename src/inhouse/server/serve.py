@@ -117,7 +117,7 @@ def serve_command(
         str | None,
         typer.Option(
             help='Speculative decoding, as JSON in vLLM\'s spelling: {"method": "ngram", '
-            '"num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1} '
+            '"num_speculative_tokens": 16, "prompt_lookup_max": 16, "prompt_lookup_min": 2} '
             '(prompt lookup) or {"model": PATH, "num_speculative_tokens": 4} (a draft model '
             "with the same tokenizer).",
         ),

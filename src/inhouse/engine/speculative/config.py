@@ -15,8 +15,9 @@ weights (one or a few users on a CPU) and costs full rows once the batch is larg
 ``benchmarks/speculative.py`` measured 1.09x at c=1 and 0.70x at c=16 with drafting
 always on, hence the default of 4.
 
-``adaptive_length`` (ours, on by default): each sequence's drafts are at most as long as
-its last draft's fate allows (:mod:`~inhouse.engine.speculative.length`); false drafts
+``adaptive_length`` (ours, on by default): a prompt-lookup draft is at most as long as the
+n-gram that matched (:mod:`~inhouse.engine.speculative.ngram`), a draft model's as its last
+draft's fate allows (:mod:`~inhouse.engine.speculative.length`); false drafts
 ``num_speculative_tokens`` whenever the lookup finds that many.
 """
 

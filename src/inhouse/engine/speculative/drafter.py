@@ -62,7 +62,8 @@ class Drafter:
         self.gate = AcceptanceGate(
             config.min_acceptance_rate, config.acceptance_window, config.pause_steps
         )
-        self.length = DraftLength(config.num_speculative_tokens) if config.adaptive_length else None
+        adapts = config.adaptive_length and config.method == "draft_model"  # ngram: match_caps
+        self.length = DraftLength(config.num_speculative_tokens) if adapts else None
         self.counters = SpecDecodeCounters(
             num_accepted_tokens_per_pos=[0] * config.num_speculative_tokens
         )

@@ -24,7 +24,10 @@ def make_drafter(
     if spec.method == "ngram":
         assert spec.prompt_lookup_min is not None and spec.prompt_lookup_max is not None
         proposer = NgramProposer(
-            spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
+            spec.num_speculative_tokens,
+            spec.prompt_lookup_min,
+            spec.prompt_lookup_max,
+            match_caps=spec.adaptive_length,
         )
         return Drafter(spec, proposer)
     assert spec.model is not None

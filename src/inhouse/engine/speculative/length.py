@@ -1,9 +1,10 @@
-"""How long each sequence's next draft may be, when the draft length adapts (ours).
+"""How long a draft model's next draft may be, when the draft length adapts (ours;
+prompt lookup's drafts follow the length of their match instead, see ``ngram``).
 
 A verify step pays a row for every drafted token, accepted or not, and gains only the
-accepted ones. Prompt lookup's drafts come in two kinds: inside a passage the answer
-copies (an edit, a quote, a summary that keeps the text's words) whole drafts are
-accepted, elsewhere the first or second token is usually rejected. So each sequence's
+accepted ones. Drafts come in two kinds: inside a passage the answer copies (an edit, a
+quote, a summary that keeps the text's words) whole drafts are accepted, elsewhere the
+first or second token is usually rejected. So each sequence's
 length starts at ``most`` (``num_speculative_tokens``); a draft accepted whole doubles it
 (up to ``most``), a rejected one sets it to one more than what was accepted (at least 1).
 Outputs do not change: only how many tokens are proposed, never which.

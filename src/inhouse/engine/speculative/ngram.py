@@ -5,6 +5,10 @@ For ``n`` from ``prompt_lookup_max`` down to ``prompt_lookup_min``, the last ``n
 are looked for earlier in prompt + output; the longest ``n`` that occurs wins, its most
 recent occurrence is taken (edits and summaries quote the text nearest to where they
 are), and up to ``k`` tokens that followed it are the draft. No occurrence: no draft.
+With ``match_caps`` (``adaptive_length``) the draft is also at most ``n`` tokens long: a
+longer match is better evidence that the text goes on as it did there, and a row that
+verifies a rejected token costs ~0.22 of a plain step on a CPU
+(``benchmarks/verify_step.py``), so a 1-gram's guess earns one row, an 8-gram's eight.
 The search runs in C over the tokens as 4-byte words (``bytes.rfind``), so a
 thousand-token context costs microseconds.
 """
@@ -23,10 +27,11 @@ _WORD = array("i").itemsize
 class NgramProposer:
     """Drafts up to ``k`` tokens for a token list by matching its last n-gram."""
 
-    def __init__(self, k: int, min_n: int, max_n: int) -> None:
+    def __init__(self, k: int, min_n: int, max_n: int, match_caps: bool = False) -> None:
         self.k = k
         self.min_n = min_n
         self.max_n = max_n
+        self.match_caps = match_caps
 
     def forget(self, keep: set[int]) -> None:
         """Nothing to forget: prompt lookup reads each sequence's tokens afresh."""
@@ -46,7 +51,7 @@ class NgramProposer:
             start = _last_occurrence(words, words[-n * _WORD :], (num_tokens - 1) * _WORD)
             if start is not None:
                 follow = start // _WORD + n
-                return token_ids[follow : follow + k]
+                return token_ids[follow : follow + (min(k, n) if self.match_caps else k)]
         return []
 
 
