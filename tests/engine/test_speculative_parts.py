@@ -193,14 +193,14 @@ def test_an_adaptive_draft_length_doubles_after_whole_drafts_and_shrinks_after_r
 
 def test_adaptive_prompt_lookup_drafts_as_many_tokens_as_its_match_is_long():
     config = SpeculativeConfig(
-        num_speculative_tokens=8, prompt_lookup_min=1, prompt_lookup_max=8, adaptive_length=True
+        num_speculative_tokens=8, prompt_lookup_min=1, prompt_lookup_max=16, adaptive_length=True
     )
     drafter = make_drafter(config, None, None, 0)
     seq = make_seq(2)
     passage = list(range(10, 30))
     seq.token_ids = [*passage, 7, *passage[:3]]  # "10 11 12" recurs: a 3-gram
     assert drafter.propose([(seq, 100)], 0) == {seq.seq_id: [13, 14, 15]}
-    seq.token_ids = [*passage, 7, *passage[:12]]  # 12 tokens recur: K caps the draft
+    seq.token_ids = [*passage, 7, *passage[:12]]  # a 12-gram: K (8) caps the draft
     assert drafter.propose([(seq, 100)], 1) == {seq.seq_id: passage[12:20]}
     seq.token_ids = [5, *passage, 7, 5]  # a 1-gram earns one token
     assert drafter.propose([(seq, 100)], 2) == {seq.seq_id: [10]}

@@ -56,14 +56,15 @@ class Verified:
 class Drafter:
     """Picks the sequences that draft, asks the proposer, learns from the verification."""
 
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer) -> None:
+    def __init__(
+        self, config: SpeculativeConfig, proposer: Proposer, length: DraftLength | None = None
+    ) -> None:
         self.config = config
         self.proposer = proposer
         self.gate = AcceptanceGate(
             config.min_acceptance_rate, config.acceptance_window, config.pause_steps
         )
-        adapts = config.adaptive_length and config.method == "draft_model"  # ngram: match_caps
-        self.length = DraftLength(config.num_speculative_tokens) if adapts else None
+        self.length = length  # None: drafts as long as the proposer makes them
         self.counters = SpecDecodeCounters(
             num_accepted_tokens_per_pos=[0] * config.num_speculative_tokens
         )

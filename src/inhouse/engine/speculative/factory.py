@@ -8,6 +8,7 @@ from inhouse.engine.models.loader import LoadedModel, load_model
 from inhouse.engine.speculative.config import SpeculativeConfig
 from inhouse.engine.speculative.draft_model import DraftModelProposer, check_same_vocabulary
 from inhouse.engine.speculative.drafter import Drafter
+from inhouse.engine.speculative.length import DraftLength
 from inhouse.engine.speculative.ngram import NgramProposer
 
 if TYPE_CHECKING:
@@ -33,4 +34,7 @@ def make_drafter(
     assert spec.model is not None
     draft = load_model(spec.model, config.dtype, config.device, quantization=config.quantization)
     check_same_vocabulary(draft, target)
-    return Drafter(spec, DraftModelProposer(draft, num_blocks, config.block_size))
+    # adaptive_length: prompt lookup's drafts follow their match (match_caps), a draft
+    # model's the fate of its last draft
+    length = DraftLength(spec.num_speculative_tokens) if spec.adaptive_length else None
+    return Drafter(spec, DraftModelProposer(draft, num_blocks, config.block_size), length)
