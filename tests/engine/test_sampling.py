@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inhouse.engine.errors import EngineInputError
-from inhouse.engine.sampler import Sampler
+from inhouse.engine.sampler import Sampler, argmax_rows
 from inhouse.engine.sampling_params import InvalidSamplingParams, SamplingParams
 from inhouse.engine.sequence import Sequence
 
@@ -67,6 +67,19 @@ def test_greedy_rows_take_the_argmax() -> None:
     logits = logits_for(4)
     seqs = [make_seq(SamplingParams(temperature=0)) for _ in range(4)]
     assert [t.token_id for t in sample(logits, seqs)] == logits.argmax(-1).tolist()
+
+
+def test_argmax_rows_picks_as_torch_argmax_does() -> None:
+    """The first of tied maxima, NaN as the largest, all -inf or +inf rows, strided views,
+    and float64 or bfloat16 rows (torch's own path) all give torch.argmax's index."""
+    inf, nan = float("inf"), float("nan")
+    rows = torch.tensor(
+        [[1.0, 3.0, 3.0, 2.0], [-inf] * 4, [1.0, nan, 5.0, nan], [inf, 1.0, inf, 0.0]]
+    )
+    wide = torch.randn(6, 49152, generator=torch.Generator().manual_seed(1))
+    wide[2, 17], wide[2, 40000] = 50.0, 50.0
+    for values in (rows, wide, wide[::2], wide[:, ::3], wide.double(), wide.bfloat16()):
+        assert torch.equal(argmax_rows(values), values.argmax(dim=-1))
 
 
 def test_seeded_row_draws_the_same_tokens_whatever_its_neighbours() -> None:

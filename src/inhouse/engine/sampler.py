@@ -100,7 +100,7 @@ class Sampler:
         return failed
 
     def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        chosen = logits.argmax(dim=-1)
+        chosen = argmax_rows(logits)
         sampled_rows = [i for i, seq in enumerate(seqs) if not seq.sampling_params.greedy]
         if sampled_rows:
             chosen[sampled_rows] = self._sample(
@@ -156,7 +156,7 @@ class Sampler:
         for i, seq in enumerate(seqs):
             if seq.sampling_params.seed is not None:
                 noise[i].exponential_(generator=_sequence_generator(seq, probs.device))
-        return (probs / noise).argmax(dim=-1)
+        return argmax_rows(probs / noise)
 
     def _generator(self, device: torch.device) -> torch.Generator:
         generator = self._generators.get(device)
@@ -168,6 +168,15 @@ class Sampler:
                 generator.manual_seed(self._seed)
             self._generators[device] = generator
         return generator
+
+
+def argmax_rows(values: torch.Tensor) -> torch.Tensor:
+    """Each row's index of its largest value, the first of ties (NaN counting as largest), as
+    ``torch.argmax``: by numpy on CPU float32 rows (~5 us a 49,152-wide row against torch's
+    ~67 us, paid for every token a step samples or verifies), by torch elsewhere."""
+    if values.device.type == "cpu" and values.dtype == torch.float32:
+        return torch.from_numpy(values.numpy().argmax(axis=-1))
+    return values.argmax(dim=-1)
 
 
 def _sampled(token_id: int, logprobs: torch.Tensor | None, top: int) -> SampledToken:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from inhouse.engine.errors import EngineConfigError
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.models.loader import LoadedModel
 from inhouse.engine.runner import ModelRunner
+from inhouse.engine.sampler import argmax_rows
 from inhouse.engine.sequence import Sequence
 
 
@@ -92,6 +91,6 @@ class DraftModelProposer:
     def _extend(self, batch: list[tuple[Sequence, int]]) -> None:
         """One forward of the draft model; each shadow takes its greedy next token."""
         logits = self.runner.execute(batch)
-        for (shadow, n), token in zip(batch, torch.argmax(logits, dim=-1).tolist(), strict=True):
+        for (shadow, n), token in zip(batch, argmax_rows(logits).tolist(), strict=True):
             shadow.num_computed_tokens += n
             shadow.token_ids.append(token)
