@@ -1,11 +1,12 @@
 """Speculative decoding by prompt lookup against none, same engine, same weights, same run.
 
 The workload it pays on: summaries and edits of a ~500-token text given in the prompt.
-For each concurrency c, ``max(c, --requests)`` such requests (the tasks in turn) run c at
-a time, closed loop, and each generates up to ``--new-tokens`` tokens greedily (EOS ends
-them early, as it would a user's). The engine
-runs once without speculation and once with ``--speculative-config``, alternating per
-level so both halves of a ratio see the same load. Greedy outputs are checked equal.
+For each concurrency c, ``max(c, --requests)`` such requests (the tasks in turn) run in
+rounds of c at a time, and each generates up to ``--new-tokens`` tokens greedily (EOS ends
+them early, as it would a user's). Each round runs on the engine without speculation and
+on the one with ``--speculative-config``, the first of the two alternating by round, so
+both halves of a ratio see the same drift of a shared host (at c=1, request by request).
+Greedy outputs are checked equal.
 Reported: output tok/s each way and their ratio, the acceptance rate (accepted / drafted
 tokens) and the mean accepted length (tokens a drafting step yields: 1 + accepted / drafts,
 vLLM's "mean acceptance length").
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -82,13 +83,18 @@ TASKS = [
 
 @dataclass
 class Run:
-    tokens: int
-    seconds: float
-    outputs: dict[str, list[int]]
+    tokens: int = 0
+    seconds: float = 0.0
+    outputs: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def tok_s(self) -> float:
         return self.tokens / self.seconds
+
+    def add(self, other: Run) -> None:
+        self.tokens += other.tokens
+        self.seconds += other.seconds
+        self.outputs.update(other.outputs)
 
 
 def prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
@@ -104,12 +110,18 @@ def prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
 
 
 def run(
-    engine: LLMEngine, batch: list[list[int]], new_tokens: int, tag: str, c: int | None = None
+    engine: LLMEngine,
+    batch: list[list[int]],
+    new_tokens: int,
+    tag: str,
+    c: int | None = None,
+    first: int = 0,
 ) -> Run:
-    """Every prompt of ``batch``, ``c`` in flight at a time (default: all at once)."""
+    """Every prompt of ``batch``, ``c`` in flight at a time (default: all at once); their
+    outputs keyed by index in the level's batch (``first`` is this batch's first)."""
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
     outputs: dict[str, list[int]] = {}
-    queue = list(enumerate(batch))[::-1]
+    queue = list(enumerate(batch, first))[::-1]
 
     def admit() -> None:
         i, prompt = queue.pop()
@@ -156,8 +168,12 @@ def main() -> None:
         batch = prompts(loaded, max(c, args.requests))
         before = drafting.stats().spec_decode
         assert before is not None
-        base = run(plain, batch, args.new_tokens, f"plain{c}", c)
-        fast = run(drafting, batch, args.new_tokens, f"spec{c}", c)
+        base, fast = Run(), Run()
+        for number, at in enumerate(range(0, len(batch), c)):
+            wave = batch[at : at + c]
+            halves = [(plain, base, "plain"), (drafting, fast, "spec")]
+            for engine, total, tag in halves[:: 1 if number % 2 == 0 else -1]:
+                total.add(run(engine, wave, args.new_tokens, f"{tag}{c}", c, at))
         after = drafting.stats().spec_decode
         assert after is not None
         drafts = after.num_drafts - before.num_drafts
