@@ -6,16 +6,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 from test_scheduler import BS, make_scheduler, make_seq
 
 from inhouse.engine.errors import EngineConfigError
-from inhouse.engine.sampler import SampledToken
+from inhouse.engine.sampler import SampledToken, Sampler
+from inhouse.engine.sampling_params import SamplingParams
+from inhouse.engine.sequence import Sequence
 from inhouse.engine.speculative.config import SpeculativeConfig
 from inhouse.engine.speculative.drafter import Verified
 from inhouse.engine.speculative.factory import make_drafter
 from inhouse.engine.speculative.gate import AcceptanceGate
 from inhouse.engine.speculative.length import DraftLength
 from inhouse.engine.speculative.ngram import NgramProposer
+from inhouse.engine.speculative.verify_rows import RoundTokens
 
 
 def test_config_takes_vllm_spelling_and_defaults():
@@ -206,3 +210,24 @@ def test_adaptive_prompt_lookup_drafts_as_many_tokens_as_its_match_is_long():
     assert drafter.propose([(seq, 100)], 2) == {seq.seq_id: [10]}
     fixed = make_drafter(replace(config, adaptive_length=False), None, None, 0)
     assert fixed.propose([(seq, 100)], 3) == {seq.seq_id: passage[:8]}
+
+
+def test_a_state_free_draft_is_sampled_in_one_call_a_penalised_one_round_by_round():
+    """Greedy rows without state are all sampled at the first round, with the tokens each
+    round would have drawn; a penalised sequence's rows are asked for one round at a time."""
+    logits = torch.randn(7, 50, generator=torch.Generator().manual_seed(0))
+    sampler, calls = Sampler(seed=0), []
+
+    def sample(rows: list[int], seqs: list) -> list:
+        calls.append(rows)
+        return sampler(logits[rows].clone(), seqs, {0})
+
+    free = Sequence("a", [1, 2], SamplingParams(temperature=0))
+    penalised = Sequence("b", [1, 2], SamplingParams(temperature=0, repetition_penalty=1.3))
+    seqs = {0: free, 1: penalised}
+    rounds = RoundTokens(sample, [0, 4], {0: [9, 9, 9], 1: [9, 9]}, seqs.__getitem__)
+    first = rounds([(0, 0), (1, 0)])
+    assert calls == [[0, 1, 2, 3, 4]]
+    assert rounds([(0, 1), (1, 1)])[0].token_id == logits[1].argmax().item()
+    assert calls[-1] == [5]
+    assert first[0].token_id == logits[0].argmax().item()

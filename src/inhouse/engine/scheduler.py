@@ -41,9 +41,7 @@ from inhouse.engine.outputs import SequenceOutput
 from inhouse.engine.sampler import SampledToken
 from inhouse.engine.sequence import Sequence, SequenceStatus
 from inhouse.engine.speculative.drafter import Verified
-
-# Samples one token for each (logit row, sequence): the sampler over the step's logits.
-SampleRows = Callable[[list[int], list[Sequence]], list[SampledToken | Exception]]
+from inhouse.engine.speculative.verify_rows import RoundTokens, SampleRows
 
 
 @dataclass(slots=True)
@@ -300,8 +298,12 @@ class Scheduler:
         ``p(d)`` and otherwise replaced by a draw from ``p`` without ``d``: the standard
         rejection rule (accept with ``min(1, p/q)``, else draw from ``max(0, p - q)``)
         for a point-mass draft ``q``, which prompt lookup and greedy drafters give.
+        A draft whose choice has no state (greedy, no penalties or grammar) has all its
+        rows sampled in the first round (``RoundTokens``): the same tokens, one call.
         """
-        offsets = out.logit_offsets()
+        round_tokens = RoundTokens(
+            sample, out.logit_offsets(), out.drafts, lambda row: out.scheduled[row][0]
+        )
         in_play = [(row, 0) for row in out.sampling_rows()]
         for row, (seq, num_tokens) in enumerate(out.scheduled):
             seq.num_computed_tokens += num_tokens - len(out.drafts.get(row, ()))
@@ -310,7 +312,7 @@ class Scheduler:
         verified: list[Verified] = []
         while in_play:
             seqs = [out.scheduled[row][0] for row, _ in in_play]
-            tokens = sample([offsets[row] + j for row, j in in_play], seqs)
+            tokens = round_tokens(in_play)
             still = []
             for (row, j), seq, token in zip(in_play, seqs, tokens, strict=True):
                 taken = self._take(seq, token)
