@@ -1,11 +1,14 @@
 """The speculative workload over HTTP: `inhouse serve` with and without
 ``--speculative-config`` against llama.cpp's `llama-server` with and without its own
-lookup decoding (``--spec-type ngram-*``), on the same GGUF, one server at a time.
+lookup decoding (``--spec-type ngram-*``), on the same GGUF.
 
 Each server answers the same chat requests (the incident report of
 ``benchmarks/speculative.py`` and one of its tasks), greedy, up to ``--new-tokens`` tokens;
-``c`` requests are in flight at a time. Output tok/s is completion tokens over the wall
-time of the level. Our two runs must answer with the same text; llama.cpp's numerics are
+``c`` requests are in flight at a time. Every server is started first (an idle one sleeps);
+then each level runs in rounds of ``c`` requests, every server taking the round in turn, the
+order reversed every other round, so a drifting host weighs on every column alike. Output
+tok/s is completion tokens over the servers' time in their rounds. Our two servers must
+answer with the same text; llama.cpp's numerics are
 its own, so its answers are not compared. Each llama-server variant runs; the table's
 llama.cpp ratio is against the fastest of them (the issue's "whichever is faster").
 
@@ -24,7 +27,8 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -45,9 +49,9 @@ LLAMA_SPECS = [
 class Level:
     """One concurrency level on one server: completion tokens, seconds, texts by request."""
 
-    tokens: int
-    seconds: float
-    texts: list[str]
+    tokens: int = 0
+    seconds: float = 0.0
+    texts: list[str] = field(default_factory=list)
 
     @property
     def tok_s(self) -> float:
@@ -67,31 +71,28 @@ def ask(client: httpx.Client, url: str, model: str, task: str, new_tokens: int) 
     return data["usage"]["completion_tokens"], data["choices"][0]["message"]["content"]
 
 
-def drive(url: str, model: str, c: int, requests: int, new_tokens: int) -> Level:
-    """``requests`` chats, ``c`` at a time."""
-    tasks = [TASKS[i % len(TASKS)] for i in range(requests)]
-    with httpx.Client() as client, ThreadPoolExecutor(c) as pool:
-        ask(client, url, model, tasks[0], 8)  # warm-up
+def drive(
+    client: httpx.Client, url: str, model: str, tasks: list[str], new_tokens: int, level: Level
+) -> None:
+    """One round: ``tasks`` all in flight at once, added to ``level``."""
+    with ThreadPoolExecutor(len(tasks)) as pool:
         start = time.perf_counter()
         answers = list(pool.map(lambda t: ask(client, url, model, t, new_tokens), tasks))
-        seconds = time.perf_counter() - start
-    return Level(sum(n for n, _ in answers), seconds, [text for _, text in answers])
+        level.seconds += time.perf_counter() - start
+    level.tokens += sum(n for n, _ in answers)
+    level.texts += [text for _, text in answers]
 
 
-def run_server(
-    command: list[str], port: int, model: str, args: argparse.Namespace, log: Path
-) -> dict[int, Level]:
-    """Start a server, drive every level, stop it; its Level per concurrency."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            wait_ready(f"http://127.0.0.1:{port}/health", proc, 600)
-            url = f"http://127.0.0.1:{port}"
-            return {
-                c: drive(url, model, c, max(args.requests, c), args.new_tokens) for c in args.levels
-            }
-        finally:
-            stop(proc)
+def start_server(stack: ExitStack, command: list[str], port: int, model: str, log: Path) -> str:
+    """Start a server (stopped when ``stack`` closes), wait for it, warm it up; its URL."""
+    out = stack.enter_context(log.open("w"))
+    proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    stack.callback(stop, proc)
+    wait_ready(f"http://127.0.0.1:{port}/health", proc, 600)
+    url = f"http://127.0.0.1:{port}"
+    with httpx.Client() as client:
+        ask(client, url, model, TASKS[0], 8)
+    return url
 
 
 def main() -> None:
@@ -106,25 +107,51 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
     args.levels = [int(c) for c in args.concurrency.split(",")]
-    gguf, model, port = default_chat_model(), DEFAULT_CHAT_MODEL_NAME, free_port()
+    gguf, model = default_chat_model(), DEFAULT_CHAT_MODEL_NAME
     inhouse = str(Path(sys.executable).with_name("inhouse"))
-    serve = [inhouse, "serve", "--port", str(port), *shlex.split(args.serve_args)]
-    llama = [str(args.llama_server), "-m", str(gguf), "-t", str(args.threads), "-np", "16",
-             "-c", "32768", "--host", "127.0.0.1", "--port", str(port), "-a", model]  # fmt: skip
+
+    def serve(port: int) -> list[str]:
+        return [inhouse, "serve", "--port", str(port), *shlex.split(args.serve_args)]
+
+    def llama(port: int) -> list[str]:
+        return [str(args.llama_server), "-m", str(gguf), "-t", str(args.threads), "-np", "16",
+                "-c", "32768", "--host", "127.0.0.1", "--port", str(port), "-a", model]  # fmt: skip
+
     servers = {
         "inhouse": serve,
-        "inhouse spec": [*serve, "--speculative-config", args.speculative_config],
+        "inhouse spec": lambda port: [
+            *serve(port),
+            "--speculative-config",
+            args.speculative_config,
+        ],
         "llama.cpp": llama,
     }
     for i, flags in enumerate(args.llama_spec or LLAMA_SPECS):
-        servers[f"llama.cpp spec {i + 1}"] = [*llama, *shlex.split(flags)]
+        servers[f"llama.cpp spec {i + 1}"] = lambda port, f=flags: [*llama(port), *shlex.split(f)]
     cpu_flags = sorted({f for f in Path("/proc/cpuinfo").read_text().split() if "avx" in f})
     print(f"GGUF {gguf.name}; {args.threads} threads; CPU flags: {' '.join(cpu_flags)}")
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="spec-servers-") as tmp:
-        for name, command in servers.items():
-            print(f"running {name}: {shlex.join(command)}", flush=True)
-            results[name] = run_server(command, port, model, args, Path(tmp) / "server.log")
+    results = {name: {c: Level() for c in args.levels} for name in servers}
+    with tempfile.TemporaryDirectory(prefix="spec-servers-") as tmp, ExitStack() as stack:
+        urls = {}
+        for name, command_at in servers.items():
+            port = free_port()
+            print(f"starting {name}: {shlex.join(command_at(port))}", flush=True)
+            log = Path(tmp) / f"server-{len(urls)}.log"
+            urls[name] = start_server(stack, command_at(port), port, model, log)
+        client = stack.enter_context(httpx.Client())
+        for c in args.levels:
+            tasks = [TASKS[i % len(TASKS)] for i in range(max(args.requests, c))]
+            for number, at in enumerate(range(0, len(tasks), c)):
+                order = list(servers)[:: 1 if number % 2 == 0 else -1]
+                for name in order:
+                    drive(
+                        client,
+                        urls[name],
+                        model,
+                        tasks[at : at + c],
+                        args.new_tokens,
+                        results[name][c],
+                    )
     print(f"\nup to {args.new_tokens} new tokens per request, greedy, tok/s per server")
     names = list(results)
     print("  c | " + " | ".join(f"{n:>16}" for n in names) + " | spec/plain | spec/best llama")
