@@ -19,7 +19,7 @@ from inhouse.engine.speculative.factory import make_drafter
 from inhouse.engine.speculative.gate import AcceptanceGate
 from inhouse.engine.speculative.length import DraftLength
 from inhouse.engine.speculative.ngram import NgramProposer
-from inhouse.engine.speculative.verify_rows import RoundTokens
+from inhouse.engine.speculative.verify_rows import RoundTokens, state_free
 
 
 def test_config_takes_vllm_spelling_and_defaults():
@@ -231,3 +231,6 @@ def test_a_state_free_draft_is_sampled_in_one_call_a_penalised_one_round_by_roun
     assert rounds([(0, 1), (1, 1)])[0].token_id == logits[1].argmax().item()
     assert calls[-1] == [5]
     assert first[0].token_id == logits[0].argmax().item()
+    assert not state_free(Sequence("c", [1, 2], SamplingParams(temperature=0, logprobs=2)))
+    assert not state_free(Sequence("d", [1, 2], SamplingParams(temperature=0, min_tokens=3)))
+    assert not state_free(Sequence("e", [1, 2], SamplingParams(temperature=0.7)))

@@ -447,6 +447,10 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const 
   float* op = out.data_ptr<float>();
   for (int64_t block = 0; block < m; block += kRowBlock) {
     const int64_t block_end = std::min(m, block + kRowBlock);
+    // Passes of even size (9 rows: 5 + 4, not 8 + 1): a pass's cost per row grows with its
+    // rows (registers spill), so two half passes beat a full and a lone one.
+    const int64_t passes = (block_end - block + kRowsAtOnce - 1) / kRowsAtOnce;
+    const int64_t per_pass = (block_end - block + passes - 1) / passes;
     inhouse::parallel_for(0, tiles, 2, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end;) {
         const int64_t scale_at = t * groups * kTile;
@@ -470,10 +474,6 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const 
           continue;
         }
 #endif
-        // Passes of even size (9 rows: 5 + 4, not 8 + 1): a pass's cost per row grows
-        // with its rows (registers spill), so two half passes beat a full and a lone one.
-        const int64_t n = block_end - block, passes = (n + kRowsAtOnce - 1) / kRowsAtOnce;
-        const int64_t per_pass = (n + passes - 1) / passes;
         for (int64_t r = block; r < block_end; r += per_pass) {
           const int rows = static_cast<int>(std::min<int64_t>(per_pass, block_end - r));
           tile_dot<kQ4>(wq, dp + scale_at, wm, tile_bias, a, r, rows, groups,

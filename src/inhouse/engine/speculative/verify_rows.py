@@ -5,7 +5,9 @@ in play at the logits row after its ``j``-th draft token, with the sequence's st
 the tokens accepted so far. When nothing in that state can change the choice (greedy, no
 penalties, no grammar, ``min_tokens`` already reached), each row gives the token it would
 give in its round, so all of a draft's rows are sampled at its first: one sampler call for
-a 17-row draft instead of up to 17 (~0.05 ms each). Other sequences go round by round.
+a 17-row draft instead of up to 17 (~0.05 ms each). Other sequences go round by round, and
+so do those asking for logprobs (a log-softmax a row is not worth spending on rows a
+rejection may leave unread).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ SampleRows = Callable[[list[int], list[Sequence]], list[Token]]
 
 
 def state_free(seq: Sequence) -> bool:
-    """Whether the sequence's next tokens do not depend on the tokens it accepts first."""
+    """Whether the sequence's next tokens do not depend on the tokens it accepts first (and
+    cost no more than an argmax a row to sample)."""
     p = seq.sampling_params
     return (
         p.greedy
+        and p.logprobs is None
         and not p.has_penalties
         and seq.guide is None
         and seq.num_output_tokens >= p.min_tokens
