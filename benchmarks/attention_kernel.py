@@ -4,8 +4,9 @@ over 3 KV heads of 64 features, a float16 cache, or another with ``--dtype``; ``
 and a whole prompt's prefill, in ms and GFLOP/s (2 flops a multiply-add, q.k and p.v).
 
 ``--layers 30`` times the decode rows over a step's 30 distinct caches, so their keys come
-from memory as in a real step (one cache stays in the CPU's caches). Prints one line per
-case, to compare two commits run alternately on the same host:
+from memory as in a real step (one cache stays in the CPU's caches). ``--draft-rows 3,17``
+times a speculative step's rows of one sequence the same way (all 30 layers). Prints one
+line per case, to compare two commits run alternately on the same host:
 
     for i in 1 2 3; do for t in A B; do PYTHONPATH=$t/src .venv/bin/python \\
         benchmarks/attention_kernel.py; done; done
@@ -62,6 +63,22 @@ def decode_ms(context: int, dtype: torch.dtype, repeats: int, layers: int) -> fl
     return best_ms(step, repeats) / layers
 
 
+def draft_ms(rows: int, context: int, dtype: torch.dtype, repeats: int) -> float:
+    """A speculative step's `rows` rows of one sequence after `context` keys (row i attends
+    context + 1 + i), over a step's 30 distinct caches: ms for the 30 layers."""
+    caches = [_cache(context + rows + layer * BLOCK, dtype) for layer in range(30)]
+    q = torch.randn(rows, HEADS, DIM)
+    seq = torch.zeros(rows, dtype=torch.long)
+    lens = torch.arange(context + 1, context + rows + 1)
+    op = torch.ops.inhouse_cpu.paged_attention_rows
+
+    def step() -> None:
+        for k, v, table in caches:
+            op(q, k, v, table, seq, lens, BLOCK, 0.125, 0)
+
+    return best_ms(step, repeats)
+
+
 def prefill_ms(tokens: int, dtype: torch.dtype, repeats: int) -> float:
     """A whole prompt of `tokens` rows, each attending its causal prefix."""
     k, v, table = _cache(tokens, dtype)
@@ -76,6 +93,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--contexts", default="128,2500", help="decode context lengths")
     parser.add_argument("--prompts", default="512,2500", help="prefill lengths")
+    parser.add_argument("--draft-rows", default="", help="a draft step's rows, e.g. 3,17")
+    parser.add_argument(
+        "--draft-context", type=int, default=600, help="keys before a draft step's first row"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--layers", type=int, default=1, help="decode: distinct caches a step (30: from memory)"
@@ -96,6 +117,9 @@ def main() -> None:
         ms = decode_ms(n, dtype, max(args.repeats, args.repeats * 20 // args.layers), args.layers)
         flops = 4 * HEADS * DIM * n
         print(f"decode  ctx {n:5d}: {ms:8.3f} ms  {flops / ms / 1e6:6.1f} GFLOP/s")
+    for rows in (int(r) for r in args.draft_rows.split(",") if r):
+        ms = draft_ms(rows, args.draft_context, dtype, args.repeats * 8)
+        print(f"draft   {rows:2d} rows after {args.draft_context}: {ms:8.3f} ms for 30 layers")
     for n in map(int, args.prompts.split(",")):
         ms = prefill_ms(n, dtype, args.repeats)
         flops = 4 * HEADS * DIM * n * (n + 1) / 2
