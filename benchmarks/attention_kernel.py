@@ -47,29 +47,15 @@ def best_ms(call, repeats: int) -> float:
     return min(times) * 1e3
 
 
-def decode_ms(context: int, dtype: torch.dtype, repeats: int, layers: int) -> float:
-    """One decode row attending `context` keys: ms a layer, over `layers` distinct caches
-    taken in turn (30, a step's: their keys come from memory, as in a real step; 1: the one
-    cache stays in the CPU's caches)."""
-    caches = [_cache(context + layer * BLOCK, dtype) for layer in range(layers)]
-    q = torch.randn(1, HEADS, DIM)
-    lens = torch.tensor([context])
-    op = torch.ops.inhouse_cpu.paged_attention_rows
-
-    def step() -> None:
-        for k, v, table in caches:
-            op(q, k, v, table, None, lens, BLOCK, 0.125, 0)
-
-    return best_ms(step, repeats) / layers
-
-
-def draft_ms(rows: int, context: int, dtype: torch.dtype, repeats: int) -> float:
-    """A speculative step's `rows` rows of one sequence after `context` keys (row i attends
-    context + 1 + i), over a step's 30 distinct caches: ms for the 30 layers."""
-    caches = [_cache(context + rows + layer * BLOCK, dtype) for layer in range(30)]
+def rows_ms(rows: int, last: int, dtype: torch.dtype, repeats: int, layers: int) -> float:
+    """`rows` rows of one sequence, the last attending `last` keys (a decode: 1 row; a
+    speculative step: its draft's rows too), over `layers` distinct caches taken in turn
+    (30, a step's: their keys come from memory, as in a real step; 1: the one cache stays
+    in the CPU's caches): ms for all the layers."""
+    caches = [_cache(last + layer * BLOCK, dtype) for layer in range(layers)]
     q = torch.randn(rows, HEADS, DIM)
     seq = torch.zeros(rows, dtype=torch.long)
-    lens = torch.arange(context + 1, context + rows + 1)
+    lens = torch.arange(last - rows + 1, last + 1)
     op = torch.ops.inhouse_cpu.paged_attention_rows
 
     def step() -> None:
@@ -114,11 +100,12 @@ def main() -> None:
         f"decode over {args.layers} distinct cache(s)"
     )
     for n in map(int, args.contexts.split(",")):
-        ms = decode_ms(n, dtype, max(args.repeats, args.repeats * 20 // args.layers), args.layers)
+        repeats = max(args.repeats, args.repeats * 20 // args.layers)
+        ms = rows_ms(1, n, dtype, repeats, args.layers) / args.layers
         flops = 4 * HEADS * DIM * n
         print(f"decode  ctx {n:5d}: {ms:8.3f} ms  {flops / ms / 1e6:6.1f} GFLOP/s")
     for rows in (int(r) for r in args.draft_rows.split(",") if r):
-        ms = draft_ms(rows, args.draft_context, dtype, args.repeats * 8)
+        ms = rows_ms(rows, args.draft_context + rows, dtype, args.repeats * 8, 30)
         print(f"draft   {rows:2d} rows after {args.draft_context}: {ms:8.3f} ms for 30 layers")
     for n in map(int, args.prompts.split(",")):
         ms = prefill_ms(n, dtype, args.repeats)
