@@ -78,7 +78,16 @@ TASKS = [
     "Rewrite the second and third paragraphs of the report above in the past perfect.",
     "Quote the sentence of the report above that explains why no data was lost.",
     "Edit the report above into a shorter version of about half its length.",
+    "Summarize the incident report above in three sentences.",
+    "Rewrite the first paragraph of the report above in the first person, as Priya.",
+    "Copy the fourth paragraph of the report above word for word.",
+    "Turn the report above into a timeline with one line per time and event.",
+    "Rewrite the report above as an email to the team that announces the three actions.",
+    "Copy the report above, replacing every person's name by their role.",
+    "Explain the cause of the incident in the report above in two sentences.",
+    "Rewrite the last paragraph of the report above as a numbered list.",
 ]
+WARM_UP = "Say hello."  # not a task: a suffix history must not hold a measured reply's start
 
 
 @dataclass
@@ -98,15 +107,16 @@ class Run:
 
 
 def prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
+    """The first ``count`` tasks on the report (the list again past its 16)."""
+    return [chat(loaded, f"{TEXT}\n{TASKS[i % len(TASKS)]}") for i in range(count)]
+
+
+def chat(loaded: LoadedModel, message: str) -> list[int]:
     tok = loaded.tokenizer
-    out = []
-    for i in range(count):
-        message = f"{TEXT}\n{TASKS[i % len(TASKS)]}"
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False
-        )
-        out.append(tok(text, add_special_tokens=False)["input_ids"])
-    return out
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False
+    )
+    return tok(text, add_special_tokens=False)["input_ids"]
 
 
 def run(
@@ -153,18 +163,19 @@ def main() -> None:
     spec = SpeculativeConfig.parse(args.speculative_config)
     loaded = load_model(None, quantization=args.quantization)
     settings = {"quantization": args.quantization, "max_num_seqs": max(levels)}
-    plain = LLMEngine(EngineConfig(**settings), loaded=loaded)
-    drafting = LLMEngine(EngineConfig(**settings, speculative=spec), loaded=loaded)
     print(
         f"model {loaded.model_id}, quantization {loaded.quantization}, "
         f"threads {torch.get_num_threads()}, prompt {len(prompts(loaded, 1)[0])} tokens, "
         f"speculative: {spec.describe()}"
     )
-    for engine in (plain, drafting):
-        run(engine, prompts(loaded, 2), 8, "warm")
     print(f"\nup to {args.new_tokens} new tokens per request, greedy")
     print("  c | plain tok/s | spec tok/s | ratio | acceptance | mean accepted length | same")
     for c in levels:
+        # fresh engines a level: a suffix history starts empty, as a prefix cache does
+        plain = LLMEngine(EngineConfig(**settings), loaded=loaded)
+        drafting = LLMEngine(EngineConfig(**settings, speculative=spec), loaded=loaded)
+        for engine in (plain, drafting):
+            run(engine, [chat(loaded, WARM_UP)], 8, "warm")
         batch = prompts(loaded, max(c, args.requests))
         before = drafting.stats().spec_decode
         assert before is not None

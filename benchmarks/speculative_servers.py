@@ -36,12 +36,14 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 
 from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
-from speculative import DEFAULT_SPEC, TASKS, TEXT
+from speculative import DEFAULT_SPEC, TASKS, TEXT, WARM_UP
 from vs_llamacpp import free_port, stop, wait_ready
 
 LLAMA_SPECS = [
     "--spec-type ngram-simple",
     "--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8",
+    "--spec-type ngram-mod",  # its n-gram store is shared by all slots, kept across requests
+    "--spec-type ngram-cache",
 ]
 
 
@@ -58,10 +60,13 @@ class Level:
         return self.tokens / self.seconds
 
 
-def ask(client: httpx.Client, url: str, model: str, task: str, new_tokens: int) -> tuple[int, str]:
+def ask(
+    client: httpx.Client, url: str, model: str, task: str, new_tokens: int, text: str = TEXT
+) -> tuple[int, str]:
+    """One task on ``text`` (the report; empty: the task alone); tokens and reply."""
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": f"{TEXT}\n{task}"}],
+        "messages": [{"role": "user", "content": f"{text}\n{task}".strip()}],
         "temperature": 0,
         "max_tokens": new_tokens,
     }
@@ -91,7 +96,7 @@ def start_server(stack: ExitStack, command: list[str], port: int, model: str, lo
     wait_ready(f"http://127.0.0.1:{port}/health", proc, 600)
     url = f"http://127.0.0.1:{port}"
     with httpx.Client() as client:
-        ask(client, url, model, TASKS[0], 8)
+        ask(client, url, model, WARM_UP, 8, text="")
     return url
 
 

@@ -2,8 +2,9 @@
 
 Greedy outputs of 50 prompts (chat, code, extraction: prompts that quote text, so prompt
 lookup drafts get accepted) are identical with and without drafts on the q4, q8 and
-float32 paths; stop strings, min_tokens, logprobs, a JSON schema and seeded sampling
-give the same results too, and every block is back in the pool at the end.
+float32 paths, and with suffix decoding, whose history drafts a reply given before;
+stop strings, min_tokens, logprobs, a JSON schema and seeded sampling give the same
+results too, and every block is back in the pool at the end.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ NGRAM = SpeculativeConfig(
     prompt_lookup_max=3,
     disable_by_batch_size=None,
 )
+SUFFIX = SpeculativeConfig.parse('{"method": "suffix", "disable_by_batch_size": null}')
 TEXTS = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
     "Paged attention keeps the KV cache in fixed-size blocks, so no memory is wasted.",
@@ -114,6 +116,30 @@ def test_fifty_greedy_outputs_are_identical_with_and_without_drafts(path, reques
         assert (got.text, got.finish_reason) == (want.text, want.finish_reason), request_id
     assert counters.num_drafts > 50 and counters.num_accepted_tokens > 200
     assert sum(counters.num_accepted_tokens_per_pos) == counters.num_accepted_tokens
+
+
+def test_suffix_decoding_gives_the_same_tokens_and_drafts_a_reply_given_before(
+    bundled_model_q4,
+):
+    loaded = bundled_model_q4
+    prompts = {f"m{i}": chat_prompt(loaded.tokenizer, m) for i, m in enumerate(MESSAGES)}
+    params = SamplingParams(temperature=0, max_tokens=40)
+    plain = generate(engine(loaded, None), prompts, params)
+    drafting = engine(loaded, SUFFIX)
+    first = generate(drafting, prompts, params)
+    before = drafting.stats().spec_decode
+    again = generate(drafting, {f"again-{i}": p for i, p in prompts.items()}, params)
+    after = drafting.stats().spec_decode
+    for request_id in prompts:
+        want = plain[request_id].choices[0]
+        for got in (first[request_id].choices[0], again[f"again-{request_id}"].choices[0]):
+            assert got.token_ids == want.token_ids, request_id
+            assert (got.text, got.finish_reason) == (want.text, want.finish_reason), request_id
+    # asked again, each reply is in the history: most of its tokens come from drafts
+    generated = sum(len(result.choices[0].token_ids) for result in again.values())
+    accepted = after.num_accepted_tokens - before.num_accepted_tokens
+    assert accepted > 0.6 * generated, (accepted, generated)
+    assert drafting.stats().kv_cache_usage == 0
 
 
 def test_stop_strings_min_tokens_and_logprobs_behave_as_without_drafts(bundled_model_q4):

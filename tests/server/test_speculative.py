@@ -155,7 +155,11 @@ def test_version_and_start_up_table_say_how_it_drafts(server, speculative):
 
 @pytest.mark.parametrize(
     ("config", "words"),
-    [('{"num_speculative_tokens": 0}', "num_speculative_tokens"), ("{nope", "not JSON")],
+    [
+        ('{"num_speculative_tokens": 0}', "num_speculative_tokens"),
+        ("{nope", "not JSON"),
+        ('{"method": "suffix", "suffix_decoding_min_token_prob": 2}', "min_token_prob"),
+    ],
 )
 def test_a_bad_speculative_config_exits_with_its_reason(config, words):
     done = subprocess.run(

@@ -118,8 +118,9 @@ def serve_command(
         typer.Option(
             help='Speculative decoding, as JSON in vLLM\'s spelling: {"method": "ngram", '
             '"num_speculative_tokens": 16, "prompt_lookup_max": 16, "prompt_lookup_min": 2} '
-            '(prompt lookup) or {"model": PATH, "num_speculative_tokens": 4} (a draft model '
-            "with the same tokenizer).",
+            '(prompt lookup), {"method": "suffix"} (prompt lookup and earlier replies) or '
+            '{"model": PATH, "num_speculative_tokens": 4} (a draft model with the same '
+            "tokenizer).",
         ),
     ] = None,
 ) -> None:

@@ -5,7 +5,9 @@ to compute) and that the :class:`AcceptanceGate` lets through gets a draft from 
 proposer (prompt lookup or a draft model), at most as long as its room before
 ``max_tokens``. The scheduler schedules the draft beside the last token and verifies it
 in ``Scheduler.update``; what was accepted comes back to :meth:`Drafter.record` for the
-gate and the metrics (vLLM's ``spec_decode_*`` counters).
+gate and the metrics (vLLM's ``spec_decode_*`` counters). With an output ``history``
+(suffix decoding) the drafter also hands it the output of every decoding sequence that
+finishes, drafting or not (a ``cache_salt``'s outputs stay out).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Protocol
 from inhouse.engine.sequence import Sequence
 from inhouse.engine.speculative.config import SpeculativeConfig
 from inhouse.engine.speculative.gate import AcceptanceGate
+from inhouse.engine.speculative.history import OutputHistory
 from inhouse.engine.speculative.length import DraftLength
 
 
@@ -57,10 +60,16 @@ class Drafter:
     """Picks the sequences that draft, asks the proposer, learns from the verification."""
 
     def __init__(
-        self, config: SpeculativeConfig, proposer: Proposer, length: DraftLength | None = None
+        self,
+        config: SpeculativeConfig,
+        proposer: Proposer,
+        length: DraftLength | None = None,
+        history: OutputHistory | None = None,
     ) -> None:
         self.config = config
         self.proposer = proposer
+        self.history = history
+        self._decoding: dict[int, Sequence] = {}  # seen decoding; their outputs go to history
         self.gate = AcceptanceGate(
             config.min_acceptance_rate, config.acceptance_window, config.pause_steps
         )
@@ -73,6 +82,9 @@ class Drafter:
         """Drafts by ``seq_id`` for the decoding sequences ``(seq, room)`` the gate allows
         (none while more than ``disable_by_batch_size`` decode); ``room`` caps a draft
         (tokens left before the length limit, less the bonus one)."""
+        if self.history is not None:
+            for seq, _ in decoding:
+                self._decoding[seq.seq_id] = seq
         limit = self.config.disable_by_batch_size
         if limit is not None and len(decoding) > limit:
             return {}
@@ -89,8 +101,14 @@ class Drafter:
         return {seq.seq_id: draft for (seq, _), draft in zip(asked, drafts, strict=True) if draft}
 
     def keep_only(self, running: list[Sequence]) -> None:
-        """Forget the gate records and proposer state of sequences no longer running."""
+        """Forget the gate records and proposer state of sequences no longer running; the
+        finished ones' outputs go to the history."""
         keep = {seq.seq_id for seq in running}
+        if self.history is not None:
+            for seq_id in [s for s in self._decoding if s not in keep]:
+                seq = self._decoding.pop(seq_id)
+                if seq.is_finished and seq.cache_salt is None:
+                    self.history.add(seq.output_token_ids)
         self.gate.forget(keep)
         self.proposer.forget(keep)
         if self.length is not None:

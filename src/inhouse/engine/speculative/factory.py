@@ -1,4 +1,5 @@
-"""The drafter an engine config asks for: none, prompt lookup, or a draft model."""
+"""The drafter an engine config asks for: none, prompt lookup, suffix decoding, or a draft
+model."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from inhouse.engine.models.loader import LoadedModel, load_model
 from inhouse.engine.speculative.config import SpeculativeConfig
 from inhouse.engine.speculative.draft_model import DraftModelProposer, check_same_vocabulary
 from inhouse.engine.speculative.drafter import Drafter
+from inhouse.engine.speculative.history import OutputHistory
 from inhouse.engine.speculative.length import DraftLength
 from inhouse.engine.speculative.ngram import NgramProposer
+from inhouse.engine.speculative.suffix import SuffixProposer
 
 if TYPE_CHECKING:
     from inhouse.engine.config import EngineConfig
@@ -31,6 +34,16 @@ def make_drafter(
             match_caps=spec.adaptive_length,
         )
         return Drafter(spec, proposer)
+    if spec.method == "suffix":
+        depth, factor = spec.suffix_decoding_max_tree_depth, spec.suffix_decoding_max_spec_factor
+        history = OutputHistory(
+            spec.suffix_decoding_max_cached_requests,
+            depth,
+            factor,
+            spec.suffix_decoding_min_token_prob,
+        )
+        suffix = SuffixProposer(spec.num_speculative_tokens, depth, factor, history)
+        return Drafter(spec, suffix, history=history)
     assert spec.model is not None
     draft = load_model(spec.model, config.dtype, config.device, quantization=config.quantization)
     check_same_vocabulary(draft, target)

@@ -43,16 +43,24 @@ class NgramProposer:
     def propose(self, token_ids: list[int], k: int | None = None) -> list[int]:
         """The draft for ``token_ids`` (at most ``k`` tokens, default the proposer's)."""
         k = self.k if k is None else k
-        num_tokens = len(token_ids)
-        if k < 1 or num_tokens <= self.min_n:
+        found = self.match(token_ids) if k >= 1 else None
+        if found is None:
             return []
+        n, follow = found
+        return token_ids[follow : follow + (min(k, n) if self.match_caps else k)]
+
+    def match(self, token_ids: list[int]) -> tuple[int, int] | None:
+        """The longest ``n`` whose last ``n`` tokens occurred earlier, and where the tokens
+        after its most recent earlier occurrence start (None: no n-gram recurs)."""
+        num_tokens = len(token_ids)
+        if num_tokens <= self.min_n:
+            return None
         words = array("i", token_ids).tobytes()
         for n in range(min(self.max_n, num_tokens - 1), self.min_n - 1, -1):
             start = _last_occurrence(words, words[-n * _WORD :], (num_tokens - 1) * _WORD)
             if start is not None:
-                follow = start // _WORD + n
-                return token_ids[follow : follow + (min(k, n) if self.match_caps else k)]
-        return []
+                return n, start // _WORD + n
+        return None
 
 
 def _last_occurrence(words: bytes, pattern: bytes, end: int) -> int | None:

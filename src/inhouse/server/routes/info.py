@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
@@ -46,7 +45,7 @@ async def metrics(ctx: ServerContext = Depends(context)) -> Response:
 
 def _speculative(config: SpeculativeConfig | None) -> dict | None:
     """The speculative config as ``--speculative-config`` spells it (None when off)."""
-    return None if config is None else asdict(config)
+    return None if config is None else config.as_dict()
 
 
 @router.get("/version")
