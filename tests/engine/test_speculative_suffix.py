@@ -103,6 +103,12 @@ def test_history_keeps_its_last_outputs_and_leaves_out_what_it_cannot_index():
     kept.add([1 << 20, 2, 3, 4, 5, 6])  # an id too large to pack
     assert len(kept) == 2
     assert kept.draft([1 << 21, 1, 2, 3], k=4) == (0, [])
+    salted = history(max_requests=1)
+    salted.add(REPLY, salt="a")
+    assert salted.draft([10, 11, 12, 13], k=2, salt="a") == (4, [14, 15])
+    assert salted.draft([10, 11, 12, 13], k=2) == (0, [])  # another salt's (none's) outputs
+    salted.add([100, 101, 102, 103, 104], salt="b")  # "a"'s only output leaves
+    assert salted.draft([10, 11, 12, 13], k=2, salt="a") == (0, []) and len(salted) == 1
     none = history(max_requests=0)
     none.add(REPLY)
     assert len(none) == 0
@@ -111,7 +117,7 @@ def test_history_keeps_its_last_outputs_and_leaves_out_what_it_cannot_index():
     assert huge.num_tokens == MAX_TOKENS
 
 
-def test_the_drafter_learns_from_finished_sequences_and_keeps_salted_ones_apart():
+def test_the_drafter_learns_from_finished_sequences_and_keeps_each_salts_apart():
     config = SpeculativeConfig.parse('{"method": "suffix", "disable_by_batch_size": 1}')
     drafter = make_drafter(config, None, None, 0)
     first, busy = make_seq(2, "a", max_tokens=40), make_seq(2, "b")
@@ -127,12 +133,21 @@ def test_the_drafter_learns_from_finished_sequences_and_keeps_salted_ones_apart(
     salted = make_seq(3, "d", max_tokens=40)
     salted.cache_salt = "team-a"
     salted.token_ids += [10, 11, 12, 13, 14]
-    assert drafter.propose([(salted, 30)], step=2) == {}  # its own text has no match
+    # its own text has no match, and the unsalted reply is not for a salted request
+    assert drafter.propose([(salted, 30)], step=2) == {}
     salted.token_ids += [7, 8, 9, 10, 11]
     salted.status = SequenceStatus.FINISHED
     drafter.keep_only([])
-    assert len(drafter.history) == 1  # a salted reply is not shared
+    assert len(drafter.history) == 2
+    # the same salt drafts from it; another salt does not, nor does no salt
+    same, other, none = (make_seq(3, name, max_tokens=40) for name in "fgh")
+    same.cache_salt, other.cache_salt = "team-a", "team-b"
+    for seq in (same, other, none):
+        seq.token_ids += [13, 14]
+    assert drafter.propose([(same, 30)], step=3) == {same.seq_id: [7, 8, 9, 10, 11]}
+    assert drafter.propose([(other, 30)], step=3) == {}
+    assert drafter.propose([(none, 30)], step=3) == {none.seq_id: [15, 16, 17, 18, 19]}
     # a sequence's own text still drafts, the longer match winning over the history's
     own = make_seq(2, "e", max_tokens=40)
     own.token_ids = [5, 10, 11, 12, 13, 14, 99, 5, 10, 11, 12, 13, 14]
-    assert drafter.propose([(own, 30)], step=3) == {own.seq_id: [99, 5, 10, 11, 12, 13]}
+    assert drafter.propose([(own, 30)], step=4) == {own.seq_id: [99, 5, 10, 11, 12, 13]}

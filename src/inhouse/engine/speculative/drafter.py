@@ -7,7 +7,7 @@ proposer (prompt lookup or a draft model), at most as long as its room before
 in ``Scheduler.update``; what was accepted comes back to :meth:`Drafter.record` for the
 gate and the metrics (vLLM's ``spec_decode_*`` counters). With an output ``history``
 (suffix decoding) the drafter also hands it the output of every decoding sequence that
-finishes, drafting or not (a ``cache_salt``'s outputs stay out).
+finishes, drafting or not, under the sequence's ``cache_salt``.
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ class Drafter:
         if self.history is not None:
             for seq_id in [s for s in self._decoding if s not in keep]:
                 seq = self._decoding.pop(seq_id)
-                if seq.is_finished and seq.cache_salt is None:
-                    self.history.add(seq.output_token_ids)
+                if seq.is_finished:
+                    self.history.add(seq.output_token_ids, seq.cache_salt)
         self.gate.forget(keep)
         self.proposer.forget(keep)
         if self.length is not None:

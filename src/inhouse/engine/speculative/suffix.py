@@ -5,9 +5,10 @@ The request's prompt and output are searched as prompt lookup searches them
 (:mod:`~inhouse.engine.speculative.ngram`: n-grams of 2 up to the tree depth, the most
 recent occurrence), earlier outputs in the :class:`OutputHistory` the ``Drafter`` fills as
 requests finish. The longer match drafts (the request's own on a tie), at most
-``suffix_decoding_max_spec_factor`` times its length. A request with a ``cache_salt``
-neither drafts from the shared history nor adds to it: as with the prefix cache, how fast
-it is answered would otherwise tell what other users were answered.
+``suffix_decoding_max_spec_factor`` times its length. A request drafts only from
+outputs of requests with its ``cache_salt`` (the gateway's per-key salt; none: those
+without one), as the prefix cache shares blocks: how fast it is answered would otherwise
+tell what other users were answered.
 """
 
 from __future__ import annotations
@@ -42,10 +43,9 @@ class SuffixProposer:
         tokens = seq.token_ids
         found = self.own.match(tokens)
         n = 0 if found is None else found[0]
-        if seq.cache_salt is None:
-            _, draft = self.history.draft(tokens, k, longer_than=n)
-            if draft:
-                return draft
+        _, draft = self.history.draft(tokens, k, longer_than=n, salt=seq.cache_salt)
+        if draft:
+            return draft
         if found is None:
             return []
         return tokens[found[1] : found[1] + min(k, int(self.factor * n))]
