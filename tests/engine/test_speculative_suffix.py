@@ -10,7 +10,7 @@ from inhouse.engine.errors import EngineConfigError
 from inhouse.engine.sequence import SequenceStatus
 from inhouse.engine.speculative.config import SpeculativeConfig
 from inhouse.engine.speculative.factory import make_drafter
-from inhouse.engine.speculative.history import MAX_TOKENS, OutputHistory
+from inhouse.engine.speculative.history import MAX_TOKENS, PER_KEY, OutputHistory
 
 REPLY = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
 
@@ -115,6 +115,18 @@ def test_history_keeps_its_last_outputs_and_leaves_out_what_it_cannot_index():
     huge = history()
     huge.add(list(range(MAX_TOKENS + 50)))
     assert huge.num_tokens == MAX_TOKENS
+
+
+def test_a_window_keeps_its_most_recent_places_and_an_evicted_output_leaves_its_windows():
+    capped = history(min_prob=0.0)
+    capped.add([7, 7, 7, 1, 2, 3, 4, 50])  # the longest match, soon past the window's cap
+    for i in range(PER_KEY):
+        capped.add([9, 1, 2, 3, 4, 60 + i])
+    assert capped.draft([7, 7, 7, 1, 2, 3, 4], k=1) == (4, [60 + PER_KEY - 1])
+    shared = history(max_requests=1)
+    shared.add([1, 2, 3, 4, 5, 6])
+    shared.add([1, 2, 3, 4, 8, 9])  # the first leaves; its place under 1 2 3 4 with it
+    assert shared.draft([1, 2, 3, 4], k=2) == (4, [8, 9])
 
 
 def test_the_drafter_learns_from_finished_sequences_and_keeps_each_salts_apart():

@@ -48,7 +48,7 @@ class OutputHistory:
         self._outputs: deque[tuple[str | None, int, list[int]]] = deque()  # salt, tag, output
         self._first = 0  # the serial of _outputs[0]
         self._tokens = 0
-        self._index: dict[int, deque[int]] = {}
+        self._index: dict[int, list[int]] = {}  # lists: an empty deque is 760 bytes
         self._tags: dict[str | None, tuple[int, int]] = {}  # salt: (tag, outputs held)
         self._next_tag = 0
 
@@ -74,10 +74,14 @@ class OutputHistory:
         self._tokens += len(output)
         index = self._index
         for at in range(KEY, len(output)):
+            place = serial << _POS | at
             places = index.get(key := _key(output, at, tag))
             if places is None:
-                places = index[key] = deque(maxlen=PER_KEY)
-            places.append(serial << _POS | at)
+                index[key] = [place]
+            else:
+                places.append(place)
+                if len(places) > PER_KEY:
+                    del places[0]
         while len(self._outputs) > self.max_requests or self._tokens > MAX_TOKENS:
             self._drop_oldest()
 
@@ -99,7 +103,7 @@ class OutputHistory:
             key = _key(output, at, tag)
             places = self._index.get(key)
             while places and places[0] >> _POS == serial:
-                places.popleft()
+                del places[0]
             if places is not None and not places:
                 del self._index[key]
 
@@ -121,7 +125,7 @@ class OutputHistory:
         return longest, self._follow(found, min(k, int(self.factor * longest)))
 
     def _longest(
-        self, token_ids: list[int], places: deque[int]
+        self, token_ids: list[int], places: list[int]
     ) -> tuple[int, list[tuple[list[int], int]]]:
         """The longest backward match among ``places`` and every place that has it, the
         most recent first, as (output, where its continuation starts)."""
