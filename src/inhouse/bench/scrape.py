@@ -11,18 +11,10 @@ from typing import Any
 import httpx
 
 from inhouse.http.prometheus import sample_totals
+from inhouse.launch import BACKENDS
 
-# Names without their prefix; vLLM's deprecated gpu_cache_usage_perc is read as well.
-KV_USAGE_NAMES = ("kv_cache_usage_perc", "gpu_cache_usage_perc")
-WAITING_NAMES = ("num_requests_waiting",)
-RUNNING_NAMES = ("num_requests_running",)
-PREFIX_QUERY_NAMES = ("prefix_cache_queries_total", "prefix_cache_queries")
-PREFIX_HIT_NAMES = ("prefix_cache_hits_total", "prefix_cache_hits")
-PREEMPTION_NAMES = ("num_preemptions_total", "num_preemptions")
-SPEC_DRAFT_NAMES = ("spec_decode_num_drafts_total", "spec_decode_num_drafts")
-SPEC_DRAFT_TOKEN_NAMES = ("spec_decode_num_draft_tokens_total", "spec_decode_num_draft_tokens")
-SPEC_ACCEPTED_NAMES = ("spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens")
-PREFIXES = ("inhouse:", "vllm:")
+# The engines' names, by meaning (`inhouse.launch.metric_names`).
+ENGINE_METRICS = tuple(b.metrics for b in BACKENDS.values() if b.metrics is not None)
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,29 +33,29 @@ class ServerReading:
 
 
 def read_gauges(text: str) -> ServerReading:
-    """The series found in a Prometheus text exposition, under inhouse or vLLM names;
+    """The series found in a Prometheus text exposition, under any engine's names;
     ValueError if the page is not a valid exposition."""
-    totals: dict[str, float] = {}
-    for name, value in sample_totals(text).items():
-        for prefix in PREFIXES:
-            if name.startswith(prefix):
-                short = name[len(prefix) :]
-                totals[short] = totals.get(short, 0.0) + value
-                break
+    totals = sample_totals(text)
 
-    def first(names: tuple[str, ...]) -> float | None:
-        return next((totals[n] for n in names if n in totals), None)
+    def first(meaning: str) -> float | None:
+        """The first series of that meaning found (a counter's samples end in `_total`)."""
+        for names in ENGINE_METRICS:
+            for name in getattr(names, meaning):
+                for sample in (f"{name}_total", name):
+                    if sample in totals:
+                        return totals[sample]
+        return None
 
     return ServerReading(
-        first(KV_USAGE_NAMES),
-        first(WAITING_NAMES),
-        first(RUNNING_NAMES),
-        first(PREFIX_QUERY_NAMES),
-        first(PREFIX_HIT_NAMES),
-        first(PREEMPTION_NAMES),
-        first(SPEC_DRAFT_NAMES),
-        first(SPEC_DRAFT_TOKEN_NAMES),
-        first(SPEC_ACCEPTED_NAMES),
+        first("kv_usage"),
+        first("waiting"),
+        first("running"),
+        first("prefix_queries"),
+        first("prefix_hits"),
+        first("preemptions"),
+        first("spec_drafts"),
+        first("spec_draft_tokens"),
+        first("spec_accepted_tokens"),
     )
 
 

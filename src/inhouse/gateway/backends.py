@@ -20,6 +20,7 @@ import httpx
 from inhouse.api.auth import auth_headers
 from inhouse.gateway.config import HealthSettings, Upstream
 from inhouse.http.prometheus import sample_totals
+from inhouse.launch import BACKENDS
 
 
 class BackendState(StrEnum):
@@ -178,23 +179,12 @@ class HealthChecker:
                 backend.last_error = "unreadable /metrics"
 
 
-# Per engine kind: the gauge of requests waiting, and the KV-cache usage gauges (0–1).
-# inhouse and vLLM: vLLM's names (the old gpu_cache_usage_perc too); SGLang 0.5.23:
-# sglang.srt.observability.metrics_collector; llama.cpp (`--metrics`): requests that no
-# slot took yet are "deferred", and it exports no KV usage.
-LOAD_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "inhouse": ("inhouse:num_requests_waiting", ("inhouse:kv_cache_usage_perc",)),
-    "vllm": (
-        "vllm:num_requests_waiting",
-        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    ),
-    "sglang": ("sglang:num_queue_reqs", ("sglang:token_usage",)),
-    "llama.cpp": ("llamacpp:requests_deferred", ()),
-}
-
-
 def read_load(metrics_text: str, kind: str) -> tuple[float, float]:
-    """Requests waiting and KV-cache usage from a `/metrics` page in `kind`'s names."""
-    waiting_name, kv_names = LOAD_METRICS[kind]
+    """Requests waiting and KV-cache usage (0–1) from a `/metrics` page in the names
+    `kind`'s engine declares (`inhouse.launch.metric_names`)."""
+    names = BACKENDS[kind].metrics
+    if names is None:
+        raise ValueError(f"a {kind} backend has no /metrics to read")
     totals = sample_totals(metrics_text)
-    return totals.get(waiting_name, 0.0), max((totals.get(n, 0.0) for n in kv_names), default=0.0)
+    waiting = next((totals[n] for n in names.waiting if n in totals), 0.0)
+    return waiting, max((totals.get(n, 0.0) for n in names.kv_usage), default=0.0)

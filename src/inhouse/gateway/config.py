@@ -22,17 +22,9 @@ from inhouse.gateway.config_values import (
     seconds,
 )
 from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
+from inhouse.launch import BACKENDS
 
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
-BACKEND_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp", "openai"})
-# Backends that accept vLLM's `cache_salt` (SGLang since 0.5; llama.cpp has no such field).
-SALTABLE_KINDS = frozenset({"inhouse", "vllm", "sglang"})
-# Backends whose `/tokenize` answers a prompt's token count (see tokens.count_prompt).
-TOKENIZING_KINDS = frozenset({"inhouse", "vllm", "sglang"})
-# Backends whose `/metrics` the router reads for load (see backends.LOAD_METRICS).
-SCRAPED_KINDS = frozenset({"inhouse", "vllm", "sglang", "llama.cpp"})
-# Backends that take vLLM's per-request `priority` integer (see `priority`).
-PRIORITIZED_KINDS = frozenset({"inhouse", "vllm"})
 POLICIES = ("queue", "fallback", "degrade")
 
 
@@ -74,19 +66,21 @@ class Upstream:
 
     @property
     def saltable(self) -> bool:
-        return self.kind in SALTABLE_KINDS
+        return BACKENDS[self.kind].saltable
 
     @property
     def tokenizes(self) -> bool:
-        return self.kind in TOKENIZING_KINDS
+        """Its `/tokenize` answers a prompt's token count (see tokens.count_prompt)."""
+        return BACKENDS[self.kind].tokenizes
 
     @property
     def scraped(self) -> bool:
-        return self.kind in SCRAPED_KINDS
+        """The router reads its `/metrics` for load (see backends.read_load)."""
+        return BACKENDS[self.kind].metrics is not None
 
     @property
     def prioritized(self) -> bool:
-        return self.send_priority and self.kind in PRIORITIZED_KINDS
+        return self.send_priority and BACKENDS[self.kind].prioritized
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,8 +340,8 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"{where}.url must be an http(s) URL, got {url!r}")
     kind = raw.get("kind", "inhouse")
-    if kind not in BACKEND_KINDS:
-        raise ConfigError(f"{where}.kind must be one of {sorted(BACKEND_KINDS)}, got {kind!r}")
+    if kind not in BACKENDS:
+        raise ConfigError(f"{where}.kind must be one of {sorted(BACKENDS)}, got {kind!r}")
     features = frozenset(raw.get("capabilities", ("chat", "completions")))
     if not features <= CAPABILITIES:
         bad = sorted(features - CAPABILITIES)

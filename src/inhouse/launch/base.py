@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from inhouse.launch.metric_names import MetricNames
+
 
 class EngineMissing(RuntimeError):
     """The engine's program or package is not installed; the message says how to get it."""
@@ -78,15 +80,31 @@ class Flags:
         self.notes.append(note)
 
 
-class Engine(ABC):
+class Backend:
+    """What the gateway, bench and observe know of one backend kind: the request fields
+    it takes, whether it counts tokens, and its metric names (None: no `/metrics` to read)."""
+
+    kind: str  # the gateway's `kind` of an upstream
+    features: tuple[str, ...] = ("chat", "completions")  # gateway capabilities
+    saltable: bool = False  # accepts vLLM's `cache_salt`
+    tokenizes: bool = False  # its `/tokenize` answers a prompt's token count
+    prioritized: bool = False  # takes vLLM's per-request `priority` integer
+    metrics: MetricNames | None = None  # what the router, bench and observe read
+
+
+class HostedBackend(Backend):
+    """An OpenAI-compatible API run elsewhere (a fallback): none of the engines' extras."""
+
+    kind = "openai"
+
+
+class Engine(Backend, ABC):
     """One serving engine: its flags, its program, and how it reports being ready."""
 
     name: str  # the --engine value
-    kind: str  # the gateway backend kind (metric names, cache_salt)
     program: str  # how its command starts, for people
     documented: str  # file under inhouse/launch/documented/ listing its options
     start_timeout_s: float  # how long a cold start may take before it counts as failed
-    features: tuple[str, ...] = ("chat", "completions")  # gateway capabilities
     gguf_only: bool = False  # loads nothing but GGUF files
 
     @abstractmethod

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from inhouse.launch.base import Endpoint, Engine, Flags, Health, LaunchSettings
+from inhouse.launch.metric_names import vllm_names
 from inhouse.plan.units import MIB
 
 # --dtype values `inhouse serve` accepts, by the plan's activation dtype.
@@ -30,6 +31,8 @@ class InhouseEngine(Engine):
     documented = ""  # our own flags: `inhouse serve --help` is their documentation
     start_timeout_s = 600.0
     features = ("chat", "completions", "tools", "json_schema")
+    saltable = tokenizes = prioritized = True
+    metrics = vllm_names("inhouse:")  # what server/metrics.py registers
 
     def executable(self) -> list[str]:
         return [*inhouse_command(), "serve"]

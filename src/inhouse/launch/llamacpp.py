@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from inhouse.launch.base import Endpoint, Engine, EngineMissing, Flags, LaunchSettings
+from inhouse.launch.metric_names import MetricNames
 
 LLAMA_CPP_PYTHON = "0.3.36"  # whose sdist vendors the llama.cpp we build and checked
 KV_TYPES = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "int8": "q8_0", "fp8": "q8_0"}
@@ -49,6 +50,9 @@ class LlamaCppEngine(Engine):
     start_timeout_s = 300.0
     features = ("chat", "completions", "tools", "json_schema")
     gguf_only = True
+    # No `cache_salt` field, no `/tokenize` count; with `--metrics`, requests no slot took
+    # yet are "deferred", and it exports no KV usage.
+    metrics = MetricNames("llamacpp:", waiting=("llamacpp:requests_deferred",))
 
     def executable(self) -> list[str]:
         binary = find_llama_server()

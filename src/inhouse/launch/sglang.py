@@ -12,6 +12,7 @@ import math
 import sys
 
 from inhouse.launch.base import Endpoint, Engine, EngineMissing, Flags, LaunchSettings
+from inhouse.launch.metric_names import MetricNames
 
 
 class SglangEngine(Engine):
@@ -21,6 +22,12 @@ class SglangEngine(Engine):
     documented = "sglang.txt"
     start_timeout_s = 1800.0
     features = ("chat", "completions", "tools", "json_schema")
+    saltable = True  # vLLM's `cache_salt`, since SGLang 0.5
+    tokenizes = True
+    # SGLang 0.5.23's sglang.srt.observability.metrics_collector
+    metrics = MetricNames(
+        "sglang:", waiting=("sglang:num_queue_reqs",), kv_usage=("sglang:token_usage",)
+    )
 
     def executable(self) -> list[str]:
         if importlib.util.find_spec("sglang") is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 from inhouse.launch.base import Endpoint, Engine, EngineMissing, Flags, LaunchSettings
+from inhouse.launch.metric_names import vllm_names
 
 
 class VllmEngine(Engine):
@@ -14,6 +15,9 @@ class VllmEngine(Engine):
     documented = "vllm.txt"
     start_timeout_s = 1800.0  # weights download, load, torch.compile and CUDA graphs
     features = ("chat", "completions", "tools", "json_schema")
+    saltable = tokenizes = True
+    prioritized = True  # with --scheduling-policy priority, which serving_flags passes
+    metrics = vllm_names("vllm:", older=True)
 
     def executable(self) -> list[str]:
         found = shutil.which("vllm")

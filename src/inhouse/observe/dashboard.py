@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from inhouse.observe.rules import ENGINE_PREFIX
+from inhouse.launch import metric_names as names
+from inhouse.observe.rules import ENGINE_PREFIX, ITL
 
 RATE = "$__rate_interval"
 MODEL = 'model_name=~"$model"'
@@ -93,31 +94,29 @@ def rows() -> list[Row]:
             [
                 Panel(
                     "Time to first token, engine",
-                    quantiles(engine("time_to_first_token_seconds_bucket"), "model_name"),
+                    quantiles(engine(f"{names.TTFT}_bucket"), "model_name"),
                     "s",
                     "The alert compares model:time_to_first_token_seconds:p99 with the SLO.",
                 ),
                 Panel(
                     "Inter-token latency",
-                    quantiles(
-                        engine(
-                            "(inter_token_latency_seconds|time_per_output_token_seconds)_bucket"
-                        ),
-                        "model_name",
-                    ),
+                    quantiles(engine(f"{ITL}_bucket"), "model_name"),
                     "s",
                 ),
                 Panel(
                     "End to end, engine",
-                    quantiles(engine("e2e_request_latency_seconds_bucket"), "model_name"),
+                    quantiles(engine(f"{names.E2E}_bucket"), "model_name"),
                     "s",
                 ),
                 Panel(
                     "Tokens per second",
                     [
-                        (f"sum(rate({engine('prompt_tokens_total')}[{RATE}]))", "prompt (in)"),
                         (
-                            f"sum(rate({engine('generation_tokens_total')}[{RATE}]))",
+                            f"sum(rate({engine(names.PROMPT_TOKENS + '_total')}[{RATE}]))",
+                            "prompt (in)",
+                        ),
+                        (
+                            f"sum(rate({engine(names.GENERATION_TOKENS + '_total')}[{RATE}]))",
                             "generated (out)",
                         ),
                     ],
@@ -132,11 +131,11 @@ def rows() -> list[Row]:
                     "Running and waiting requests",
                     [
                         (
-                            f"sum by (instance) ({engine('num_requests_running')})",
+                            f"sum by (instance) ({engine(names.RUNNING)})",
                             "running {{instance}}",
                         ),
                         (
-                            f"sum by (instance) ({engine('num_requests_waiting')})",
+                            f"sum by (instance) ({engine(names.WAITING)})",
                             "waiting {{instance}}",
                         ),
                     ],
@@ -150,8 +149,8 @@ def rows() -> list[Row]:
                     "Prefix cache hit rate",
                     [
                         (
-                            f"sum(rate({engine('prefix_cache_hits_total')}[{RATE}]))\n"
-                            f"/ sum(rate({engine('prefix_cache_queries_total')}[{RATE}]))",
+                            f"sum(rate({engine(names.PREFIX_HITS + '_total')}[{RATE}]))\n"
+                            f"/ sum(rate({engine(names.PREFIX_QUERIES + '_total')}[{RATE}]))",
                             "hit rate",
                         )
                     ],
@@ -161,7 +160,8 @@ def rows() -> list[Row]:
                     "Preemptions per second",
                     [
                         (
-                            f"sum by (instance) (rate({engine('num_preemptions_total')}[{RATE}]))",
+                            "sum by (instance) "
+                            f"(rate({engine(names.PREEMPTIONS + '_total')}[{RATE}]))",
                             "{{instance}}",
                         )
                     ],

@@ -14,9 +14,20 @@ from typing import Any
 
 import yaml
 
-ENGINE_PREFIX = "(inhouse|vllm)"
+from inhouse.launch import BACKENDS
+from inhouse.launch import metric_names as names
+
+# The prefixes of the engines that expose vLLM's names: ours and vLLM's.
+ENGINE_PREFIX = "({})".format(
+    "|".join(
+        b.metrics.prefix.removesuffix(":")
+        for b in BACKENDS.values()
+        if b.metrics is not None and b.metrics.vllm_named
+    )
+)
 BY_REPLICA = "job, instance, model_name"
-KV_USAGE = "(kv_cache_usage_perc|gpu_cache_usage_perc)"  # vLLM's current name and its old one
+KV_USAGE = f"({names.KV_USAGE}|{names.KV_USAGE_OLD})"  # vLLM's current name and its old one
+ITL = f"({names.ITL}|{names.ITL_OLD})"  # the same for the inter-token latency histogram
 
 
 # Every replica reports the same share (read from the shared database): one per team.
@@ -85,11 +96,11 @@ def recording_rules(t: AlertThresholds) -> list[dict[str, str]]:
     return [
         {
             "record": "model:time_to_first_token_seconds:p99",
-            "expr": p99("time_to_first_token_seconds"),
+            "expr": p99(names.TTFT),
         },
         {
             "record": "model:inter_token_latency_seconds:p99",
-            "expr": p99("(inter_token_latency_seconds|time_per_output_token_seconds)"),
+            "expr": p99(ITL),
         },
         {
             "record": "model:kv_cache_usage:ratio",
@@ -97,12 +108,12 @@ def recording_rules(t: AlertThresholds) -> list[dict[str, str]]:
         },
         {
             "record": "model:num_requests_waiting:avg",
-            "expr": f"max by ({BY_REPLICA}) "
-            f"(avg_over_time({engine_series('num_requests_waiting')}[{w}]))",
+            "expr": f"max by ({BY_REPLICA}) (avg_over_time({engine_series(names.WAITING)}[{w}]))",
         },
         {
             "record": "model:num_preemptions:rate",
-            "expr": f"sum by ({BY_REPLICA}) (rate({engine_series('num_preemptions_total')}[{w}]))",
+            "expr": f"sum by ({BY_REPLICA}) "
+            f"(rate({engine_series(names.PREEMPTIONS + '_total')}[{w}]))",
         },
         {"record": "model:gateway_error:ratio", "expr": share('status=~"5..",status!="503"')},
         {"record": "model:gateway_unavailable:ratio", "expr": share('status="503"')},
@@ -277,8 +288,7 @@ def alerting_rules(t: AlertThresholds) -> list[dict[str, Any]]:
         alerts.append(
             _alert(
                 "InhouseBatchFull",
-                f"max by ({BY_REPLICA}) ({engine_series('num_requests_running')})"
-                f" >= {t.max_num_seqs}",
+                f"max by ({BY_REPLICA}) ({engine_series(names.RUNNING)}) >= {t.max_num_seqs}",
                 t.pending,
                 "warning",
                 "{{ $labels.model_name }} on {{ $labels.instance }} runs"

@@ -1,5 +1,8 @@
 """Prometheus metrics with vLLM's names under the ``inhouse:`` prefix, one registry per app.
 
+The names others read (gateway load, bench, observe) are the ones our engine declares in
+:mod:`inhouse.launch.metric_names`; the rest only this module names.
+
 Gauges and counters the engine already keeps are read from ``EngineStats`` at scrape
 time (a custom collector, so the numbers cannot drift); per-request histograms are
 observed by the server as requests finish. Every series carries ``model_name``.
@@ -16,8 +19,10 @@ from prometheus_client.registry import Collector
 from inhouse.engine.outputs import RequestOutput
 from inhouse.engine.speculative.drafter import SpecDecodeCounters
 from inhouse.engine.stats import EmbeddingStats, EngineStats, RequestTiming
+from inhouse.launch import metric_names as names
+from inhouse.launch.inhouse import InhouseEngine
 
-PREFIX = "inhouse:"
+PREFIX = InhouseEngine.metrics.prefix
 FINISH_REASONS = ("stop", "length", "abort")
 LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -48,20 +53,20 @@ class EngineStatsCollector(Collector):
         if stats is None:
             return
         gauges = {
-            "num_requests_running": ("Requests in the running batch.", stats.num_running),
-            "num_requests_waiting": ("Requests waiting to be scheduled.", stats.num_waiting),
-            "kv_cache_usage_perc": ("KV-cache usage, 0 to 1.", stats.kv_cache_usage),
+            names.RUNNING: ("Requests in the running batch.", stats.num_running),
+            names.WAITING: ("Requests waiting to be scheduled.", stats.num_waiting),
+            names.KV_USAGE: ("KV-cache usage, 0 to 1.", stats.kv_cache_usage),
         }
         for name, (doc, value) in gauges.items():
             family = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
             family.add_metric([self._model], value)
             yield family
         counters = {
-            "prefix_cache_queries": ("Prompt tokens looked up.", stats.prefix_cache_queries),
-            "prefix_cache_hits": ("Prompt tokens found cached.", stats.prefix_cache_hits),
-            "num_preemptions": ("Sequences preempted for KV.", stats.num_preemptions),
-            "prompt_tokens": ("Prompt tokens processed.", stats.prompt_tokens),
-            "generation_tokens": ("Tokens generated.", stats.generation_tokens),
+            names.PREFIX_QUERIES: ("Prompt tokens looked up.", stats.prefix_cache_queries),
+            names.PREFIX_HITS: ("Prompt tokens found cached.", stats.prefix_cache_hits),
+            names.PREEMPTIONS: ("Sequences preempted for KV.", stats.num_preemptions),
+            names.PROMPT_TOKENS: ("Prompt tokens processed.", stats.prompt_tokens),
+            names.GENERATION_TOKENS: ("Tokens generated.", stats.generation_tokens),
             "abandoned_steps": (
                 "Steps stopped before a layer for a request of a better priority.",
                 stats.abandoned_steps,
@@ -95,9 +100,9 @@ class EngineStatsCollector(Collector):
     def _spec_decode(self, spec: SpecDecodeCounters) -> Iterator[CounterMetricFamily]:
         """vLLM's speculative-decoding counters (present only with speculation on)."""
         counters = {
-            "spec_decode_num_drafts": ("Drafts verified.", spec.num_drafts),
-            "spec_decode_num_draft_tokens": ("Draft tokens verified.", spec.num_draft_tokens),
-            "spec_decode_num_accepted_tokens": ("Draft tokens accepted.", spec.num_accepted_tokens),
+            names.SPEC_DRAFTS: ("Drafts verified.", spec.num_drafts),
+            names.SPEC_DRAFT_TOKENS: ("Draft tokens verified.", spec.num_draft_tokens),
+            names.SPEC_ACCEPTED: ("Draft tokens accepted.", spec.num_accepted_tokens),
         }
         yield from _model_counters(counters, self._model)
         per_pos = CounterMetricFamily(
@@ -157,13 +162,9 @@ class ServerMetrics:
                 PREFIX + name, doc, ["model_name"], registry=self.registry, buckets=buckets
             ).labels(model_name)
 
-        self.ttft = histogram(
-            "time_to_first_token_seconds", "Time to first token.", LATENCY_BUCKETS
-        )
-        self.itl = histogram(
-            "inter_token_latency_seconds", "Time between generated tokens.", LATENCY_BUCKETS
-        )
-        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", LATENCY_BUCKETS)
+        self.ttft = histogram(names.TTFT, "Time to first token.", LATENCY_BUCKETS)
+        self.itl = histogram(names.ITL, "Time between generated tokens.", LATENCY_BUCKETS)
+        self.e2e = histogram(names.E2E, "Arrival to finish.", LATENCY_BUCKETS)
         self.queue = histogram(
             "request_queue_time_seconds", "Arrival to first scheduling.", LATENCY_BUCKETS
         )
