@@ -54,6 +54,7 @@ def test_canary_widen_promote_rollback_and_status(config: Path) -> None:
         (["promote", "smol"], "has no releases yet"),
         (["canary", "smol", "--backend", "nope", "--percent", "5"], "no backend named 'nope'"),
         (["canary", "smol", "--backend", "q8", "--percent", "150"], "between 0 and 100"),
+        (["canary", "smol", "--backend", "http://h", "--kind", "tgi", "--percent", "5"], "--kind"),
         (
             ["canary", "smol", "--backend", "q8", "--percent", "5", "--sampling", "[1]"],
             "--sampling must be a JSON object",
@@ -65,7 +66,16 @@ def test_canary_widen_promote_rollback_and_status(config: Path) -> None:
         (["canary", "other", "--backend", "q8", "--percent", "5"], "not in the gateway config"),
         (["compare", "smol"], "no candidate and no shadow pairs"),
     ],
-    ids=["promote", "unknown-backend", "share", "sampling", "guardrail", "model", "compare"],
+    ids=[
+        "promote",
+        "unknown-backend",
+        "share",
+        "kind",
+        "sampling",
+        "guardrail",
+        "model",
+        "compare",
+    ],
 )
 def test_refusals_are_one_sentence_and_exit_1(config: Path, args: list[str], message: str) -> None:
     code, out = _release(config, *args)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from inhouse.gateway.command import ConfigOption, DatabaseOption, settings_for
+from inhouse.launch import BACKENDS
 from inhouse.manifests.command import checked_manifest
 
 if TYPE_CHECKING:
@@ -214,6 +215,8 @@ def _check_names(settings: GatewayConfig, refs: Any) -> None:
     for ref in refs:
         if ref.url is None and ref.name not in known:
             raise _fail(f"no backend named {ref.name!r} in the gateway config; give an URL")
+        if ref.url is not None and ref.kind not in BACKENDS:
+            raise _fail(f"--kind must be one of {sorted(BACKENDS)}, got {ref.kind!r}")
 
 
 def pinned_manifest(path: Path, pinned: Manifest | None = None) -> tuple[str, dict[str, Any]]:
