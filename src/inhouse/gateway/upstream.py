@@ -4,7 +4,8 @@ fallback), rewrite the body, exchange the key, relay the answer, settle however 
 Streams pass through event by event with no buffering. The gateway forces
 `stream_options.include_usage` upstream so it can charge real usage, and drops the
 usage chunk again when the client did not ask for it. What passes is recorded in the
-Outcome, so a stream cut off early is charged what was sent.
+Outcome, so a stream cut off early is charged what was sent, and its prompt is recounted
+(it never got the usage chunk).
 
 Upstream requests go over a lean keep-alive HTTP/1.1 client (`inhouse.http.client`, one per
 upstream origin), which spends far less CPU per request than httpx.
