@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inhouse.gateway.backends import read_load
+from inhouse.gateway.backends import read_busy, read_load
 
 PAGES = {
     "vllm": """# TYPE vllm:num_requests_waiting gauge
@@ -41,3 +41,13 @@ def test_each_engine_is_read_in_its_own_names(kind: str) -> None:
 def test_another_engines_names_are_not_taken_for_load() -> None:
     assert read_load(PAGES["vllm"], "sglang") == (0.0, 0.0)
     assert read_load(PAGES["vllm"].replace("kv_cache", "gpu_cache"), "vllm") == (3.0, 0.75)
+
+
+@pytest.mark.parametrize("kind", sorted(PAGES))
+def test_work_running_or_waiting_reads_as_busy(kind: str) -> None:
+    assert read_busy(PAGES[kind], kind)
+    idle = "".join(
+        line.rsplit(" ", 1)[0] + " 0\n" if not line.startswith("#") else line + "\n"
+        for line in PAGES[kind].splitlines()
+    )
+    assert not read_busy(idle, kind)

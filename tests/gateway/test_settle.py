@@ -40,3 +40,10 @@ def test_a_call_that_reached_no_upstream_charges_no_prompt(store: KeyStore) -> N
 def test_unmetered_calls_charge_nothing(store: KeyStore) -> None:
     outcome = Outcome(status=200, prompt_tokens=12, completion_tokens=3)
     assert charge(_call(store, reached=True, metered=False), outcome) == (0, 0)
+
+
+def test_a_cut_off_answer_is_charged_its_counted_prompt_not_the_estimate(
+    store: KeyStore,
+) -> None:
+    outcome = Outcome(status=200, content_chunks=2, prompt_counted=33)
+    assert charge(_call(store, reached=True), outcome) == (33, 2)

@@ -30,6 +30,7 @@ from inhouse.gateway.upstream import UpstreamClients
 from inhouse.gateway.usage.teams import team_exhausted
 
 TOKENIZE_TIMEOUT_S = 5.0
+RECOUNT_TIMEOUT_S = 1.0  # a cut-off answer's count waits less: its settlement waits for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,19 @@ async def count_prompt(
             limit = limit if isinstance(limit, int) else None
             return PromptCount(count + extra, count + extra, limit)  # one prompt: no batch
     return bound
+
+
+async def count_cut_prompt(state: GatewayState, call: Call, body: dict[str, Any]) -> int:
+    """The prompt tokens of an answer cut off before the upstream reported its usage (a
+    client that left a stream): counted by a replica's `/tokenize`, else the prompt's upper
+    bound, never the reservation's estimate, which can count fewer."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(RECOUNT_TIMEOUT_S):
+            counted = await count_prompt(
+                state.upstreams, state.router, call.route.name, call.endpoint, body, call.needs
+            )
+            return counted.tokens
+    return call.needs.prompt_bound
 
 
 def _tokenize_body(endpoint: str, body: dict[str, Any]) -> dict[str, Any] | None:

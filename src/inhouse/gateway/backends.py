@@ -2,7 +2,12 @@
 
 A check asks `/health` first (503 means loading: "starting", not "down"), then makes
 a real 1-token inference call with a timeout; `failures_to_down` consecutive failures
-mark a backend down and `successes_to_up` successes bring it back. For inhouse, vLLM,
+mark a backend down and `successes_to_up` successes bring it back. A probe that times out
+waiting for its answer after `/health` said 200 is not a failure when the backend's own
+`/metrics` shows requests running or waiting: the probe waited in a full queue, the
+backend is busy, not dead (its answers' latency and errors are the guardrail's to judge).
+A refused or broken connection, a failing `/health`, an error answer, and a timeout on a
+backend with nothing to do (or whose load cannot be read) are failures. For inhouse, vLLM,
 SGLang and llama.cpp backends it also scrapes `/metrics`, each engine's own names, for
 the queue length and KV-cache usage the router uses to pick the least-loaded replica.
 """
@@ -69,6 +74,13 @@ class Backend:
             self.state = BackendState.DOWN
             return True
         return False
+
+    def record_busy(self, settings: HealthSettings) -> bool:
+        """The probe waited in the backend's full queue: alive. Returns True if the state
+        changed."""
+        changed = self.record_success(settings)
+        self.last_error = "busy: the probe waited in a full queue"
+        return changed
 
     def record_starting(self) -> bool:
         """The backend answered but is still loading its model."""
@@ -153,6 +165,10 @@ class HealthChecker:
                 headers=auth_headers(upstream.api_key),  # its own key, never the client's
                 timeout=timeout,
             )
+        except httpx.ReadTimeout as exc:  # sent, never answered in time: busy or stuck
+            if upstream.scraped and await self._busy(backend):
+                return backend.record_busy(self._settings)
+            return backend.record_failure(self._settings, f"{type(exc).__name__}: {exc}"[:200])
         except httpx.HTTPError as exc:
             return backend.record_failure(self._settings, f"{type(exc).__name__}: {exc}"[:200])
         if reply.status_code != 200:
@@ -163,7 +179,8 @@ class HealthChecker:
             await self._scrape(backend)
         return backend.record_success(self._settings)
 
-    async def _scrape(self, backend: Backend) -> None:
+    async def _scrape(self, backend: Backend) -> str | None:
+        """Read the backend's load from its `/metrics`; the page, None if unread."""
         try:
             reply = await self._client.get(
                 f"{backend.upstream.url}/metrics",
@@ -171,12 +188,29 @@ class HealthChecker:
                 timeout=self._settings.timeout_s,
             )
         except httpx.HTTPError:
-            return
-        if reply.status_code == 200:
-            try:
-                backend.waiting, backend.kv_usage = read_load(reply.text, backend.upstream.kind)
-            except ValueError:
-                backend.last_error = "unreadable /metrics"
+            return None
+        if reply.status_code != 200:
+            return None
+        try:
+            backend.waiting, backend.kv_usage = read_load(reply.text, backend.upstream.kind)
+        except ValueError:
+            backend.last_error = "unreadable /metrics"
+            return None
+        return reply.text
+
+    async def _busy(self, backend: Backend) -> bool:
+        """Whether the backend's own `/metrics` shows requests running or waiting."""
+        page = await self._scrape(backend)
+        return page is not None and read_busy(page, backend.upstream.kind)
+
+
+def read_busy(metrics_text: str, kind: str) -> bool:
+    """Whether a `/metrics` page in `kind`'s names shows requests running or waiting."""
+    names = BACKENDS[kind].metrics
+    if names is None:
+        return False
+    totals = sample_totals(metrics_text)
+    return any(totals.get(n, 0.0) > 0 for n in (*names.running, *names.waiting))
 
 
 def read_load(metrics_text: str, kind: str) -> tuple[float, float]:

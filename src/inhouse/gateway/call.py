@@ -26,6 +26,8 @@ class Outcome:
     error_type: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # an answer cut off before its usage: the prompt counted by /tokenize, else its bound
+    prompt_counted: int | None = None
     content_chunks: int = 0  # chunks that carried generated text or a tool call
     finish_reason: str | None = None
     first_token_at: float | None = None

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ from starlette.types import Receive
 
 from inhouse.api.body import json_object
 from inhouse.api.errors import APIError, server_error
-from inhouse.gateway.admission import Admitter, Refusal
+from inhouse.gateway.admission import Admitter, Refusal, count_cut_prompt
 from inhouse.gateway.audit.writer import Redactor
 from inhouse.gateway.degrade import Degrader
 from inhouse.gateway.endpoints import ENDPOINTS
@@ -58,7 +59,8 @@ class Gateway:
         self.settler = Settler(state, self.ledger)
         self.admitter = Admitter(state)
         self.degrader = Degrader(config, state.router, state.metrics)
-        self.forwarder = Forwarder(state, self.settler, self.ledger)
+        cut = functools.partial(count_cut_prompt, state)
+        self.forwarder = Forwarder(state, self.settler, self.ledger, cut)
 
     async def authenticate(self, authorization: Sequence[str]) -> ApiKey:
         """The live key named by the request's Authorization headers, or an APIError."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import anyio
 from starlette.responses import Response
@@ -30,7 +30,7 @@ class RelayResponse(Response):
         self,
         chunks: AsyncGenerator[bytes, None],
         upstream: contextlib.AsyncExitStack,
-        on_close: Callable[[], int],
+        on_close: Callable[[], Awaitable[int]],
         headers: dict[str, str],
         shutdown: Callable[[], bytes],
     ) -> None:
@@ -56,7 +56,7 @@ class RelayResponse(Response):
             with anyio.CancelScope(shield=True):
                 await self._chunks.aclose()
                 await self._upstream.aclose()
-                self.status_code = self._on_close()
+                self.status_code = await self._on_close()
 
     async def _stream(self, send: Send, scope: anyio.CancelScope) -> None:
         await self._start(send)

@@ -152,14 +152,16 @@ class Ledger:
 
 
 def charge(call: Call, outcome: Outcome) -> tuple[int, int]:
-    """Prompt and completion tokens to charge: the upstream's usage, else the reserved
-    prompt (if it reached an upstream) and one token per content chunk."""
+    """Prompt and completion tokens to charge: the upstream's usage; for an answer cut off
+    before it (if it reached an upstream), the prompt as counted after the cut (else as
+    reserved) and one token per content chunk relayed."""
     if not call.metered:
         return 0, 0
     reached = call.lease is not None and outcome.status != 0
     prompt = outcome.prompt_tokens
     if prompt is None:
-        prompt = call.prompt if reached else 0
+        counted = call.prompt if outcome.prompt_counted is None else outcome.prompt_counted
+        prompt = counted if reached else 0
     completion = outcome.completion_tokens
     if completion is None:
         completion = outcome.content_chunks

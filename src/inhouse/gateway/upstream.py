@@ -4,7 +4,8 @@ fallback), rewrite the body, exchange the key, relay the answer, settle however 
 Streams pass through event by event with no buffering. The gateway forces
 `stream_options.include_usage` upstream so it can charge real usage, and drops the
 usage chunk again when the client did not ask for it. What passes is recorded in the
-Outcome, so a stream cut off early is charged what was sent.
+Outcome, so a stream cut off early is charged what was sent, and its prompt is recounted
+(it never got the usage chunk).
 
 Upstream requests go over a lean keep-alive HTTP/1.1 client (`inhouse.http.client`, one per
 upstream origin), which spends far less CPU per request than httpx.
@@ -17,7 +18,7 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ from inhouse.gateway.releases.canary import apply_release, capped
 from inhouse.gateway.routing import Overloaded
 from inhouse.gateway.settlement import Ledger, Settler, final_status
 from inhouse.gateway.state import GatewayState
-from inhouse.http.client import Http1Client
+from inhouse.http.client import Http1Client, NotAnswered
 from inhouse.http.client import Response as UpstreamResponse
 from inhouse.http.errors import error_response
 
@@ -194,6 +195,8 @@ class Forwarder:
     state: GatewayState
     settler: Settler
     ledger: Ledger
+    # the prompt tokens of an answer cut off before its usage (`admission.count_cut_prompt`)
+    count_cut_prompt: Callable[[Call, dict[str, Any]], Awaitable[int]]
 
     async def forward(self, call: Call, body: dict[str, Any], receive: Receive | None) -> Response:
         """The client's answer. With `receive`, a non-streamed call whose client disconnects
@@ -215,7 +218,8 @@ class Forwarder:
                     strip = not forward.client_wants_usage
                     chunks = relay_events(upstream.iter_body(), outcome, strip)
                     return RelayResponse(
-                        chunks, stack, lambda: self._close_stream(call, outcome), call.headers,
+                        chunks, stack, lambda: self._close_stream(call, outcome, body),
+                        call.headers,
                         lambda: _shutdown_event(outcome),
                     )  # fmt: skip
                 answer = await upstream.read()
@@ -224,6 +228,7 @@ class Forwarder:
             if call.client_left and not call.settled:  # answered to nobody: the client left
                 outcome.status, outcome.error_type = CLIENT_CLOSED, "client_disconnected"
                 outcome.completed = True
+                await self._count_cut(call, outcome, body)
                 self.settler.settle(call, outcome)
                 return Response(status_code=CLIENT_CLOSED)
             return self.fail(call, outcome, _upstream_error(exc))
@@ -242,10 +247,18 @@ class Forwarder:
         media = upstream.headers.get("content-type", "application/json")
         return Response(answer, outcome.status, headers=call.headers, media_type=media)
 
-    def _close_stream(self, call: Call, outcome: Outcome) -> int:
+    async def _close_stream(self, call: Call, outcome: Outcome, body: dict[str, Any]) -> int:
         """Settle a stream that ended (however it did); the status it ended with."""
+        await self._count_cut(call, outcome, body)
         self.settler.settle(call, outcome)
         return final_status(call, outcome)
+
+    async def _count_cut(self, call: Call, outcome: Outcome, body: dict[str, Any]) -> None:
+        """Count the prompt of an answer an upstream started but whose usage never came
+        (its client left, or the stream broke), so it is charged what it used."""
+        unreported = outcome.status != 0 and outcome.prompt_tokens is None
+        if unreported and call.metered and call.lease is not None and not call.settled:
+            outcome.prompt_counted = await self.count_cut_prompt(call, body)
 
     def fail(
         self, call: Call, outcome: Outcome | None, error: APIError,
@@ -263,8 +276,9 @@ class Forwarder:
     async def _open(
         self, call: Call, body: dict[str, Any], outcome: Outcome, stack: contextlib.AsyncExitStack
     ) -> tuple[UpstreamResponse, Forward] | Response:
-        """Send the request to a replica (skipping those that refuse the connection) or the
-        fallback; its response, or the error response when none can take it."""
+        """Send the request to a replica (skipping those that refuse the connection or break
+        it before any byte of an answer) or the fallback; its response, or the error
+        response when none can take it."""
         tried: set[int] = set()
         while True:
             pick = call.release = None if call.release is None else call.release.routable()
@@ -290,7 +304,7 @@ class Forwarder:
             forward = prepare(lease.upstream, call.endpoint, sent, salt, cap, call.priority)
             try:
                 upstream = await self.state.upstreams.open(forward, stack)
-            except (ConnectionRefusedError, socket.gaierror) as exc:
+            except (ConnectionRefusedError, socket.gaierror, NotAnswered) as exc:
                 self.state.router.release(lease)
                 call.lease = None
                 if lease.backend is None:

@@ -18,6 +18,11 @@ class ConnectionLost(ConnectionError):
     """The server closed or broke the connection before the response was complete."""
 
 
+class NotAnswered(ConnectionLost):
+    """The connection broke (reset, or closed) before any byte of the response: the server
+    never answered, so the request may go to another server, as a refused connection's."""
+
+
 class _Connection:
     __slots__ = ("reader", "writer")
 
@@ -119,7 +124,9 @@ class Http1Client:
 
     @contextlib.asynccontextmanager
     async def post(self, path: str, body: bytes) -> AsyncIterator[Response]:
-        """Send a POST and yield its response; a stale kept-alive connection is retried once."""
+        """Send a POST and yield its response; a stale kept-alive connection is retried once
+        on a new one, and a connection that breaks before the response began raises
+        `NotAnswered`."""
         request = (
             f"POST {self._prefix}{path} HTTP/1.1\r\n{self._head}content-length: {len(body)}\r\n\r\n"
         ).encode("latin-1") + body
@@ -137,7 +144,13 @@ class Http1Client:
         except asyncio.IncompleteReadError as exc:
             if connection is not None:
                 connection.close()
+            if not exc.partial:
+                raise NotAnswered("the server closed the connection unanswered") from exc
             raise ConnectionLost("the server closed the connection") from exc
+        except (ConnectionResetError, BrokenPipeError) as exc:  # no byte of a head came
+            if connection is not None:
+                connection.close()
+            raise NotAnswered(f"the connection broke unanswered: {exc!r}") from exc
         except BaseException:
             if connection is not None:
                 connection.close()

@@ -52,7 +52,11 @@ class LlamaCppEngine(Engine):
     gguf_only = True
     # No `cache_salt` field, no `/tokenize` count; with `--metrics`, requests no slot took
     # yet are "deferred", and it exports no KV usage.
-    metrics = MetricNames("llamacpp:", waiting=("llamacpp:requests_deferred",))
+    metrics = MetricNames(
+        "llamacpp:",
+        running=("llamacpp:requests_processing",),
+        waiting=("llamacpp:requests_deferred",),
+    )
 
     def executable(self) -> list[str]:
         binary = find_llama_server()

@@ -26,7 +26,10 @@ class SglangEngine(Engine):
     tokenizes = True
     # SGLang 0.5.23's sglang.srt.observability.metrics_collector
     metrics = MetricNames(
-        "sglang:", waiting=("sglang:num_queue_reqs",), kv_usage=("sglang:token_usage",)
+        "sglang:",
+        running=("sglang:num_running_reqs",),
+        waiting=("sglang:num_queue_reqs",),
+        kv_usage=("sglang:token_usage",),
     )
 
     def executable(self) -> list[str]:
