@@ -1,6 +1,6 @@
 """Shared helpers for gateway tests: a real SQLite file, a clock tests move by hand, the
-release tests' two canned upstreams (see `release_env`), and one `inhouse serve` of the
-bundled model for the whole session."""
+release tests' two canned upstreams (see `release_env`), a real PostgreSQL server per module,
+and one `inhouse serve` of the bundled model for the whole session."""
 
 from __future__ import annotations
 
@@ -42,6 +42,17 @@ def db_url(tmp_path: Path) -> str:
 @pytest.fixture
 def store(db_url: str, clock: ManualClock) -> KeyStore:
     return KeyStore(open_database(db_url), b"test-pepper", clock)
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real PostgreSQL server (pgserver); the SQLAlchemy URL of its `postgres` database."""
+    pgserver = pytest.importorskip("pgserver", reason="pip install -e '.[dev]' (pgserver)")
+    server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="stop")
+    try:
+        yield server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
+    finally:
+        server.cleanup()
 
 
 @pytest.fixture(scope="module")

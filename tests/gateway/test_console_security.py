@@ -1,7 +1,8 @@
 """The admin console's guards, in process over ASGI with the real app and SQLite: no session
 → sign-in page or 401, a normal key → 403, forms without their CSRF token or from another
-origin → 403, the cookie's flags, the login rate limit, revocation ending a session, and no
-secret on any page or in any log."""
+origin → 403, the cookie's flags, the login rate limit, revocation, demotion, logout and a
+new secret each ending a session, hostile bytes in every filter and form refused before the
+database, and no secret on any page or in any log."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from admin_fields import attempts
 
 from inhouse.gateway.app import build_gateway, create_app
 from inhouse.gateway.config import parse_config
 from inhouse.gateway.console.session import LOGINS_PER_MINUTE
 from inhouse.gateway.handler import Gateway
+from inhouse.gateway.keys import AuthError
 
 PAGES = ("/admin", "/admin/keys", "/admin/teams", "/admin/usage", "/admin/usage.svg",
          "/admin/cost", "/admin/audit", "/admin/health")  # fmt: skip
@@ -142,6 +145,51 @@ def test_revoking_the_admin_key_ends_its_session_and_logins_are_rate_limited(
                     for _ in range(LOGINS_PER_MINUTE + 2)]  # fmt: skip
         assert statuses[: LOGINS_PER_MINUTE - 1] == [401] * (LOGINS_PER_MINUTE - 1)
         assert statuses[-1] == 429
+
+    _run(tmp_path, test)
+
+
+@pytest.mark.parametrize("end", ["logout", "demote", "rotate"])
+def test_logout_demotion_and_a_new_secret_each_end_the_open_session(
+    tmp_path: Path, end: str
+) -> None:
+    async def test(gateway: Gateway, client: httpx.AsyncClient) -> None:
+        _, admin = gateway.keys.create("ops", admin=True)
+        await sign_in(client, admin)
+        cookie = client.cookies["ih_session"]
+        assert (await client.get("/admin/keys")).status_code == 200
+        if end == "logout":
+            out = await client.post("/admin/logout", data={"csrf": await csrf_of(client)})
+            assert out.status_code == 303
+        elif end == "demote":
+            gateway.keys.update("ops", admin=False)
+        else:
+            form = {"name": "ops", "csrf": await csrf_of(client)}
+            made = await client.post("/admin/keys/rotate", data=form)
+            new = re.search(r'<code id="secret">([^<]+)</code>', made.text)
+            assert made.status_code == 201 and new is not None
+            assert gateway.keys.authenticate(new.group(1)).name == "ops"
+            with pytest.raises(AuthError):
+                gateway.keys.authenticate(admin)
+        client.cookies.set("ih_session", cookie, path="/admin")  # the old cookie, kept
+        assert (await client.get("/admin/keys")).status_code == 303
+        assert (await client.get("/admin/api/usage")).status_code == 401
+
+    _run(tmp_path, test)
+
+
+def test_nul_and_bytes_that_are_not_utf8_in_any_filter_or_form_are_a_400(tmp_path: Path) -> None:
+    async def test(gateway: Gateway, client: httpx.AsyncClient) -> None:
+        _, admin = gateway.keys.create("ops", admin=True)
+        await sign_in(client, admin)
+        form = {"content-type": "application/x-www-form-urlencoded"}
+        for attempt in attempts(await csrf_of(client)):
+            answer = await client.request(attempt.method, attempt.path, content=attempt.body,
+                                          headers=form)  # fmt: skip
+            assert answer.status_code == 400, attempt
+            assert answer.json()["error"]["code"] == "invalid_text", attempt
+        assert {k.name for k in gateway.keys.list()} == {"ops"}
+        assert (await client.get("/admin/audit?team=search")).status_code == 200
 
     _run(tmp_path, test)
 

@@ -6,9 +6,13 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from inhouse.cli import app
+from inhouse.gateway.config import GatewayConfig
+from inhouse.gateway.db import open_database
+from inhouse.gateway.keys import AuthError, KeyStore, load_pepper
 from inhouse.launch.inhouse import inhouse_command
 from serving import gateway_toml
 
@@ -36,6 +40,19 @@ def test_create_list_update_revoke(db_url: str) -> None:
     assert duplicate.exit_code != 0
     audit = runner.invoke(app, ["audit", *db])
     assert audit.exit_code == 0 and "Totals per key" in audit.stdout
+
+
+def test_rotate_gives_a_new_secret_and_refuses_the_old_one(db_url: str) -> None:
+    runner, db = CliRunner(), ["--database", db_url]
+    old = runner.invoke(app, ["keys", "create", "bob", "--rpm", "7", *db]).stdout.split()[-1]
+    rotated = runner.invoke(app, ["keys", "rotate", "bob", *db])
+    assert rotated.exit_code == 0, rotated.output
+    new = rotated.stdout.split()[-1]
+    store = KeyStore(open_database(db_url), load_pepper(GatewayConfig(models=(), database=db_url)))
+    assert new.startswith("ih-") and new != old and store.authenticate(new).rpm == 7
+    with pytest.raises(AuthError):
+        store.authenticate(old)
+    assert runner.invoke(app, ["keys", "rotate", "nobody", *db]).exit_code == 1
 
 
 def test_a_config_the_command_cannot_use_is_one_line_not_a_traceback(tmp_path: Path) -> None:

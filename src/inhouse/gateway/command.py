@@ -26,7 +26,7 @@ DatabaseOption = Annotated[
 ]
 
 keys_app = typer.Typer(
-    help="Create, list, update and revoke gateway API keys.", no_args_is_help=True
+    help="Create, list, update, rotate and revoke gateway API keys.", no_args_is_help=True
 )
 
 
@@ -178,6 +178,16 @@ def keys_revoke(name: str, config: ConfigOption = None, database: DatabaseOption
     """Revoke a key: refused from the very next request, on every replica."""
     _edit(lambda store: store.revoke(name), config, database)
     typer.echo(f"revoked key {name!r}")
+
+
+@keys_app.command("rotate")
+def keys_rotate(name: str, config: ConfigOption = None, database: DatabaseOption = None) -> None:
+    """Give a key a new secret: the old one is refused from the very next request, on every
+    replica, and the key's console sessions end; its limits and usage stay."""
+    secrets: list[str] = []
+    _edit(lambda store: secrets.append(store.rotate(name)[1]), config, database)
+    typer.echo(f"rotated key {name!r}; its new secret is shown only now:")
+    typer.echo(secrets[0])
 
 
 @keys_app.command("update")

@@ -149,6 +149,18 @@ schema_marks = Table(
     Column("name", String(64), primary_key=True),
 )
 
+# Console sign-ins (`console.session`): a row per open session, found by a hash of its
+# cookie, so logging out on one replica ends it on every replica. It holds the key's
+# secret hash at sign-in: rotating the key's secret ends its sessions.
+admin_sessions = Table(
+    "admin_sessions",
+    metadata,
+    Column("token_hash", String(64), primary_key=True),
+    Column("key_id", Integer, nullable=False, index=True),
+    Column("key_hash", String(64), nullable=False),
+    Column("expires_at", Float, nullable=False, index=True),
+)
+
 limiter_state = Table(
     "limiter_state",
     metadata,

@@ -220,6 +220,18 @@ class KeyStore:
     def revoke(self, name: str) -> ApiKey:
         return self._update(name, {"revoked_at": self._clock()})
 
+    def rotate(self, name: str) -> tuple[ApiKey, str]:
+        """Give a key a new secret (the old one is refused from the next request, and the
+        key's console sessions end); limits, quota use and history stay. Returns the record
+        and the new secret, which is never stored."""
+        secret = KEY_PREFIX + secrets.token_urlsafe(32)
+        return self._update(name, {"key_hash": self.hash(secret)}), secret
+
+    def by_id(self, key_id: int) -> ApiKey | None:
+        with self._db.connect() as conn:
+            row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).first()
+        return None if row is None else _decode(row._mapping)
+
     def update(self, name: str, **changes: Any) -> ApiKey:
         _check_editable(changes)
         return self._update(name, _encode(changes))

@@ -91,6 +91,7 @@ def up_command(
     from inhouse.gateway.run import gateway_server, run_gateway
     from inhouse.launch.replicas import stop_replicas
     from inhouse.up.canary import CanaryWatch, start_candidate
+    from inhouse.up.releases import ensure_stable_releases
 
     cost_table = _cost_table(cost)  # checked before any replica starts
     chosen = ENGINES.get(engine)
@@ -104,6 +105,7 @@ def up_command(
     if tp > 1 and gpu is None and vram is None:
         _fail("--tp needs --gpu or --vram: tensor parallelism is planned per GPU")
     chat_name = served_name(model)
+    pinned = None
     if manifest is not None:
         if model is not None:
             _fail("give MODEL or --manifest, not both (the manifest names it)")
@@ -145,6 +147,10 @@ def up_command(
         secret = ensure_admin_key(config)
         if secret is not None:
             typer.echo(f"Created the '{ADMIN_KEY}' key; its secret is shown only now:\n{secret}")
+        stable = ensure_stable_releases(config, chat_name, None if pinned is None
+                                        else (manifest, pinned))  # fmt: skip
+        typer.echo(f"Stable release {stable[chat_name]} of {chat_name!r} is these replicas"
+                   " (`inhouse release status`)")  # fmt: skip
         typer.echo(
             f"Gateway on http://{host}:{port}/v1 in front of model {chat_name!r}"
             f" ({replicas} × {chosen.name}, loading; /health shows progress)"

@@ -19,13 +19,15 @@ from inhouse.gateway.keys import authenticate
 from inhouse.gateway.limits import Gcra, MemoryTatStore, SqlTatStore
 from inhouse.gateway.usage.report import UnknownGrouping, as_csv, as_records, usage
 from inhouse.http.errors import error_response
+from inhouse.http.text_fields import TextFieldGuard
 
 
 def install_console(app: FastAPI, gateway: Gateway) -> None:
     """Serve the console under /admin on `app`."""
     store = SqlTatStore(gateway.db) if gateway.config.shared_limits else MemoryTatStore()
-    web = Web(Sessions(gateway.keys, Gcra(store, time.time)))
+    web = Web(Sessions(gateway.db, gateway.keys, Gcra(store, time.time)))
     app.include_router(console_pages(gateway, web))
+    app.add_middleware(TextFieldGuard, prefix="/admin")  # every filter and form, before SQL
     stylesheet = (HERE / "static" / "console.css").read_bytes()
 
     @app.get("/admin/console.css", include_in_schema=False)

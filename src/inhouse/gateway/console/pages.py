@@ -61,7 +61,8 @@ def console_pages(gateway: Gateway, web: Web) -> APIRouter:
 
     @router.post("/logout")
     async def logout(request: Request) -> Response:
-        async def out(_r: Request, _s: Session, _f: dict[str, str]) -> Response:
+        async def out(_r: Request, session: Session, _f: dict[str, str]) -> Response:
+            await asyncio.to_thread(web.sessions.end, session.cookie)
             response = web.to_login()
             response.delete_cookie(SESSION_COOKIE, path="/admin", httponly=True, samesite="strict")
             return response
@@ -133,6 +134,11 @@ def console_pages(gateway: Gateway, web: Web) -> APIRouter:
     async def revoke_key(request: Request, session: Session, form: dict[str, str]) -> Response:
         await asyncio.to_thread(keys.revoke, forms.name(form, "name"))
         return _back("/admin/keys")
+
+    async def rotate_key(request: Request, session: Session, form: dict[str, str]) -> Response:
+        """A new secret for a key, shown once; the old one and the key's sessions end."""
+        key, secret = await asyncio.to_thread(keys.rotate, forms.name(form, "name"))
+        return await asyncio.to_thread(keys_page, request, session, (key.name, secret), 201)
 
     def teams_page(request: Request, session: Session) -> Response:
         rows = _team_rows(teams.list(), time.time())
@@ -213,7 +219,8 @@ def console_pages(gateway: Gateway, web: Web) -> APIRouter:
                          ("/health", health_page)):  # fmt: skip
         router.add_api_route(path, guarded(render), methods=["GET"])
     for path, change in (("/keys", create_key), ("/keys/limits", change_key),
-                         ("/keys/revoke", revoke_key), ("/teams", save_team)):  # fmt: skip
+                         ("/keys/revoke", revoke_key), ("/keys/rotate", rotate_key),
+                         ("/teams", save_team)):  # fmt: skip
         router.add_api_route(path, _posted(web, change), methods=["POST"])
     return router
 

@@ -189,6 +189,26 @@ class ReleaseStore:
             self._log(conn, model, actor, action, candidate, detail, reason)
         return self._require(model)
 
+    def ensure_stable(
+        self, model: str, new: NewRelease, actor: str, reason: str | None
+    ) -> ReleaseState:
+        """Make `new` the stable release: release 1 of a model without releases; nothing
+        when the stable release already has its backends and manifest; else a new release
+        that replaces the stable one and drops any candidate (`inhouse up`, whose replicas
+        are the model's backends)."""
+        with self._db.begin() as conn:
+            state = self._state_for_update(conn, model, new, actor)
+            c = releases.c
+            query = select(releases).where(c.model == model, c.number == state.stable)
+            stable = _release(conn.execute(query).one()._mapping)
+            if (stable.backends, stable.manifest_digest) != (new.backends, new.manifest_digest):
+                number = self._add(conn, model, new, actor)
+                self._move(conn, state, stable=number, candidate=None, percent=0.0,
+                           shadow=0.0, since=self._clock())  # fmt: skip
+                detail = {"dropped": state.candidate, "from": state.stable, "to": number}
+                self._log(conn, model, actor, "replace", number, detail, reason)
+        return self._require(model)
+
     def promote(self, model: str, actor: str, reason: str | None) -> ReleaseState:
         """The candidate becomes the stable release for every request."""
         with self._db.begin() as conn:
