@@ -37,7 +37,7 @@ from serving import (
     inhouse_command,
 )
 
-pgserver = pytest.importorskip("pgserver", reason="pip install -e '.[dev]' (pgserver)")
+pytest.importorskip("pgserver", reason="pip install -e '.[dev]' (pgserver)")
 pytest.importorskip("psycopg", reason="pip install -e '.[dev]' (psycopg[binary])")
 pytest.importorskip("inhouse.server.app", reason="inhouse serve is not importable")
 
@@ -74,16 +74,6 @@ def _config(port: int, db_url: str, pepper: Path, backend_url: str, backend_key:
         # a token costs 1: a team's money budget counts tokens
         cost={"hosted": {"input_per_million": 1e6, "output_per_million": 1e6}},
     )
-
-
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real PostgreSQL server; the SQLAlchemy URL of its `postgres` database."""
-    server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="stop")
-    try:
-        yield server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
-    finally:
-        server.cleanup()
 
 
 def test_replicas_starting_together_on_an_empty_database_all_start(postgres: str) -> None:
