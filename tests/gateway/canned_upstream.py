@@ -172,18 +172,26 @@ def _app(canned: Canned) -> Starlette:
 @contextmanager
 def canned_upstream() -> Iterator[Canned]:
     """Serve the canned upstream on 127.0.0.1 for the length of the block."""
+    canned = Canned("")
+    with serve_in_thread(_app(canned)) as url:
+        canned.url = url
+        yield canned
+
+
+@contextmanager
+def serve_in_thread(app: Starlette) -> Iterator[str]:
+    """Serve `app` with uvicorn on a free 127.0.0.1 port for the length of the block; its URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    canned = Canned(f"http://127.0.0.1:{sock.getsockname()[1]}")
-    server = uvicorn.Server(uvicorn.Config(_app(canned), log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert server.started, "the canned upstream did not start"
+    assert server.started, "the upstream did not start"
     try:
-        yield canned
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -1,9 +1,10 @@
 """Shared helpers for gateway tests: a real SQLite file, a clock tests move by hand, the
-release tests' two canned upstreams (see `release_env`), a real PostgreSQL server per module,
-and one `inhouse serve` of the bundled model for the whole session."""
+release tests' two canned upstreams (see `release_env`), a PostgreSQL server per module that
+asks for one, and one `inhouse serve` of the bundled model for the whole session."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,17 +46,6 @@ def store(db_url: str, clock: ManualClock) -> KeyStore:
 
 
 @pytest.fixture(scope="module")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real PostgreSQL server (pgserver); the SQLAlchemy URL of its `postgres` database."""
-    pgserver = pytest.importorskip("pgserver", reason="pip install -e '.[dev]' (pgserver)")
-    server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="stop")
-    try:
-        yield server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
-    finally:
-        server.cleanup()
-
-
-@pytest.fixture(scope="module")
 def canned() -> Iterator[Canned]:
     """One canned upstream per test module."""
     with canned_upstream() as upstream:
@@ -75,6 +65,20 @@ def pair(upstreams: tuple[Canned, Canned]) -> tuple[Canned, Canned]:
     stable.reset(STABLE)
     candidate.reset(CANDIDATE)
     return stable, candidate
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    """A real PostgreSQL server (pgserver) for one module; the SQLAlchemy URL of its
+    `postgres` database. Its data lives right under the system temp dir: run as root,
+    pgserver runs PostgreSQL as its own user, who cannot enter pytest's private temp dirs."""
+    pgserver = pytest.importorskip("pgserver", reason="pip install -e '.[dev]' (pgserver)")
+    with tempfile.TemporaryDirectory(prefix="inhouse-pgdata-") as data:
+        server = pgserver.get_server(data, cleanup_mode="stop")
+        try:
+            yield server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
+        finally:
+            server.cleanup()
 
 
 @pytest.fixture(scope="session")

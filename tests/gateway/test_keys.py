@@ -73,29 +73,6 @@ def test_update_and_unknown_names(store: KeyStore) -> None:
         store.update("alice", key_hash="x")
 
 
-def test_quota_reservations_hold_until_settled_and_roll_over(store: KeyStore, clock) -> None:
-    key, _ = store.create("q", quota_tokens=100, quota_period_s=3600)
-    assert store.reserve_quota(key, 60, clock.now) is None
-    assert store.reserve_quota(key, 50, clock.now) == 60  # the first is still in flight
-    store.settle_quota(key, clock.now, reserved=60, charged=20)
-    assert store.reserve_quota(key, 50, clock.now) is None
-    store.settle_quota(key, clock.now, reserved=50, charged=55)  # usage may overshoot
-    assert store.get("q").quota_used_at(clock.now) == 75
-    assert store.reserve_quota(key, 26, clock.now) == 75
-    clock.advance(3600)
-    assert store.get("q").quota_used_at(clock.now) == 0
-    assert store.reserve_quota(store.get("q"), 100, clock.now) is None
-    store.settle_quota(key, clock.now - 3600, reserved=10, charged=10)  # an old period's
-    assert store.get("q").quota_used_at(clock.now) == 100
-
-
-def test_quota_is_shared_by_stores_on_one_database(db_url: str, store: KeyStore, clock) -> None:
-    key, _ = store.create("shared", quota_tokens=100, quota_period_s=3600)
-    other = KeyStore(open_database(db_url), b"test-pepper", clock)
-    assert store.reserve_quota(key, 70, clock.now) is None
-    assert other.reserve_quota(key, 70, clock.now) == 70
-
-
 def test_cache_salt_is_per_key_and_stable(store: KeyStore) -> None:
     a, _ = store.create("a")
     b, _ = store.create("b")

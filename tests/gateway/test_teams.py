@@ -1,5 +1,5 @@
-"""Teams: the shared quota and budget reserved in SQL, their periods, warn-only teams, the
-429 on the request path, and old databases brought up to the schema."""
+"""Teams: the 429 on the request path, and old databases brought up to the schema (their
+reservations, periods and warn-only teams: `test_holds`)."""
 
 from __future__ import annotations
 
@@ -19,60 +19,9 @@ from inhouse.gateway.backends import HealthChecker
 from inhouse.gateway.config import parse_config
 from inhouse.gateway.db import open_database
 from inhouse.gateway.keys import KeyStore
-from inhouse.gateway.usage.teams import TeamStore
 
 DAY = 86400.0
 ManualClock = Any  # tests/gateway/conftest.py's clock fixture: call it, advance it
-
-
-@pytest.fixture
-def teams(db_url: str, clock: ManualClock) -> TeamStore:
-    return TeamStore(open_database(db_url), clock)
-
-
-def test_a_reservation_holds_only_while_quota_and_budget_fit(
-    teams: TeamStore, clock: ManualClock
-) -> None:
-    teams.create("search", DAY, quota_tokens=100, budget=1.0)
-    assert teams.reserve("search", 60, 0.5, clock()) == (True, None)
-    held, refused = teams.reserve("search", 50, 0.1, clock())
-    assert not held and refused is not None and refused.used_at(clock()) == (60, 0.5)
-    held, refused = teams.reserve("search", 10, 0.6, clock())  # tokens fit, money does not
-    assert not held and refused is not None
-    teams.settle("search", clock(), (60, 0.5), (20, 0.1))  # the real charge was smaller
-    assert teams.get("search").used_at(clock()) == (20, pytest.approx(0.1))
-    assert teams.reserve("search", 80, 0.9, clock()) == (True, None)
-    assert teams.get("search").ratios(clock()) == {"tokens": 1.0, "money": pytest.approx(1.0)}
-
-
-def test_a_new_period_starts_empty_and_an_old_reservation_owes_it_nothing(
-    teams: TeamStore, clock: ManualClock
-) -> None:
-    teams.create("search", DAY, quota_tokens=100)
-    held_at = clock()
-    assert teams.reserve("search", 100, 0.0, held_at) == (True, None)
-    assert teams.reserve("search", 1, 0.0, clock())[1] is not None
-    clock.advance(DAY)
-    assert teams.get("search").used_at(clock()) == (0, 0.0)
-    assert teams.reserve("search", 30, 0.0, clock()) == (True, None)
-    teams.settle("search", held_at, (100, 0.0), (5, 0.0))  # yesterday's: nothing to settle
-    assert teams.get("search").used_at(clock()) == (30, 0.0)
-
-
-def test_a_warn_only_team_counts_past_its_budget_but_never_refuses(
-    teams: TeamStore, clock: ManualClock
-) -> None:
-    teams.create("ml", DAY, budget=1.0, hard_stop=False)
-    for _ in range(3):
-        assert teams.reserve("ml", 10, 0.5, clock()) == (True, None)
-    assert teams.get("ml").ratios(clock()) == {"money": 1.5}
-
-
-def test_a_team_without_quota_or_budget_holds_nothing(teams: TeamStore, clock: ManualClock) -> None:
-    teams.create("plain", DAY)
-    assert teams.reserve("plain", 10, 0.5, clock()) == (False, None)
-    assert teams.reserve("gone", 10, 0.5, clock()) == (False, None)
-    assert teams.get("plain").used_at(clock()) == (0, 0.0)  # its usage is in the audit
 
 
 def test_a_database_from_before_teams_and_releases_gains_the_new_columns(tmp_path: Path) -> None:

@@ -49,14 +49,15 @@ async def budget(
 ) -> tuple[int, int]:  # fmt: skip
     """Prompt tokens to reserve and the output cap to send upstream.
 
-    Only a key with a tokens/minute limit or a quota needs the prompt counted: exactly by
-    a replica's `/tokenize`, else its upper bound. Without a cap in the request, the
+    Only a key with a tokens/minute limit, a quota or a team needs the prompt counted:
+    exactly by a replica's `/tokenize`, else its upper bound (never the estimate, which
+    can fall short and let a quota or budget be overrun). Without a cap in the request, the
     model's `default_max_tokens` (within `max_output`) is sent, shrunk to fit the context.
     """
     cap = needs.output_cap(route.default_max_tokens, route.limit("max_output"))
     prompt, context = needs.prompt_tokens, route.limit("max_context")
     longest = needs.longest()[0]
-    if key.tpm is not None or key.quota_tokens is not None:
+    if key.tpm is not None or key.quota_tokens is not None or key.team is not None:
         counted = await count_prompt(upstreams, router, route.name, endpoint, body, needs)
         prompt, longest = counted.tokens, counted.longest
         context = counted.max_model_len or context
@@ -153,42 +154,31 @@ class Admitter:
         reserve = needs.reserve(prompt, cap)
         metered = ENDPOINTS[endpoint].metered
         admission = await self.state.limits(self.state.limiter.admit, key, reserve, metered)
-        if admission.allowed and metered and key.quota_tokens is not None:
-            admission = await self._reserve_quota(key, reserve, ts, admission.headers)
         hold = None
-        if admission.allowed and metered and key.team is not None:
-            hold = (reserve, self.state.prices.of(prompt, cap))
-            admission, held = await self._reserve_team(key, hold, ts, admission.headers)
-            hold = hold if held else None
+        if admission.allowed and metered and (key.quota_tokens is not None or key.team is not None):
+            admission, hold = await self._hold(key, (prompt, reserve), ts, admission.headers)
         if not admission.allowed:
             error = limit_error(admission.reason or "requests", admission.message)
             return Refusal(error, admission.headers, admission.retry_after_s)
         return Call(
             key, route, endpoint, needs, prompt, cap, reserve, bool(body.get("stream")), ts,
-            started, dict(admission.headers), prompt_text, metered=metered, team_hold=hold,
+            started, dict(admission.headers), prompt_text, metered=metered, hold=hold,
             priority=request.priority,
         )  # fmt: skip
 
-    async def _reserve_team(
-        self, key: ApiKey, hold: tuple[int, float], ts: float, headers: dict[str, str]
-    ) -> tuple[Admission, bool]:
-        """Hold the request's tokens and money in its team (and whether anything is held),
-        or undo the key's admission."""
-        assert key.team is not None
-        held, refused = await asyncio.to_thread(self.state.teams.reserve, key.team, *hold, ts)
-        if refused is None:
-            return Admission(True, headers=headers), held
-        if key.quota_tokens is not None:
-            await asyncio.to_thread(self.state.keys.settle_quota, key, ts, hold[0], 0)
-        await self.state.limits(self.state.limiter.withdraw, key, hold[0])
-        return team_exhausted(refused, hold, ts, headers), False
-
-    async def _reserve_quota(
-        self, key: ApiKey, reserve: int, ts: float, headers: dict[str, str]
-    ) -> Admission:
-        """Hold `reserve` tokens of the key's quota, or withdraw the admission just made."""
-        used = await asyncio.to_thread(self.state.keys.reserve_quota, key, reserve, ts)
-        if used is None:
-            return Admission(True, headers=headers)
+    async def _hold(
+        self, key: ApiKey, tokens: tuple[int, int], ts: float, headers: dict[str, str]
+    ) -> tuple[Admission, str | None]:
+        """Hold the request's `(prompt, reserve)` tokens, and the money they may cost, in
+        its key's quota and its team's quota and budget together (`holds`); or undo the
+        key's rate admission and say which refused."""
+        prompt, reserve = tokens
+        money = self.state.prices.of(prompt, reserve - prompt)
+        held = await asyncio.to_thread(self.state.holds.reserve, key, reserve, money, ts)
+        if not held.refused:
+            return Admission(True, headers=headers), held.hold
         await self.state.limits(self.state.limiter.withdraw, key, reserve)
-        return quota_exceeded(key, used, reserve, ts, headers)
+        if held.key_used is not None:
+            return quota_exceeded(key, held.key_used, reserve, ts, headers), None
+        assert held.team is not None
+        return team_exhausted(held.team, (reserve, money), ts, headers), None

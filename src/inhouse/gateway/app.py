@@ -22,6 +22,7 @@ from inhouse.gateway.console.install import install_console
 from inhouse.gateway.db import open_database, sqlite_path
 from inhouse.gateway.front import GatewayFront
 from inhouse.gateway.handler import Gateway
+from inhouse.gateway.holds import HoldStore
 from inhouse.gateway.keys import KeyStore, load_pepper, may_scrape, public_health, scrape_refused
 from inhouse.gateway.limits import Gcra, KeyLimiter, LimitCalls, MemoryTatStore, SqlTatStore
 from inhouse.gateway.metrics import GatewayMetrics, scrape_targets
@@ -41,6 +42,7 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
     db = open_database(config.database)
     keys = KeyStore(db, load_pepper(config), clock)
     store = SqlTatStore(db) if config.shared_limits else MemoryTatStore()
+    holds = HoldStore(db, config.cost.charged, config.hold_ttl_s, clock)
     state = GatewayState(
         config=config,
         db=db,
@@ -50,7 +52,8 @@ def build_gateway(config: GatewayConfig, clock: Callable[[], float] = time.time)
         router=Router(config.models, config.health.interval_s),
         upstreams=UpstreamClients(),
         teams=TeamStore(db, clock),
-        audit=AuditWriter(db, config.audit, journal_dir(config)),
+        holds=holds,
+        audit=AuditWriter(db, config.audit, journal_dir(config), holds.settle_rows),
         metrics=GatewayMetrics(config.audit.creep_window, [m.name for m in config.models]),
     )
     return Gateway(state, ReleaseStore(db, clock))
@@ -85,7 +88,7 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
             gateway.releases.store, gateway.release_metrics, gateway.releases.candidates,
             gateway.config.releases.guard_interval_s,
         )  # fmt: skip
-        loops = (checker.run(), gateway.audit.run(), guardrail.run())
+        loops = (checker.run(), gateway.audit.run(), guardrail.run(), gateway.state.holds.run())
         tasks = [asyncio.create_task(loop) for loop in loops]
         try:
             yield

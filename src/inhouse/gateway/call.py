@@ -62,7 +62,7 @@ class Call:
     metered: bool = True  # False: runs no model, charges no tokens (/tokenize, /detokenize)
     release: ReleasePick | None = None  # None while the model has no releases
     shadow: ShadowTicket | None = None  # the mirrored copy waiting for this call's outcome
-    team_hold: tuple[int, float] | None = None  # tokens and money held in the key's team
+    hold: str | None = None  # what it holds of its key's quota and its team's (`holds`)
     prompt_hash: str | None = None  # peppered hash of the prompt: tells a retry (audit)
     expects: Expectations | None = None  # set when the answer is checked (answer_checks)
     priority: str = DEFAULT_CLASS  # the class it runs at, after the clamp (`priority`)

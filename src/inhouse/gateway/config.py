@@ -24,6 +24,7 @@ from inhouse.gateway.config_values import (
 from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
 from inhouse.launch import BACKENDS
 
+DEFAULT_HOLD_TTL_S = 30.0  # see `holds`
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
 POLICIES = ("queue", "fallback", "degrade")
 
@@ -153,6 +154,7 @@ class GatewayConfig:
     database: str = field(default_factory=default_database_url)
     pepper_file: Path | None = None
     shared_limits: bool = False
+    hold_ttl_s: float = DEFAULT_HOLD_TTL_S  # how long a dead gateway's holds outlive it
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
     access_log: bool = True
@@ -213,6 +215,7 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
         database=str(gw.get("database") or default_database_url()),
         pepper_file=Path(pepper) if pepper else None,
         shared_limits=bool(gw.get("shared_limits", False)),
+        hold_ttl_s=_hold_ttl(gw.get("hold_ttl_s", DEFAULT_HOLD_TTL_S)),
         request_timeout_s=float(gw.get("request_timeout_s", 600.0)),
         drain_timeout_s=float(gw.get("drain_timeout_s", 30.0)),
         access_log=bool(gw.get("access_log", True)),
@@ -228,12 +231,20 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
     )
 
 
+def _hold_ttl(value: Any) -> float:
+    ttl = seconds(value, "gateway.hold_ttl_s")
+    if ttl < 1:
+        raise ConfigError(f"gateway.hold_ttl_s must be at least 1 second, got {value!r}")
+    return ttl
+
+
 GATEWAY_KEYS = {
     "host",
     "port",
     "database",
     "pepper_file",
     "shared_limits",
+    "hold_ttl_s",
     "request_timeout_s",
     "drain_timeout_s",
     "access_log",

@@ -96,6 +96,9 @@ audit_log = Table(
     # for when a smaller one answered instead (`degrade`).
     Column("priority", String(16)),
     Column("degraded_from", String(200)),
+    # The hold its tokens were reserved under (`holds`): replaying a journal row settles a
+    # hold its gateway died before settling.
+    Column("hold", String(32)),
     # Usage reports scan a time range and group: covering indexes keep them off the table.
     Index(
         "ix_audit_usage",
@@ -140,6 +143,23 @@ teams = Table(
     Column("window", Integer, nullable=False, default=0),
     Column("tokens_used", Integer, nullable=False, default=0),
     Column("money_used", Float, nullable=False, default=0.0),
+)
+
+# What admitted requests hold of their key's quota and their team's quota and budget, until
+# settled (`holds`): the owner gateway renews `expires_at`; past it, any gateway returns the
+# hold (`released`) and a late settlement then adds the whole charge.
+holds = Table(
+    "holds",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("owner", String(32), nullable=False, index=True),
+    Column("expires_at", Float, nullable=False, index=True),
+    Column("at", Float, nullable=False),  # the request's time: the periods it is held in
+    Column("key_id", Integer),  # set when the key's quota holds `tokens`
+    Column("team", String(200)),  # set when the team holds `tokens` and `money`
+    Column("tokens", Integer, nullable=False),
+    Column("money", Float, nullable=False),
+    Column("released", Boolean, nullable=False, default=False),
 )
 
 # One-off steps a database has had, by name (the usage rollup's backfill: `rollup`).

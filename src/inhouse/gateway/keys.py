@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, case, insert, select, update
+from sqlalchemy import Engine, bindparam, insert, select, update
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -235,38 +235,6 @@ class KeyStore:
     def update(self, name: str, **changes: Any) -> ApiKey:
         _check_editable(changes)
         return self._update(name, _encode(changes))
-
-    def reserve_quota(self, key: ApiKey, tokens: int, at: float) -> int | None:
-        """Reserve tokens in the quota period containing `at`, atomically in SQL.
-
-        Returns None when reserved, else the tokens already used or reserved in the
-        period. Holding the reservation in the database (not in this process) keeps a
-        quota exact across gateway replicas and across a settlement still in flight.
-        """
-        window = key.window_at(at)
-        used = case((api_keys.c.quota_window == window, api_keys.c.quota_used), else_=0)
-        with self._db.begin() as conn:
-            done = conn.execute(
-                update(api_keys)
-                .where(api_keys.c.id == key.id, used + tokens <= api_keys.c.quota_tokens)
-                .values(quota_used=used + tokens, quota_window=window)
-            )
-            if done.rowcount == 1:
-                return None
-            return int(conn.execute(select(used).where(api_keys.c.id == key.id)).scalar_one())
-
-    def settle_quota(self, key: ApiKey, at: float, reserved: int, charged: int) -> None:
-        """Replace a reservation made at `at` by what the request really used.
-
-        A period that rolled over meanwhile has been reset, so nothing is owed to it.
-        """
-        settled = api_keys.c.quota_used + (charged - reserved)
-        with self._db.begin() as conn:
-            conn.execute(
-                update(api_keys)
-                .where(api_keys.c.id == key.id, api_keys.c.quota_window == key.window_at(at))
-                .values(quota_used=case((settled < 0, 0), else_=settled))
-            )
 
     def _find(self, name: str) -> ApiKey | None:
         with self._db.connect() as conn:

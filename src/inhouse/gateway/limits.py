@@ -3,7 +3,7 @@
 Tokens are reserved at admission (prompt estimate + max_tokens, as OpenAI counts)
 and reconciled with the backend's usage when the response ends. Requests/minute
 and tokens/minute use GCRA; concurrency is counted in this process; the token
-quota is reserved in the key database (`KeyStore.reserve_quota`), and
+quota is held in the key database with the team's (`holds`), and
 `quota_exceeded` words its refusal.
 
 GCRA (generic cell rate algorithm) is a smooth rate limit with one number of state.

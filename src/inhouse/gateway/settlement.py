@@ -15,6 +15,7 @@ from typing import Any
 from inhouse.api.errors import CLIENT_CLOSED, APIError
 from inhouse.gateway.audit.writer import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.call import Call, Outcome
+from inhouse.gateway.holds import Charge
 from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.releases.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
@@ -147,6 +148,7 @@ class Ledger:
                 prompt_hash=call.prompt_hash,
                 priority=call.priority,
                 degraded_from=call.degraded_from,
+                hold=call.hold,
             )
         )
 
@@ -182,8 +184,9 @@ class Settler:
         self.active += 1
 
     def settle(self, call: Call, outcome: Outcome) -> None:
-        """End `call`: the ledger's row at once; limits and quota inline when they live in
-        memory, else in a task that `drain` waits for. A second call does nothing."""
+        """End `call`: the ledger's row at once; rate limits inline when they live in memory,
+        else in a task that `drain` waits for, as is the hold's settlement (`holds`). A
+        second call does nothing."""
         if call.settled:
             return
         call.settled = True
@@ -193,11 +196,11 @@ class Settler:
         prompt, completion = charge(call, outcome)
         self.ledger.settled(call, outcome, prompt, completion)
         charged = prompt + completion
-        if call.team_hold is not None:
-            self._spawn(
-                self._settle_team(call, (charged, self.state.prices.of(prompt, completion)))
-            )
-        if self.state.limits.blocking or call.key.quota_tokens is not None:
+        if call.hold is not None:
+            money = self.state.prices.of(prompt, completion)
+            settled = Charge(call.hold, charged, money)
+            self._spawn(asyncio.to_thread(self.state.holds.settle, settled))
+        if self.state.limits.blocking:
             self._spawn(self._settle_limits(call, charged))
             return
         self.state.limiter.settle(call.key, call.reserve, charged)
@@ -205,17 +208,7 @@ class Settler:
 
     async def _settle_limits(self, call: Call, charged: int) -> None:
         await self.state.limits(self.state.limiter.settle, call.key, call.reserve, charged)
-        if call.key.quota_tokens is not None:
-            await asyncio.to_thread(
-                self.state.keys.settle_quota, call.key, call.ts, call.reserve, charged
-            )
         self.state.limiter.release(call.key)
-
-    async def _settle_team(self, call: Call, charged: tuple[int, float]) -> None:
-        assert call.key.team is not None and call.team_hold is not None
-        await asyncio.to_thread(
-            self.state.teams.settle, call.key.team, call.ts, call.team_hold, charged
-        )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)

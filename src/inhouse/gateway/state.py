@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from inhouse.cost.settings import TokenPrices
 from inhouse.gateway.audit.writer import AuditWriter
 from inhouse.gateway.config import GatewayConfig
+from inhouse.gateway.holds import HoldStore
 from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.limits import KeyLimiter, LimitCalls
 from inhouse.gateway.metrics import GatewayMetrics
@@ -23,7 +24,8 @@ if TYPE_CHECKING:  # `upstream` takes this state: its client pool is an annotati
 
 @dataclass(frozen=True, slots=True)
 class GatewayState:
-    """Config, database, keys, limits, routes, upstream clients, teams, audit and metrics.
+    """Config, database, keys, limits, routes, upstream clients, teams, holds, audit and
+    metrics.
 
     `limits` runs the limiter's calls inline, or in a thread when they query the database
     (`shared_limits`)."""
@@ -36,6 +38,7 @@ class GatewayState:
     router: Router
     upstreams: UpstreamClients
     teams: TeamStore
+    holds: HoldStore
     audit: AuditWriter
     metrics: GatewayMetrics
 

@@ -18,7 +18,19 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Boolean, Column, Engine, Float, Integer, case, delete, func, insert, select
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Integer,
+    case,
+    delete,
+    func,
+    insert,
+    select,
+)
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from inhouse.gateway.audit.journal import REJECTED, Journal, Segment
@@ -68,6 +80,7 @@ class AuditRecord:
     prompt_hash: str | None = None
     priority: str | None = None  # the class it ran at (None: refused before admission)
     degraded_from: str | None = None  # the model asked for, when a smaller one answered
+    hold: str | None = None  # the hold its tokens were reserved under (`holds`)
 
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))
@@ -96,11 +109,16 @@ class Redactor:
 class AuditWriter:
     """Journals each row before the response leaves, and inserts them in batches from a
     background task (see `journal`). A row the database refuses is logged once and set
-    aside in the journal's `rejected.jsonl`; it never holds back the others. Rows wait in
+    aside in the journal's `rejected.jsonl`; it never holds back the others. `on_commit`
+    runs in each transaction that inserts rows, with them (it settles their holds). Rows wait in
     memory for at most two segments of `SEGMENT_ROWS`; older ones are read back from disk."""
 
-    def __init__(self, db: Engine, settings: AuditSettings, journal_dir: Path) -> None:
+    def __init__(
+        self, db: Engine, settings: AuditSettings, journal_dir: Path,
+        on_commit: Callable[[Connection, list[dict[str, Any]]], None] | None = None,
+    ) -> None:  # fmt: skip
         self._db = db
+        self._on_commit = on_commit
         self._settings = settings
         self._journal = Journal(journal_dir)
         self._waiting: deque[Segment] = deque()
@@ -159,6 +177,7 @@ class AuditWriter:
                 for start in range(0, len(rows), self._settings.batch_size):
                     conn.execute(insert(audit_log), rows[start : start + self._settings.batch_size])
                 rollup.add(conn, rows)
+                self._committing(conn, rows)
         except OperationalError as exc:
             if not self._outage_logged:
                 log.error("audit: database unavailable (%s); rows wait in the journal",
@@ -181,6 +200,7 @@ class AuditWriter:
                 with self._db.begin() as conn:
                     conn.execute(insert(audit_log), row)
                     rollup.add(conn, [row])
+                    self._committing(conn, [row])
             except OperationalError:
                 return False
             except Exception as exc:
@@ -192,6 +212,10 @@ class AuditWriter:
             conn.execute(insert(audit_segments), {"name": segment.name})
         self._forget(segment)
         return True
+
+    def _committing(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        if self._on_commit is not None:
+            self._on_commit(conn, rows)
 
     def _committed(self, name: str) -> bool:
         with self._db.connect() as conn:

@@ -1,6 +1,6 @@
 """Teams: a token quota and a money budget per period, shared by the team's keys.
 
-Both are reserved in SQL the way a key's quota is (`KeyStore.reserve_quota`): one
+Both are reserved in SQL with the key's quota, in one transaction (`holds`): one
 conditional UPDATE admits a request only if what the period has used and reserved, plus
 this request's reservation, fits; settlement swaps the reservation for the real charge.
 The state lives in the database row, so every replica sharing it sees one budget and the
@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    Connection,
     Engine,
     Integer,
     and_,
@@ -79,7 +80,7 @@ class Team:
 
 
 class TeamStore:
-    """Create, list and update teams; reserve and settle their shared quota and budget."""
+    """Create, list and update teams (`holds` reserves and settles what they share)."""
 
     def __init__(self, db: Engine, clock: Callable[[], float] = time.time) -> None:
         self._db = db
@@ -130,57 +131,55 @@ class TeamStore:
             raise UnknownTeam(f"no team named {name!r}")
         return self.get(name)
 
-    def reserve(self, name: str, tokens: int, money: float, at: float) -> tuple[bool, Team | None]:
-        """Hold `tokens` and `money` in the period containing `at`, atomically in SQL.
 
-        (True, None) when held; (False, None) when nothing is to be held (the team has
-        neither quota nor budget, or is gone: its usage is in the audit all the same);
-        (False, team) when refused, with the team as it stands to word the refusal. A team
-        without `hard_stop` always holds."""
-        c = teams.c
-        current = _window_expr(at)
-        tokens_used = case((c.window == current, c.tokens_used), else_=0)
-        money_used = case((c.window == current, c.money_used), else_=0.0)
-        limited = or_(c.quota_tokens.is_not(None), c.budget.is_not(None))
-        fits = and_(
-            or_(c.quota_tokens.is_(None), tokens_used + tokens <= c.quota_tokens),
-            or_(c.budget.is_(None), money_used + money <= c.budget),
+def reserve_in(
+    conn: Connection, name: str, tokens: int, money: float, at: float
+) -> tuple[bool, Team | None]:
+    """Hold `tokens` and `money` in the period containing `at`, in `conn`'s transaction:
+    one conditional UPDATE, so the row lock orders concurrent reservations on PostgreSQL.
+
+    (True, None) when held; (False, None) when nothing is to be held (the team has
+    neither quota nor budget, or is gone: its usage is in the audit all the same);
+    (False, team) when refused, with the team as it stands to word the refusal. A team
+    without `hard_stop` always holds."""
+    c = teams.c
+    current = _window_expr(at)
+    tokens_used = case((c.window == current, c.tokens_used), else_=0)
+    money_used = case((c.window == current, c.money_used), else_=0.0)
+    limited = or_(c.quota_tokens.is_not(None), c.budget.is_not(None))
+    fits = and_(
+        or_(c.quota_tokens.is_(None), tokens_used + tokens <= c.quota_tokens),
+        or_(c.budget.is_(None), money_used + money <= c.budget),
+    )
+    done = conn.execute(
+        update(teams)
+        .where(c.name == name, limited, or_(c.hard_stop.is_(False), fits))
+        .values(tokens_used=tokens_used + tokens, money_used=money_used + money, window=current)
+    )
+    if done.rowcount == 1:
+        return True, None
+    row = conn.execute(select(teams).where(c.name == name)).first()
+    team = None if row is None else _decode(row._mapping)
+    if team is None or (team.quota_tokens is None and team.budget is None):
+        return False, None
+    return False, team
+
+
+def add_in(conn: Connection, name: str, at: float, tokens: int, money: float) -> None:
+    """Add `tokens` and `money` (negative: return them) to the period containing `at`, in
+    `conn`'s transaction, never below 0; a period that rolled over meanwhile was reset, so
+    nothing is owed to it."""
+    c = teams.c
+    new_tokens = c.tokens_used + tokens
+    new_money = c.money_used + money
+    conn.execute(
+        update(teams)
+        .where(c.name == name, c.window == _window_expr(at))
+        .values(
+            tokens_used=case((new_tokens < 0, 0), else_=new_tokens),
+            money_used=case((new_money < 0, 0.0), else_=new_money),
         )
-        with self._db.begin() as conn:
-            done = conn.execute(
-                update(teams)
-                .where(c.name == name, limited, or_(c.hard_stop.is_(False), fits))
-                .values(
-                    tokens_used=tokens_used + tokens,
-                    money_used=money_used + money,
-                    window=current,
-                )
-            )
-            if done.rowcount == 1:
-                return True, None
-            row = conn.execute(select(teams).where(c.name == name)).first()
-        team = None if row is None else _decode(row._mapping)
-        if team is None or (team.quota_tokens is None and team.budget is None):
-            return False, None
-        return False, team
-
-    def settle(
-        self, name: str, at: float, reserved: tuple[int, float], charged: tuple[int, float]
-    ) -> None:
-        """Replace a reservation made at `at` by the real charge (tokens, money); a period
-        that rolled over meanwhile was reset, so nothing is owed to it."""
-        c = teams.c
-        tokens = c.tokens_used + (charged[0] - reserved[0])
-        money = c.money_used + (charged[1] - reserved[1])
-        with self._db.begin() as conn:
-            conn.execute(
-                update(teams)
-                .where(c.name == name, c.window == _window_expr(at))
-                .values(
-                    tokens_used=case((tokens < 0, 0), else_=tokens),
-                    money_used=case((money < 0, 0.0), else_=money),
-                )
-            )
+    )
 
 
 def _window_expr(at: float) -> ColumnElement[int]:
