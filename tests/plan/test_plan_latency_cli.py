@@ -38,6 +38,7 @@ def test_profile_predicts_the_curve_and_says_which_limit_binds(tmp_path: Path) -
     assert result.exit_code == 0, result.stderr
     latency = json.loads(result.stdout)["latency"]
     assert latency["step_cost"]["source"] == "calibrated: test"
+    assert latency["note"] is None  # a measured profile is no guess
     assert latency["scheduler"]["max_num_seqs"] == 16  # the profile's, not the memory plan's
     curve = {p["concurrency"]: p for p in latency["curve"]}
     assert list(curve) == [1, 4, 16, 32]
@@ -59,6 +60,9 @@ def test_cpu_target_reports_both_limits_in_words() -> None:
     assert "step cost from roofline: CPU, 2 cores, 27 GB/s" in out
     assert "Latency limit:" in out and "memory limit:" in out and "binds" in out
     assert "Open loop at 1 requests/s: TTFT p50" in out
+    # The guess says it is one, and how to replace it with this host's figures.
+    assert "Uncalibrated: a roofline guess" in out and "pessimistic, 3-4x" in out
+    assert "inhouse bench calibrate" in out and "inhouse plan --profile" in out
 
 
 def test_a_gpu_roofline_prediction_on_request() -> None:

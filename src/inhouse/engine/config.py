@@ -7,9 +7,9 @@ from pathlib import Path
 
 from inhouse.engine.errors import EngineConfigError
 from inhouse.engine.speculative.config import SpeculativeConfig
+from inhouse.plan.serve_path import QUANTIZATIONS
 
 MAX_DEFAULT_MODEL_LEN = 8192
-QUANTIZATIONS = ("auto", "none", "fp16", "q8", "q4")
 KV_CACHE_DTYPES = ("auto", "int8")
 SCHEDULING_POLICIES = ("fcfs", "priority", "fair")
 # Prefill tokens one step gives under priority and fair when more than one sequence wants

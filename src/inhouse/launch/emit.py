@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from inhouse.launch import ENGINES
 from inhouse.launch.base import Flags, shell_line
+from inhouse.launch.inhouse import planned_path
 from inhouse.launch.settings import settings_from_plan
 from inhouse.plan.planner import Plan
 
@@ -54,4 +55,10 @@ def print_recommended(plan: Plan, console: Console) -> None:
     console.print("\n[bold]Recommended flags[/] (max-num-seqs ≈ 80% of capacity):")
     for engine in ("inhouse", "vllm"):
         console.file.write(emit(engine, plan) + "\n")  # never wrapped
+    if (path := planned_path(plan)) is not None:
+        console.print(
+            f"[dim]inhouse serve on a CPU takes its own fastest path, so no --dtype: "
+            f"{path.quantization} weights, {path.dtype} activations ({path.reason}).[/]",
+            soft_wrap=True,
+        )
     console.print("[dim]llama.cpp and SGLang: --emit llama.cpp, --emit sglang[/]")

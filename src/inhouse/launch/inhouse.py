@@ -9,10 +9,23 @@ from pathlib import Path
 
 from inhouse.launch.base import Endpoint, Engine, Flags, Health, LaunchSettings
 from inhouse.launch.metric_names import vllm_names
+from inhouse.plan.planner import Plan
+from inhouse.plan.serve_path import Host, ServePath, choose_path
 from inhouse.plan.units import MIB
 
 # --dtype values `inhouse serve` accepts, by the plan's activation dtype.
 DTYPES = {"bfloat16": "bfloat16", "float16": "float16"}
+# A CPU host the plan does not see: the C++ kernels build wherever there is a C++ compiler.
+PLANNED_CPU = Host(device="cpu", kernels_isa="the host's ISA")
+
+
+def planned_path(plan: Plan) -> ServePath | None:
+    """The path `inhouse serve` chooses by itself (no --dtype, no --quantization) on the CPU
+    host a --cpu plan is for, by serve's own rule; None for a GPU plan."""
+    if not plan.inputs.cpu:
+        return None
+    tensors = plan.model.gguf_tensors
+    return choose_path("auto", "auto", PLANNED_CPU, tensors.main_type if tensors else None)
 
 
 def inhouse_command() -> list[str]:
@@ -50,7 +63,9 @@ class InhouseEngine(Engine):
             flags.add("--max-num-batched-tokens", str(settings.max_num_batched_tokens))
         if settings.kv_cache_bytes is not None:
             flags.add("--kv-cache-memory", f"{settings.kv_cache_bytes // MIB}MiB")
-        if settings.dtype:
+        if settings.dtype and settings.gpu:
+            # On a CPU serve's own choice is its fastest path (see `planned_path`); an
+            # explicit --dtype keeps the checkpoint's weights in torch matmuls, far slower.
             flags.add("--dtype", DTYPES[settings.dtype])
         if settings.tp > 1:
             flags.lacks(

@@ -30,5 +30,5 @@ def settings_from_plan(plan: Plan) -> LaunchSettings:
         weights=None if fmt is None or fmt.name in ("bf16", "fp16") else fmt.name,
         vllm_quantization=fmt.vllm_quantization if fmt else None,
         dtype=fmt.activation_dtype if fmt else "bfloat16",
-        gpu=True,
+        gpu=not plan.inputs.cpu,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rich.console import Console
@@ -16,7 +16,12 @@ from inhouse.plan.perf_model import Hardware, Profile, StepCost
 from inhouse.plan.planner import Plan
 from inhouse.plan.sim_engine import SchedulerLimits
 from inhouse.plan.simulate import Workload, simulate
-from inhouse.plan.step_costs import CpuTarget, gpu_hardware, plan_roofline_cost
+from inhouse.plan.step_costs import (
+    CPU_ROOFLINE_NOTE,
+    CpuTarget,
+    gpu_hardware,
+    plan_roofline_cost,
+)
 from inhouse.plan.units import milliseconds
 
 OPEN_LOOP_REQUESTS = 200
@@ -65,6 +70,7 @@ class LatencyReport:
     memory_limit: int
     open_loop: OpenLoopPoint | None
     mixed: MixedPlan | None = None
+    note: str | None = None  # how far to trust the step cost, when it is a guess
 
     @property
     def binds(self) -> str:
@@ -85,6 +91,7 @@ class LatencyReport:
             "binds": self.binds,
             "open_loop": asdict(self.open_loop) if self.open_loop else None,
             "mixed": self.mixed.to_json() if self.mixed else None,
+            "note": self.note,
         }
 
 
@@ -145,7 +152,8 @@ def latency_section(
     if profile is not None:
         return build_latency(plan, options, profile=profile, hardware=None)
     if cpu is not None:
-        return build_latency(plan, options, profile=None, hardware=cpu.hardware())
+        report = build_latency(plan, options, profile=None, hardware=cpu.hardware())
+        return replace(report, note=CPU_ROOFLINE_NOTE)
     if plan.gpu is None:
         raise PlanError("a latency prediction needs --gpu, --cpu or --profile")
     return build_latency(
@@ -183,6 +191,8 @@ def render_latency(report: LatencyReport, console: Console) -> None:
     if limits.speculation is not None:
         console.print(limits.speculation.describe(), soft_wrap=True)
     console.print(_curve_table(report.latency.points, report.latency.knee))
+    if report.note is not None:
+        console.print(f"[yellow]{report.note}[/]", soft_wrap=True)
     within = report.latency.max_within_slo
     console.print(
         f"Latency limit: {within:,} concurrent requests keep p99 TTFT ≤ "

@@ -31,6 +31,15 @@ CPU_GFLOPS_PER_CORE = 96.0  # fp32 FMA peak of an AVX2 core at ~3 GHz (2 units Ã
 CPU_FLOPS_EFFICIENCY = 0.7
 CPU_STEP_OVERHEAD_S = 0.012  # per-op dispatch of a 30-layer model, ~7 Âµs an op
 CPU_SEQ_OVERHEAD_S = 0.0012  # sampling, detokenizing and one SSE event per sequence
+# Said under every uncalibrated --cpu latency table: the constants above predate the kernels.
+CPU_ROOFLINE_NOTE = (
+    "Uncalibrated: a roofline guess whose constants were fitted to serve's older fp16 path on "
+    "a 2-core AVX2 EPYC; on hosts where serve's C++ kernels run it is pessimistic, 3-4x on a "
+    "2-core AMX Xeon (the bundled model: 5.9 ms TPOT and 167 tok/s at c=1 where these "
+    "defaults say 20 ms and 42). For this host's own figures: start `inhouse serve`, run "
+    "`inhouse bench calibrate --base-url URL --model NAME --out profile.json`, then "
+    "`inhouse plan --profile profile.json`."
+)
 
 
 @dataclass(frozen=True, slots=True)
