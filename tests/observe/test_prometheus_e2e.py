@@ -57,13 +57,17 @@ class Observed:
         alerts = httpx.get(f"{self.prometheus}/api/v1/alerts").json()["data"]["alerts"]
         return [a for a in alerts if a["labels"]["alertname"] == alert and a["state"] == "firing"]
 
-    def wait_firing(self, alert: str, timeout: float) -> float:
+    def wait_firing(self, alert: str, timeout: float, evidence: str = "") -> float:
+        """Seconds until ``alert`` fires; on a timeout, what Prometheus holds of the
+        ``evidence`` expression (a range selector: the samples the rule read) and of the
+        gateway's scrapes."""
         start = time.monotonic()
         while time.monotonic() - start < timeout:
             if self.firing(alert):
                 return time.monotonic() - start
             time.sleep(0.25)
-        pytest.fail(f"{alert} not firing after {timeout} s")
+        held = {e: self.query(e) for e in (evidence, 'up{job="inhouse-gateway"}[1m]') if e}
+        pytest.fail(f"{alert} not firing after {timeout} s; Prometheus holds {held}")
 
 
 def _gateway_config(port: int, db_url: str, backend_url: str, key: str) -> str:
@@ -151,7 +155,8 @@ def _a_guardrail_rollback_fires_the_release_alert(observed: Observed) -> None:
     chat = {"model": "smol", "messages": [{"role": "user", "content": "Say hello."}]}
     (reply,) = burst([observed.gateway], observed.team_secret, 1, **chat, max_tokens=1)
     assert reply[0] == 200  # the candidate refused the connection: the stable answered
-    observed.wait_firing("InhouseReleaseRolledBack", 30)
+    rollbacks = 'inhouse:gateway_release_rollbacks_total{model_name="smol"}[1m]'
+    observed.wait_firing("InhouseReleaseRolledBack", 30, rollbacks)
     (alert,) = observed.firing("InhouseReleaseRolledBack")
     assert (alert["labels"]["model_name"], alert["labels"]["reason"]) == ("smol", "candidate_down")
 

@@ -34,6 +34,21 @@ ITL = f"({names.ITL}|{names.ITL_OLD})"  # the same for the inter-token latency h
 TEAM_BUDGET = "max by (team, budget) (inhouse:gateway_team_budget_used_ratio)"
 
 
+def counted_in(counter: str, window: str) -> str:
+    """Series of ``counter`` that counted anything in the last ``window``.
+
+    ``increase()`` needs two samples of a series in the window, so a series Prometheus first
+    reads above 0 (a gateway replica that counted before its first scrape, or scrapes that
+    failed from before the count until after it) never rises for it. The second clause
+    catches that series: above 0 in the window and absent ``window`` ago (``max_over_time``
+    drops the metric name as ``increase`` does, so the two never list one series twice).
+    """
+    return (
+        f"increase({counter}[{window}]) > 0\n"
+        f"or max_over_time({counter}[{window}]) > 0 unless {counter} offset {window}"
+    )
+
+
 def engine_series(name: str) -> str:
     """A selector for an engine metric under our prefix or vLLM's (``name`` may be a regex)."""
     return f'{{__name__=~"{ENGINE_PREFIX}:{name}"}}'
@@ -232,7 +247,7 @@ def alerting_rules(t: AlertThresholds) -> list[dict[str, Any]]:
         ),
         _alert(
             "InhouseFallbackTaken",
-            f"increase(inhouse:gateway_fallbacks_total[{t.rate_window}]) > 0",
+            counted_in("inhouse:gateway_fallbacks_total", t.rate_window),
             "0s",
             "info",
             "Requests for {{ $labels.model_name }} went to the fallback.",
@@ -254,7 +269,7 @@ def alerting_rules(t: AlertThresholds) -> list[dict[str, Any]]:
         ),
         _alert(
             "InhouseReleaseRolledBack",
-            f"increase(inhouse:gateway_release_rollbacks_total[{t.rate_window}]) > 0",
+            counted_in("inhouse:gateway_release_rollbacks_total", t.rate_window),
             "0s",
             "warning",
             "The guardrail rolled back the candidate release of {{ $labels.model_name }}"
