@@ -17,9 +17,6 @@ and must give the native build's bits.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -27,9 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from engine_helpers import needs_kernels
-
-from inhouse.engine.kernels.build import load_kernels
+from engine_helpers import avx2_build_outputs, needs_kernels
 
 pytestmark = needs_kernels
 
@@ -187,23 +182,7 @@ def test_a_key_scale_one_percent_off_leaves_the_tolerance(lane: int) -> None:
 def test_the_avx2_build_gives_the_native_builds_bits(tmp_path: Path) -> None:
     """On an AVX-512 host the AVX2 build (what an AVX2-only host runs) in a subprocess: every
     output the same bits as this process's AVX-512 build, so within the tolerance too."""
-    built = load_kernels()
-    if built is None or not built.isa.startswith("avx512"):
-        pytest.skip(f"this process runs the {built and built.isa} build itself")
-    saved = tmp_path / "avx2.npz"
-    script = (
-        "import sys, numpy as np, test_int8_kv_attention as t;"
-        "from inhouse.engine.kernels.build import load_kernels;"
-        "assert load_kernels().isa == 'avx2';"
-        "np.savez(sys.argv[1], **t.kernel_outputs())"
-    )
-    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "INHOUSE_KERNELS_ISA": "avx2", "PYTHONPATH": path}
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(saved)], env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    theirs, ours = np.load(saved), kernel_outputs()
+    theirs, ours = avx2_build_outputs(Path(__file__).stem, tmp_path / "avx2.npz"), kernel_outputs()
     assert sorted(theirs) == sorted(ours)
     for name, out in ours.items():
         assert np.array_equal(theirs[name], out), name
