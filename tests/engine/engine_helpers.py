@@ -1,9 +1,15 @@
-"""Driving an LLMEngine to completion in tests, and checking it gave every block back."""
+"""Driving an LLMEngine to completion in tests, and checking it gave every block back; and
+the kernels' outputs from their AVX2 build, to hold against this host's."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from inhouse.engine.config import EngineConfig
@@ -123,3 +129,29 @@ def _kernels_built() -> bool:
 
 # The C++ kernels build wherever a C++ compiler exists; without one the eager paths run.
 needs_kernels = pytest.mark.skipif(not _kernels_built(), reason="no C++ compiler for the kernels")
+
+
+def avx2_build_outputs(module: str, saved: Path) -> dict[str, np.ndarray]:
+    """``module.kernel_outputs()`` (a test module here returning named arrays) as the AVX2
+    build gives them (``INHOUSE_KERNELS_ISA=avx2``: what an AVX2-only host runs), in a
+    subprocess; skips unless this process runs an AVX-512 build (an AVX2 host runs the
+    AVX2 code in process)."""
+    from inhouse.engine.kernels.build import load_kernels
+
+    built = load_kernels()
+    if built is None or not built.isa.startswith("avx512"):
+        pytest.skip(f"this process runs the {built and built.isa} build itself")
+    script = (
+        f"import sys, numpy as np, {module} as m;"
+        "from inhouse.engine.kernels.build import load_kernels;"
+        "assert load_kernels().isa == 'avx2';"
+        "np.savez(sys.argv[1], **m.kernel_outputs())"
+    )
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "INHOUSE_KERNELS_ISA": "avx2", "PYTHONPATH": path}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(saved)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with np.load(saved) as outputs:
+        return dict(outputs)

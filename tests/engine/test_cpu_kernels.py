@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from engine_helpers import needs_kernels
+from engine_helpers import avx2_build_outputs, needs_kernels
 from test_fp16_weights import assert_greedy_consistent, chat_prompt_ids
 from test_model_equality import runner_greedy
 
@@ -266,6 +266,42 @@ def test_fused_rotary_kv_write_swiglu_and_add_norm_match_the_eager_ops(cache_dty
     torch.testing.assert_close(normed, F.rms_norm(expected_stream, (40,), weight, 1e-5))
     alone = torch.ops.inhouse_cpu.add_rms_norm(residual, None, weight, 1e-5)
     torch.testing.assert_close(alone, normed)
+
+
+def kernel_outputs() -> dict[str, np.ndarray]:
+    """The kernels' outputs on fixed inputs, by name, to hold against the AVX2 build's: the
+    linears at 1, 7 and 64 rows, SwiGLU, the residual add and norm (a model's width and one
+    with a tail of 4), attention over float32, float16 and bfloat16 caches (the int8
+    cache's: ``test_int8_kv_attention.py``)."""
+    gen = torch.Generator().manual_seed(5)
+    weight, out = torch.randn(96, 576, generator=gen) * 0.05, {}
+    for rows in (1, 7, 64):
+        x = torch.randn(rows, 576, generator=gen)
+        for kind in ("q8", "q4"):
+            out[f"{kind}-{rows}"] = linear(x, quantize(weight, kind), None)
+    out["silu_mul"] = torch.ops.inhouse_cpu.silu_mul(torch.randn(5, 2 * 1536, generator=gen))
+    for width in (576, 100):
+        residual, delta = torch.randn(2, 5, width, generator=gen)
+        norm = torch.randn(width, generator=gen)
+        out[f"norm-{width}"] = torch.ops.inhouse_cpu.add_rms_norm(residual, delta, norm, 1e-5)
+    k, v = torch.randn(2, 64, 3, 64, generator=gen)
+    q, lens = torch.randn(20, 9, 64, generator=gen), torch.arange(40, 60)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        out[f"attention-{dtype}"] = torch.ops.inhouse_cpu.paged_attention_rows(
+            q, k.to(dtype), v.to(dtype), torch.arange(4)[None], torch.zeros(20, dtype=torch.long),
+            lens, 16, 0.125, 0,
+        )  # fmt: skip
+    return {name: tensor.numpy() for name, tensor in out.items()}
+
+
+@needs_kernels
+def test_the_avx2_build_gives_the_native_builds_bits(tmp_path) -> None:
+    """What an AVX2-only host computes, built here in a subprocess (on an AVX-512 host): the
+    same bits as this process's build, so the hosts' tokens differ only by torch's own ops."""
+    theirs, ours = avx2_build_outputs("test_cpu_kernels", tmp_path / "avx2.npz"), kernel_outputs()
+    assert sorted(theirs) == sorted(ours)
+    for name, out in ours.items():
+        assert np.array_equal(theirs[name], out), name
 
 
 def _step_logits(runner: ModelRunner, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:

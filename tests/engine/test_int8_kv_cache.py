@@ -1,20 +1,21 @@
 """``--kv-cache-dtype int8``: each token's K and V of each KV head kept as 64 int8 codes and
 a float scale, written and read by the C++ kernels (its bits per request independent of the
 batch: the sixteen-request check in ``test_engine_smollm2.py`` runs it too), refused with a
-clear sentence off their path, sized by the budget with its scales counted, and close to the
-float16 cache's greedy tokens on the bundled model (its eval-set accuracy: docs/serve.md)."""
+clear sentence off their path, and sized by the budget with its scales counted. Its attention
+is checked against a reference of its own in ``test_int8_kv_attention.py``; how often its greedy
+tokens equal the float16 cache's is a measured statement in docs/serve.md, not an assertion:
+a 135M model's near-ties decide it, and they move with the host's float kernels."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import generate, needs_kernels
+from engine_helpers import needs_kernels
 
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.engine import LLMEngine
 from inhouse.engine.errors import EngineConfigError
 from inhouse.engine.models.loader import ModelSourceError, load_model
-from inhouse.engine.sampling_params import SamplingParams
 
 pytestmark = needs_kernels
 
@@ -48,39 +49,3 @@ def test_an_int8_cache_holds_its_rows_and_scales_in_the_budget(bundled_model_q4)
     assert cache.numel() <= 64 * 2**20  # the budget, scales included
     assert int8.core.budget.num_blocks >= 1.8 * half.core.budget.num_blocks
     assert bundled_model_q4.kv_cache_dtype == "auto"  # the caller's model is left as it was
-
-
-def test_greedy_tokens_stay_close_to_the_float16_caches(bundled_model_q4):
-    """Seven chat prompts and one of ~1,200 tokens, 24 greedy tokens each: at least half the
-    completions equal the float16 cache's word for word and every one starts with its first
-    token (measured on the AVX2 host: 4 of 8 equal; the others part after 23, 6, 6 and 1
-    tokens, at the near-ties of a 135M model's 4-bit weights)."""
-    tok = bundled_model_q4.tokenizer
-    questions = [
-        "What is the capital of France?",
-        "Write a haiku about the sea.",
-        "List five fruits.",
-        "Why is the sky blue?",
-        "Write a Python function that adds two numbers.",
-        "How many legs does a spider have?",
-        "Translate 'good morning' into French.",
-        "Summarize in one sentence: " + " ".join(["The council met to plan the budget."] * 150),
-    ]
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
-        )
-        for q in questions
-    ]
-    prompts = {
-        f"q{i}": tok(text, add_special_tokens=False)["input_ids"] for i, text in enumerate(texts)
-    }
-    assert max(len(p) for p in prompts.values()) > 1200
-    params = SamplingParams(temperature=0, max_tokens=24)
-    outputs = {}
-    for kv in ("auto", "int8"):
-        done = generate(engine_of(bundled_model_q4, kv_cache_dtype=kv), prompts, params)
-        outputs[kv] = {rid: out.choices[0].token_ids for rid, out in done.items()}
-    same = [rid for rid in prompts if outputs["int8"][rid] == outputs["auto"][rid]]
-    assert len(same) >= len(prompts) // 2, (same, outputs)
-    assert all(outputs["int8"][rid][0] == outputs["auto"][rid][0] for rid in prompts)

@@ -1453,6 +1453,19 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_q4(const torch:
   return {q, d, m};
 }
 
+// x[0]^2 + ... + x[dim - 1]^2 as eight FMA chains (feature i on chain i % 8) folded in a
+// fixed order: the same bits from AVX2 and AVX-512 code (an omp simd reduction's order is
+// the vector width's, and the two builds' norms differed in the last bit).
+inline float sum_of_squares(const float* x, int64_t dim) {
+  float c[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= dim; i += 8) {
+    INHOUSE_UNROLL for (int l = 0; l < 8; ++l) c[l] = std::fma(x[i + l], x[i + l], c[l]);
+  }
+  for (; i < dim; ++i) c[i % 8] = std::fma(x[i], x[i], c[i % 8]);
+  return ((c[0] + c[4]) + (c[2] + c[6])) + ((c[1] + c[5]) + (c[3] + c[7]));
+}
+
 // The residual stream's update and the next RMSNorm in one pass over each token:
 // residual += delta (in place; no delta for the first layer), then
 // out = residual / sqrt(mean(residual^2) + eps) * weight, in HF's order of operations.
@@ -1481,10 +1494,7 @@ torch::Tensor add_rms_norm(torch::Tensor residual, const c10::optional<torch::Te
 #pragma omp simd
         for (int64_t i = 0; i < dim; ++i) r[i] += d[i];
       }
-      float squares = 0.f;
-#pragma omp simd reduction(+ : squares)
-      for (int64_t i = 0; i < dim; ++i) squares += r[i] * r[i];
-      const float inv = 1.f / std::sqrt(squares / static_cast<float>(dim) + epsilon);
+      const float inv = 1.f / std::sqrt(sum_of_squares(r, dim) / static_cast<float>(dim) + epsilon);
       float* o = op + t * dim;
 #pragma omp simd
       for (int64_t i = 0; i < dim; ++i) o[i] = wp[i] * (r[i] * inv);
