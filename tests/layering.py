@@ -1,8 +1,9 @@
 """The layer contract of `src/inhouse`, and a checker over the `ast` of every module.
 
 A top-level package imports only from its own layer or the ones below it, the packages do
-not import each other in a circle, and the ones that speak HTTP to the engine never import
-it. Every import counts, function-level and `TYPE_CHECKING` ones included.
+not import each other in a circle, no module imports itself around a circle of modules, and
+the ones that speak HTTP to the engine never import it. Every import counts, function-level
+and `TYPE_CHECKING` ones included.
 """
 
 from __future__ import annotations
@@ -82,6 +83,72 @@ def edges(base: Path = SRC) -> list[Edge]:
     return found
 
 
+def _module(path: Path, base: Path) -> str:
+    parts = path.relative_to(base).with_suffix("").parts
+    return ".".join((ROOT, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def module_imports(base: Path = SRC) -> dict[str, set[str]]:
+    """Each module under `base` (dotted, `inhouse.gateway.call`) and the modules of `base` it
+    imports: `from a.b import c` names module `a.b.c` when there is one, else `a.b`."""
+    paths = {_module(path, base): path for path in sorted(base.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        targets = graph[module] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for name in _imported(node, package):
+                while name and ".".join(name) not in paths:
+                    name = name[:-1]
+                if name and ".".join(name) != module:
+                    targets.add(".".join(name))
+    return graph
+
+
+def module_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The knots of `graph`: each set of two or more modules that reach each other, sorted
+    (Tarjan's strongly connected components, without recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    knots: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, todo = work[-1]
+            nxt = next(todo, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                knot = stack[stack.index(node) :]
+                del stack[stack.index(node) :]
+                if len(knot) > 1:
+                    knots.append(sorted(knot))
+    return sorted(knots)
+
+
+def _file(module: str, base: Path) -> str:
+    path = base.parent.joinpath(*module.split("."))
+    return str(
+        (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).relative_to(
+            base.parent
+        )
+    )
+
+
 def _layer(name: str) -> int | None:
     return next((i for i, layer in enumerate(LAYERS) if name in layer), None)
 
@@ -122,6 +189,8 @@ def violations(base: Path = SRC) -> list[str]:
         if edge.target in FORBIDDEN.get(edge.source, ()):
             out.append(f"{edge.where(base)}: {edge.source} must not import {edge.target}")
     out += ["import cycle: " + " -> ".join(circle) for circle in cycles(found)]
+    knots = module_cycles(module_imports(base))
+    out += ["module import cycle: " + ", ".join(_file(m, base) for m in knot) for knot in knots]
     return out
 
 

@@ -40,6 +40,7 @@ def test_an_import_of_a_higher_layer_is_reported(tmp_path: Path) -> None:
     assert violations(root) == [
         "inhouse/plan/report.py:2: plan (layer 0) imports server (layer 2), a higher layer",
         "import cycle: plan -> server -> plan",
+        "module import cycle: inhouse/plan/report.py, inhouse/server/app.py",
     ]
 
 
@@ -60,7 +61,28 @@ def test_a_circle_within_one_layer_is_reported(tmp_path: Path) -> None:
             "    from inhouse.gateway.a import x\n",
         },
     )
-    assert violations(root) == ["import cycle: bench -> gateway -> eval -> bench"]
+    assert violations(root) == [
+        "import cycle: bench -> gateway -> eval -> bench",
+        "module import cycle: inhouse/bench/c.py, inhouse/eval/b.py, inhouse/gateway/a.py",
+    ]
+
+
+def test_a_circle_of_modules_within_one_package_is_reported(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "gateway/call.py": "from inhouse.gateway import state\n",
+            "gateway/state.py": "def f():\n    from .upstream import Clients\n",
+            "gateway/upstream.py": "from inhouse.gateway.call import Call\n",
+            "gateway/line.py": "from inhouse.gateway.call import Call\n",
+        },
+    )
+    assert violations(root) == [
+        "module import cycle: inhouse/gateway/call.py, inhouse/gateway/state.py, "
+        "inhouse/gateway/upstream.py"
+    ]
+    (root / "gateway/state.py").write_text("import inhouse.gateway.line\n")
+    assert violations(root) == []
 
 
 def test_the_http_side_importing_the_engine_is_reported(tmp_path: Path) -> None:
