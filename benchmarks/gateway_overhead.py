@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 
 from inhouse.gateway.config import load_config
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.http.client import Http1Client
 from inhouse.launch.inhouse import inhouse_command

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from inhouse.gateway.db import open_database, schema_marks
+from inhouse.gateway.db import schema_marks
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.usage import report as usage
 from inhouse.gateway.usage import rollup
 

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from inhouse.gateway.audit.writer import recent_rows
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.launch.inhouse import inhouse_command
 from inhouse.launch.ports import free_port
 

@@ -50,7 +50,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     from inhouse.gateway.config import load_config
-    from inhouse.gateway.db import open_database
+    from inhouse.gateway.db_open import open_database
     from inhouse.gateway.keys import KeyStore, load_pepper
 
     base = tmp_path_factory.mktemp("bench-live")

@@ -15,7 +15,8 @@ from inhouse.cli import app
 from inhouse.cost.compare import Traffic, compare
 from inhouse.cost.settings import CostConfigError, CostSettings, Owned, TokenPrices, parse_cost
 from inhouse.gateway.audit.writer import AuditRecord, clean_row
-from inhouse.gateway.db import audit_log, open_database
+from inhouse.gateway.db import audit_log
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.usage.traffic import measured
 from serving import gateway_toml
 

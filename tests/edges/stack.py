@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inhouse.gateway.config import load_config
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.server.serve import DEFAULT_EMBEDDING_NAME
 from serving import Process, free_port, gateway_toml, inhouse_command

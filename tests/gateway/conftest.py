@@ -12,7 +12,7 @@ import pytest
 from canned_upstream import Canned, canned_upstream
 from release_env import CANDIDATE, STABLE
 
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore
 from serving import Served, start_serve
 

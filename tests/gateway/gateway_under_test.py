@@ -16,7 +16,7 @@ from canned_upstream import SLOW_MODEL, Canned
 
 from inhouse.gateway.audit.writer import recent_rows
 from inhouse.gateway.config import GatewayConfig
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from serving import Process, audit_rows, free_port, gateway_toml, inhouse_command
 

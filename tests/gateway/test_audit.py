@@ -22,7 +22,8 @@ from inhouse.gateway.audit.writer import (
     totals_by_key,
 )
 from inhouse.gateway.config import AuditSettings
-from inhouse.gateway.db import audit_log, audit_segments, open_database
+from inhouse.gateway.db import audit_log, audit_segments
+from inhouse.gateway.db_open import open_database
 
 
 def _row(i: int, name: str = "a", **fields: object) -> AuditRecord:

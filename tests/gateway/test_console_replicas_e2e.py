@@ -23,7 +23,7 @@ from canned_upstream import Canned
 from gateway_under_test import TOKEN_ENV, gateway_config
 
 from inhouse.gateway.config import GatewayConfig
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from serving import Process, free_port, inhouse_command
 

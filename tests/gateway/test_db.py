@@ -10,7 +10,8 @@ from pathlib import Path
 
 from sqlalchemy import insert
 
-from inhouse.gateway.db import audit_segments, open_database
+from inhouse.gateway.db import audit_segments
+from inhouse.gateway.db_open import open_database
 
 
 def _touch_from_another_process(db_file: Path) -> None:

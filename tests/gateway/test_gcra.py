@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.limits import Gcra, MemoryTatStore, SqlTatStore
 
 

@@ -25,7 +25,7 @@ import openai
 import pytest
 
 from inhouse.gateway.config import load_config
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from serving import (
     SERVE_KEY,

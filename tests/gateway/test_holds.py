@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import func, select
 
 from inhouse.cost.settings import TokenPrices
-from inhouse.gateway.db import holds, open_database
+from inhouse.gateway.db import holds
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.holds import Charge, HoldStore
 from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.usage.teams import TeamStore

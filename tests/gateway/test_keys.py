@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 
 from inhouse.gateway.config import ConfigError, GatewayConfig
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import AuthError, KeyStore, UnknownKey, load_pepper
 
 

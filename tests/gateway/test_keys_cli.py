@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from inhouse.cli import app
 from inhouse.gateway.config import GatewayConfig
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import AuthError, KeyStore, load_pepper
 from inhouse.launch.inhouse import inhouse_command
 from serving import gateway_toml

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from inhouse.gateway.config import Capabilities, Upstream
-from inhouse.gateway.parsing import TEMPLATE_TOKENS, BadRequest, missing_capability, read_needs
+from inhouse.gateway.needs import missing_capability
+from inhouse.gateway.parsing import TEMPLATE_TOKENS, BadRequest, read_needs
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 

@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from inhouse.gateway.config import load_config
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.releases.store import BackendRef, NewRelease, ReleaseStore
 from inhouse.gateway.usage.teams import TeamStore

@@ -26,13 +26,14 @@ from typer.testing import CliRunner
 from inhouse.cli import app
 from inhouse.gateway.backends import BackendState
 from inhouse.gateway.config import ConfigError, ModelRoute, Upstream, parse_config
-from inhouse.gateway.db import metadata, open_database
+from inhouse.gateway.db import metadata
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.degrade import expected_wait_s
+from inhouse.gateway.exchange import prepare
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.parsing import read_needs
 from inhouse.gateway.routing import Overloaded, Router
-from inhouse.gateway.upstream import prepare
 
 NEEDS = read_needs("chat/completions", {"messages": [{"content": "hi"}], "max_tokens": 1})
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "priority": -1}

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from inhouse.gateway.call import Outcome
-from inhouse.gateway.upstream import read_answer, relay_events
+from inhouse.gateway.exchange import read_answer, relay_events
 
 EVENTS = [
     b": keep-alive",

@@ -11,7 +11,7 @@ import pytest
 from conftest import ManualClock
 
 from inhouse.gateway.config import ConfigError, parse_config
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.releases.canary import BUCKETS, bucket, on_candidate
 from inhouse.gateway.releases.figures import percentiles
 from inhouse.gateway.releases.store import (

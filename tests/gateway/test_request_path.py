@@ -20,7 +20,7 @@ from inhouse.gateway.app import build_gateway, create_app
 from inhouse.gateway.audit.writer import recent_rows
 from inhouse.gateway.backends import HealthChecker
 from inhouse.gateway.config import parse_config
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.handler import Gateway
 
 HELLO = [{"role": "user", "content": "hello"}]

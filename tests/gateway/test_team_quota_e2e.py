@@ -25,7 +25,8 @@ import pytest
 from metered_upstream import MODEL, metered_upstream, prompt_tokens
 from sqlalchemy import Engine, func, select
 
-from inhouse.gateway.db import audit_log, holds, open_database
+from inhouse.gateway.db import audit_log, holds
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.usage.teams import TeamStore
 from serving import Process, free_port, gateway_toml, inhouse_command

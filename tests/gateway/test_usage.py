@@ -19,7 +19,8 @@ from inhouse.cli import app
 from inhouse.cost.settings import TokenPrices
 from inhouse.gateway.audit.writer import AuditRecord, AuditWriter, clean_row
 from inhouse.gateway.config import AuditSettings
-from inhouse.gateway.db import audit_log, open_database, schema_marks, usage_daily
+from inhouse.gateway.db import audit_log, schema_marks, usage_daily
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.usage.report import UnknownGrouping, usage
 from inhouse.gateway.usage.rollup import BACKFILLED
 

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from inhouse.gateway.config import load_config
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.usage.teams import TeamStore
 from inhouse.observe.dashboard import queries

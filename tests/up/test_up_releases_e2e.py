@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from inhouse.gateway.config import GatewayConfig, parse_config
-from inhouse.gateway.db import open_database
+from inhouse.gateway.db_open import open_database
 from inhouse.gateway.releases.store import ReleaseStore
 from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME
 from inhouse.up.releases import ensure_stable_releases

@@ -21,12 +21,13 @@ from inhouse.gateway.backends import BackendState
 from inhouse.gateway.call import Call
 from inhouse.gateway.config import ModelRoute, Upstream
 from inhouse.gateway.endpoints import ENDPOINTS
+from inhouse.gateway.exchange import UpstreamClients
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.limits import Admission, limit_error, quota_exceeded
-from inhouse.gateway.parsing import Needs, Parsed, tools_bound
+from inhouse.gateway.needs import Needs
+from inhouse.gateway.parsing import Parsed, tools_bound
 from inhouse.gateway.routing import Router
 from inhouse.gateway.state import GatewayState
-from inhouse.gateway.upstream import UpstreamClients
 from inhouse.gateway.usage.teams import team_exhausted
 
 TOKENIZE_TIMEOUT_S = 5.0

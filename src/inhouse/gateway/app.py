@@ -19,7 +19,9 @@ from inhouse.gateway.audit.writer import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
 from inhouse.gateway.config import GatewayConfig, default_state_dir
 from inhouse.gateway.console.install import install_console
-from inhouse.gateway.db import open_database, sqlite_path
+from inhouse.gateway.db import sqlite_path
+from inhouse.gateway.db_open import open_database
+from inhouse.gateway.exchange import UpstreamClients
 from inhouse.gateway.front import GatewayFront
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.holds import HoldStore
@@ -31,7 +33,6 @@ from inhouse.gateway.releases.guardrail import Guardrail
 from inhouse.gateway.releases.store import ReleaseStore
 from inhouse.gateway.routing import Router
 from inhouse.gateway.state import GatewayState
-from inhouse.gateway.upstream import UpstreamClients
 from inhouse.gateway.usage.teams import TeamStore
 from inhouse.http.body_limit import BodySizeLimit
 from inhouse.http.errors import install_error_handlers

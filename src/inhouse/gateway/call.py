@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from inhouse.gateway.config import ModelRoute
 from inhouse.gateway.keys import ApiKey
-from inhouse.gateway.parsing import Needs
+from inhouse.gateway.needs import Needs
 from inhouse.gateway.priority import DEFAULT_CLASS
-from inhouse.gateway.releases.answer_checks import Expectations
+from inhouse.gateway.releases.answer_checks import AnswerChecks, Expectations
 from inhouse.gateway.releases.canary import ReleasePick
 from inhouse.gateway.routing import Lease
-
-if TYPE_CHECKING:
-    from inhouse.gateway.releases.shadow import ShadowTicket
 
 
 @dataclass(slots=True)
@@ -40,6 +37,16 @@ class Outcome:
         return [self.tool_calls[i] for i in sorted(self.tool_calls)]
 
 
+class PrimaryWaiter(Protocol):
+    """What waits for how a call ended: its shadow copy (`shadow.ShadowTicket`), which the
+    call's settlement hands its end to."""
+
+    def primary_settled(
+        self, status: int, outcome: Outcome, latency_s: float, ttft_s: float | None,
+        checks: AnswerChecks,
+    ) -> None: ...  # fmt: skip
+
+
 @dataclass(slots=True)
 class Call:
     """A request that passed admission, carried to its settlement."""
@@ -61,7 +68,7 @@ class Call:
     client_left: bool = False
     metered: bool = True  # False: runs no model, charges no tokens (/tokenize, /detokenize)
     release: ReleasePick | None = None  # None while the model has no releases
-    shadow: ShadowTicket | None = None  # the mirrored copy waiting for this call's outcome
+    shadow: PrimaryWaiter | None = None  # the mirrored copy waiting for this call's outcome
     hold: str | None = None  # what it holds of its key's quota and its team's (`holds`)
     prompt_hash: str | None = None  # peppered hash of the prompt: tells a retry (audit)
     expects: Expectations | None = None  # set when the answer is checked (answer_checks)

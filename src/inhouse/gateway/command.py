@@ -59,7 +59,7 @@ def audit_command(
     from rich.table import Table
 
     from inhouse.gateway.audit.writer import recent_rows, totals_by_key
-    from inhouse.gateway.db import open_database
+    from inhouse.gateway.db_open import open_database
 
     db = open_database(settings_for(config, database).database)
     console = Console()
@@ -272,7 +272,7 @@ def settings_for(config: Path | None, database: str | None) -> Any:
 
 
 def _ensure_team(config: Path | None, database: str | None, name: str) -> None:
-    from inhouse.gateway.db import open_database
+    from inhouse.gateway.db_open import open_database
     from inhouse.gateway.usage.teams import TeamStore
 
     TeamStore(open_database(settings_for(config, database).database)).ensure(name)
@@ -280,7 +280,7 @@ def _ensure_team(config: Path | None, database: str | None, name: str) -> None:
 
 def _store(config: Path | None, database: str | None) -> KeyStore:
     from inhouse.gateway.config import ConfigError
-    from inhouse.gateway.db import open_database
+    from inhouse.gateway.db_open import open_database
     from inhouse.gateway.keys import KeyStore, load_pepper
 
     settings = settings_for(config, database)

@@ -1,12 +1,10 @@
-"""The gateway's database: schema, connection pool (SQLite with WAL by default, any
-SQLAlchemy URL), and bringing an existing database up to the current schema: the columns
+"""The gateway's database schema, and bringing an existing database up to it: the columns
 and indexes added since it was created (`create_all` makes only missing tables, so without
-this a database from an older release would refuse every query that names a new column)."""
+this a database from an older release would refuse every query that names a new column).
+`db_open` opens the connection pool."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,13 +20,11 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
-    create_engine,
-    event,
     inspect,
     text,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.schema import CreateIndex
 
 metadata = MetaData()
@@ -266,60 +262,12 @@ shadow_pairs = Table(
 )
 
 
-def open_database(url: str) -> Engine:
-    """Create the connection pool and tables; SQLite files get WAL and a busy timeout, and a new
-    file is created readable by its owner only (SQLite gives its -wal/-shm the same mode)."""
-    parsed = make_url(url)
-    is_sqlite = parsed.get_backend_name() == "sqlite"
-    path = sqlite_path(url)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _create_private(path)
-    db = create_engine(url, connect_args={"timeout": 30} if is_sqlite else {})
-    if is_sqlite:
-        event.listen(db, "connect", _sqlite_pragmas)
-    _create_tables(db)
-    add_missing(db, metadata)
-    from inhouse.gateway.usage.rollup import backfill  # it reads these tables
-
-    backfill(db)
-    return db
-
-
-def _create_private(path: Path) -> None:
-    """Create the file, readable by its owner only, unless it exists. An existing file is
-    never opened here: closing any descriptor of a file drops every POSIX lock this process
-    holds on it, so another process would take this process's SQLite connections for gone,
-    checkpoint and delete the WAL they are still writing to, and their commits would be lost."""
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-
-
-def _create_tables(db: Engine, attempts: int = 3) -> None:
-    """Create the missing tables. `create_all` checks, then creates: replicas starting together
-    on an empty PostgreSQL race, and each loser finds the tables when it tries again."""
-    for attempt in range(attempts):
-        try:
-            metadata.create_all(db)
-            return
-        except (IntegrityError, ProgrammingError):
-            if attempt == attempts - 1:
-                raise
-
-
 def sqlite_path(url: str) -> Path | None:
     """The file behind a SQLite URL, or None for other databases."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database)
-
-
-def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.close()
 
 
 def add_missing(db: Engine, metadata: MetaData) -> None:

@@ -27,7 +27,7 @@ from inhouse.gateway.call import Call
 from inhouse.gateway.config import GatewayConfig, ModelRoute
 from inhouse.gateway.endpoints import ENDPOINTS
 from inhouse.gateway.metrics import GatewayMetrics
-from inhouse.gateway.parsing import Needs, missing_capability
+from inhouse.gateway.needs import Needs, missing_capability
 from inhouse.gateway.priority import rank
 from inhouse.gateway.routing import Router
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -24,13 +24,12 @@ from inhouse.api.chat import ChatFields
 from inhouse.api.common import RequestModel
 from inhouse.api.completions import CompletionRequest
 from inhouse.api.errors import invalid_fields, invalid_request, not_found
-from inhouse.gateway.config import GatewayConfig, ModelRoute, Upstream
+from inhouse.gateway.config import GatewayConfig, ModelRoute
 from inhouse.gateway.endpoints import ENDPOINTS, Endpoint
 from inhouse.gateway.keys import ApiKey
+from inhouse.gateway.needs import Needs
 from inhouse.gateway.priority import DEFAULT_CLASS, BadPriority, effective_class
-
-if TYPE_CHECKING:  # routing reads `Needs` from here: the Router is an annotation only
-    from inhouse.gateway.routing import Router
+from inhouse.gateway.routing import Router
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
@@ -45,35 +44,6 @@ class BadRequest(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
-
-
-@dataclass(frozen=True, slots=True)
-class Needs:
-    """Features, prompt estimate and bound, and the output the request asks for.
-
-    `choices` counts the completions generated, each up to the output cap: `n` per prompt
-    (a completions batch of 100 prompts with `n` 2 generates 200)."""
-
-    features: frozenset[str]
-    prompt_tokens: int
-    max_output: int | None
-    choices: int
-    prompt_bound: int = 0
-    batch_longest: tuple[int, int] | None = None  # a batch's longest prompt: estimate, bound
-
-    def longest(self) -> tuple[int, int]:
-        """Estimate and bound of the longest single prompt (the whole prompt unless a batch)."""
-        return self.batch_longest or (self.prompt_tokens, self.prompt_bound)
-
-    def output_cap(self, default: int, limit: int | None) -> int:
-        """The output cap sent upstream: the request's, else `default` within `limit`."""
-        if self.max_output is not None:
-            return self.max_output
-        return default if limit is None else min(default, limit)
-
-    def reserve(self, prompt: int, output_cap: int) -> int:
-        """Tokens to reserve at admission: the prompt + the output cap per choice."""
-        return prompt + output_cap * self.choices
 
 
 def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
@@ -122,7 +92,7 @@ def _checked_fields(endpoint: Endpoint, body: dict[str, Any]) -> RequestModel:
     written back as the bool it means ("false" is false), so the gateway and the backend
     agree on whether the answer is a stream."""
     # `priority` is the gateway's to read (a class name too: `priority.effective_class`),
-    # and the client's own value never reaches a backend (`upstream.prepare`).
+    # and the client's own value never reaches a backend (`exchange.prepare`).
     checked = body
     if "priority" in body:
         checked = {name: value for name, value in body.items() if name != "priority"}
@@ -148,24 +118,6 @@ def tools_bound(body: dict[str, Any]) -> int:
     """Upper bound of the tokens the tool definitions add to a chat prompt."""
     tools = body.get("tools")
     return len(json.dumps(tools).encode()) + TEMPLATE_TOKENS if tools else 0
-
-
-def missing_capability(upstream: Upstream, needs: Needs) -> str | None:
-    """Why this upstream cannot serve the request, or None if it can."""
-    caps = upstream.capabilities
-    missing = sorted(needs.features - caps.features)
-    if missing:
-        return f"model does not support {', '.join(missing)}"
-    out = needs.max_output
-    if caps.max_output is not None and out is not None and out > caps.max_output:
-        return f"max_tokens {needs.max_output} exceeds the model's output limit {caps.max_output}"
-    prompt = needs.longest()[0]
-    if caps.max_context is not None and prompt + (out or 0) > caps.max_context:
-        return (
-            f"prompt (~{prompt} tokens) + max_tokens ({out or 0})"
-            f" exceeds the model's context of {caps.max_context} tokens"
-        )
-    return None
 
 
 def _message_chars(messages: list[Any]) -> tuple[int, int, bool]:

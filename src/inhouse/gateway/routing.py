@@ -20,7 +20,7 @@ from typing import Any
 from inhouse.api.errors import APIError
 from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.config import ModelRoute, Upstream
-from inhouse.gateway.parsing import Needs, missing_capability
+from inhouse.gateway.needs import Needs, missing_capability
 from inhouse.gateway.priority import DEFAULT_CLASS, rank
 
 SATURATED_RETRY_S = 1.0

@@ -4,22 +4,19 @@ whole to each step of the request path (admission, the upstream call, settlement
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
 from inhouse.cost.settings import TokenPrices
 from inhouse.gateway.audit.writer import AuditWriter
 from inhouse.gateway.config import GatewayConfig
+from inhouse.gateway.exchange import UpstreamClients
 from inhouse.gateway.holds import HoldStore
 from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.limits import KeyLimiter, LimitCalls
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.routing import Router
 from inhouse.gateway.usage.teams import TeamStore
-
-if TYPE_CHECKING:  # `upstream` takes this state: its client pool is an annotation here
-    from inhouse.gateway.upstream import UpstreamClients
 
 
 @dataclass(frozen=True, slots=True)

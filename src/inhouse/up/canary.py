@@ -79,7 +79,7 @@ class CanaryWatch(threading.Thread):
 
     def run(self) -> None:
         # SQLAlchemy and httpx: loaded when `up --canary` runs, not with the CLI.
-        from inhouse.gateway.db import open_database
+        from inhouse.gateway.db_open import open_database
         from inhouse.gateway.releases.store import ReleaseError, ReleaseStore
         from inhouse.launch.replicas import stop_replicas, wait_started
 

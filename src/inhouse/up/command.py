@@ -355,7 +355,7 @@ def _cost_table(path: Path | None) -> dict[str, Any]:
 
 def ensure_admin_key(config: GatewayConfig) -> str | None:
     """Create the admin key on first start; returns its secret then, else None."""
-    from inhouse.gateway.db import open_database
+    from inhouse.gateway.db_open import open_database
     from inhouse.gateway.keys import KeyStore, load_pepper
 
     db = open_database(config.database)

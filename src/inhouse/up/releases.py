@@ -21,7 +21,7 @@ def ensure_stable_releases(
     """Each model's stable release number, made of the backends `config` names; the `chat`
     model's pins `manifest` (its file and what it pins, already verified), when given."""
     # SQLAlchemy: loaded when `up` runs, not with the CLI.
-    from inhouse.gateway.db import open_database
+    from inhouse.gateway.db_open import open_database
     from inhouse.gateway.releases.command import pinned_manifest
     from inhouse.gateway.releases.store import BackendRef, NewRelease, ReleaseStore
 

@@ -190,7 +190,7 @@ def _eval_set(path: Path) -> list[Any]:
 
 def _store(config: Path | None, database: str | None) -> ReleaseStore:
     # SQLAlchemy: loaded when the command runs, not with the CLI.
-    from inhouse.gateway.db import open_database
+    from inhouse.gateway.db_open import open_database
     from inhouse.gateway.releases.store import ReleaseStore
 
     return ReleaseStore(open_database(settings_for(config, database).database))

@@ -29,11 +29,11 @@ from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.config import ReleaseSettings
 from inhouse.gateway.db import shadow_pairs
 from inhouse.gateway.endpoints import ENDPOINTS
+from inhouse.gateway.exchange import UpstreamClients, prepare, relay_events
 from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.releases.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
 from inhouse.gateway.releases.canary import Answering, apply_release, capped
 from inhouse.gateway.releases.metrics import ReleaseMetrics
-from inhouse.gateway.upstream import UpstreamClients, prepare, relay_events
 
 log = logging.getLogger("inhouse.gateway.shadow")
 

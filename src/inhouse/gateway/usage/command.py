@@ -24,7 +24,7 @@ def usage_command(
     from rich.console import Console
     from rich.table import Table
 
-    from inhouse.gateway.db import open_database
+    from inhouse.gateway.db_open import open_database
     from inhouse.gateway.usage.report import COLUMNS, UnknownGrouping, as_records, usage
     from inhouse.gateway.usage.report import as_csv as to_csv
 

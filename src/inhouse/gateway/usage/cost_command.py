@@ -30,7 +30,7 @@ def cost_command(
     # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.cost.compare import compare, report_lines
     from inhouse.cost.settings import CostConfigError, load_cost
-    from inhouse.gateway.db import open_database
+    from inhouse.gateway.db_open import open_database
     from inhouse.gateway.usage.traffic import measured
 
     settings = settings_for(config, database)

@@ -112,7 +112,7 @@ def _limits(quota: int | None, budget: float | None, hard_stop: bool | None) -> 
 
 def _teams(config: Path | None, database: str | None) -> Any:
     # SQLAlchemy: loaded when the command runs, not with the CLI.
-    from inhouse.gateway.db import open_database
+    from inhouse.gateway.db_open import open_database
     from inhouse.gateway.usage.teams import TeamStore
 
     return TeamStore(open_database(settings_for(config, database).database))
