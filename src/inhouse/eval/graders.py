@@ -23,17 +23,27 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jsonschema
 
 from inhouse.eval.refusal import refused
 
-if TYPE_CHECKING:
-    from inhouse.eval.items import EvalItem
-
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
 _FENCED = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+
+
+class Gradable(Protocol):
+    """What a grader reads of an item (`items.EvalItem`, which checks its `expected` here)."""
+
+    @property
+    def grader(self) -> str: ...
+    @property
+    def expected(self) -> Any: ...
+    @property
+    def tolerance(self) -> float: ...
+    @property
+    def tools(self) -> list[dict[str, Any]] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +54,17 @@ class Answer:
     tool_calls: tuple[tuple[str, str], ...] = field(default=())
 
 
-def _exact(item: EvalItem, answer: Answer) -> bool:
+def _exact(item: Gradable, answer: Answer) -> bool:
     return answer.text.strip().removesuffix(".").strip() == str(item.expected).strip()
 
 
-def _contains(item: EvalItem, answer: Answer) -> bool:
+def _contains(item: Gradable, answer: Answer) -> bool:
     wanted = item.expected if isinstance(item.expected, list) else [item.expected]
     text = answer.text.casefold()
     return all(str(w).casefold() in text for w in wanted)
 
 
-def _regex(item: EvalItem, answer: Answer) -> bool:
+def _regex(item: Gradable, answer: Answer) -> bool:
     return re.search(item.expected, answer.text) is not None
 
 
@@ -69,7 +79,7 @@ def last_number(text: str) -> float | None:
         return None
 
 
-def _numeric(item: EvalItem, answer: Answer) -> bool:
+def _numeric(item: Gradable, answer: Answer) -> bool:
     value = last_number(answer.text)
     return value is not None and math.isclose(
         value, float(item.expected), rel_tol=0.0, abs_tol=item.tolerance
@@ -82,7 +92,7 @@ def chosen_letter(text: str, letters: str = "ABCD") -> str | None:
     return match.group(1) if match else None
 
 
-def _choice(item: EvalItem, answer: Answer) -> bool:
+def _choice(item: Gradable, answer: Answer) -> bool:
     letters = "".join(sorted(set("ABCD") | {str(item.expected)}))
     return chosen_letter(answer.text, letters) == item.expected
 
@@ -113,7 +123,7 @@ def schema_valid(schema: Any, value: Any) -> bool:
         return True
 
 
-def _json_schema(item: EvalItem, answer: Answer) -> bool:
+def _json_schema(item: Gradable, answer: Answer) -> bool:
     try:
         value = json_in(answer.text)
     except ValueError:
@@ -149,7 +159,7 @@ def tool_call_valid(tools: list[dict[str, Any]] | None, name: str, text: str) ->
     return tool_arguments(tools, name, text) is not None
 
 
-def _tool_call(item: EvalItem, answer: Answer) -> bool:
+def _tool_call(item: Gradable, answer: Answer) -> bool:
     if not answer.tool_calls:
         return False
     name, arguments_text = answer.tool_calls[0]
@@ -162,11 +172,11 @@ def _tool_call(item: EvalItem, answer: Answer) -> bool:
     return all(arguments.get(key) == value for key, value in wanted.items())
 
 
-def _refusal(item: EvalItem, answer: Answer) -> bool:
+def _refusal(item: Gradable, answer: Answer) -> bool:
     return refused(answer.text) is item.expected
 
 
-GRADERS: dict[str, Callable[[EvalItem, Answer], bool]] = {
+GRADERS: dict[str, Callable[[Gradable, Answer], bool]] = {
     "exact": _exact,
     "contains": _contains,
     "regex": _regex,
@@ -178,7 +188,7 @@ GRADERS: dict[str, Callable[[EvalItem, Answer], bool]] = {
 }
 
 
-def grade(item: EvalItem, answer: Answer) -> bool:
+def grade(item: Gradable, answer: Answer) -> bool:
     """True when ``answer`` is right for ``item`` under the item's grader."""
     return GRADERS[item.grader](item, answer)
 
@@ -189,7 +199,7 @@ def _is_text(expected: Any) -> bool:
     return isinstance(expected, str) and bool(expected)
 
 
-def check_expected(item: EvalItem) -> None:
+def check_expected(item: Gradable) -> None:
     """``ValueError`` when the item's ``expected`` does not fit its grader."""
     expected, grader = item.expected, item.grader
     if grader in ("exact", "contains") and not _is_text(expected):
