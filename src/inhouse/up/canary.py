@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from inhouse.gateway.releases.command import pinned_manifest
+from inhouse.gateway.release_tools.command import pinned_manifest
 from inhouse.launch.base import Endpoint, Engine, Health, LaunchSettings
 from inhouse.launch.ports import free_port
 from inhouse.manifests.command import checked_manifest

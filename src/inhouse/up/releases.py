@@ -22,7 +22,7 @@ def ensure_stable_releases(
     model's pins `manifest` (its file and what it pins, already verified), when given."""
     # SQLAlchemy: loaded when `up` runs, not with the CLI.
     from inhouse.gateway.db_open import open_database
-    from inhouse.gateway.releases.command import pinned_manifest
+    from inhouse.gateway.release_tools.command import pinned_manifest
     from inhouse.gateway.releases.store import BackendRef, NewRelease, ReleaseStore
 
     pinned = (None, None) if manifest is None else pinned_manifest(*manifest)

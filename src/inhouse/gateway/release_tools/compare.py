@@ -12,9 +12,9 @@ from typing import Any
 from sqlalchemy import func, select
 
 from inhouse.gateway.db import shadow_pairs
+from inhouse.gateway.release_tools.grade import Grading
+from inhouse.gateway.release_tools.plot import plot_compare
 from inhouse.gateway.releases.figures import as_json, live_figures, shadow_figures
-from inhouse.gateway.releases.grade import Grading
-from inhouse.gateway.releases.plot import plot_compare
 from inhouse.gateway.releases.store import ReleaseError, ReleaseStore
 
 CHECKS = (

@@ -12,8 +12,8 @@ from inhouse.eval.stats import Proportion
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
+    from inhouse.gateway.release_tools.grade import Grading
     from inhouse.gateway.releases.figures import LiveFigures, ShadowFigures
-    from inhouse.gateway.releases.grade import Grading
 
 STABLE, CANDIDATE = "tab:blue", "tab:orange"
 

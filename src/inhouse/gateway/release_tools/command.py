@@ -42,7 +42,7 @@ def status_command(
 ) -> None:
     """Shares, releases, live figures with their intervals, and the latest changes."""
     # SQLAlchemy: loaded when the command runs, not with the CLI.
-    from inhouse.gateway.releases.report import print_status, status_json
+    from inhouse.gateway.release_tools.report import print_status, status_json
 
     store = _store(config, database)
     report = status_json(store, model)
@@ -163,14 +163,14 @@ def compare_command(
     p-values; TTFT, TPOT and latency p50/p99, output length; the canary's live figures;
     optionally the answers graded with an eval set; and a PNG."""
     # SQLAlchemy, httpx, rich: loaded when the command runs, not with the CLI.
-    from inhouse.gateway.releases.compare import compare, compare_text
+    from inhouse.gateway.release_tools.compare import compare, compare_text
 
     items = None if grade is None else _eval_set(grade)  # checked before anything is opened
     store = _store(config, database)
     grader = None
     if items is not None:
         from inhouse.gateway.keys import KeyStore, load_pepper
-        from inhouse.gateway.releases.grade import grade_pairs
+        from inhouse.gateway.release_tools.grade import grade_pairs
 
         keys = KeyStore(store.db, load_pepper(settings_for(config, database)))
         grader = functools.partial(grade_pairs, store.db, keys.hash, model, items=items)
