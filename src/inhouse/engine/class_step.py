@@ -43,21 +43,13 @@ class Host(Protocol):
     prefill_cap: int
     steps: int
     policy: SchedulingPolicy
+    place_running: Callable[..., int]  # see Scheduler.place_running
 
     def waits_for_leader(self, seq: Sequence) -> bool: ...
     def reserved_blocks(self) -> int: ...
     def blocks_to_finish(self, seq: Sequence, num_held: int | None = None) -> int: ...
     def admit(self, out: SchedulerOutput, seq: Sequence, limit: int, reserved: int) -> int: ...
     def preempt(self, out: SchedulerOutput, seq: Sequence, cause: str) -> None: ...
-    def place_running(
-        self,
-        out: SchedulerOutput,
-        seq: Sequence,
-        num_new: int,
-        budget: int,
-        drafts: Mapping[int, list[int]],
-        victim: Callable[[], Sequence],
-    ) -> int: ...
 
 
 def class_order(sched: Host) -> tuple[list[Sequence], Background | None, int]:
