@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "inhouse"
 ROOT = "inhouse"  # the root package itself (its version) sits at the bottom
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({ROOT, "api", "http", "plan", "manifests", "cost"}),
+    frozenset({ROOT, "api", "http", "plan", "manifests", "cost", "scheduling"}),
     frozenset({"engine", "launch"}),
     frozenset({"server", "gateway", "bench", "eval", "observe"}),
     frozenset({"up", "cli", "__main__"}),

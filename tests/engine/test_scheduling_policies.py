@@ -9,12 +9,12 @@ from collections import Counter
 import pytest
 from test_scheduler import BS, EOS, step
 
-from inhouse.engine.class_step import GAP_ROWS, URGENT_HOLD_STEPS
-from inhouse.engine.fair_share import FAIR_IDLE_GRACE_STEPS, FAIR_QUANTUM_TOKENS, TenantShares
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.sampling_params import SamplingParams
 from inhouse.engine.scheduler import Scheduler
 from inhouse.engine.sequence import Sequence, SequenceStatus
+from inhouse.scheduling.background import GAP_ROWS, URGENT_HOLD_STEPS
+from inhouse.scheduling.fair_share import FAIR_IDLE_GRACE_STEPS, FAIR_QUANTUM_TOKENS, TenantShares
 
 _arrivals = iter(range(1, 10**9))
 

@@ -58,7 +58,7 @@ def test_stopped_steps_change_no_token_and_give_everything_back(weights, policy,
     assert core.interrupt is not None
     while engine.has_unfinished():
         better_request_queued(core.interrupt)  # every other step is stopped once
-        shares = core.scheduler.shares
+        shares = core.scheduler.policy.shares
         before = None if shares is None else {t: shares.vtime(t) for t in ("tenant0", "tenant1")}
         assert engine.step() == []
         stopped += 1

@@ -75,17 +75,22 @@ def gateway_config(
     )  # fmt: skip
 
 
-def start_gateway(base: Path, canned: Canned, extra: dict[str, Any] | None = None) -> Gateway:
+def start_gateway(
+    base: Path, canned: Canned, extra: dict[str, Any] | None = None, database: str | None = None
+) -> Gateway:
     """A gateway in `base` in front of `canned`, once its /health says 200; `extra` keys
-    go into its [gateway] table."""
+    go into its [gateway] table. Its database is a SQLite file in `base`, or `database`
+    (a PostgreSQL URL; its pepper file is made in `base`)."""
     base.mkdir(parents=True, exist_ok=True)
-    port, db_url = free_port(), f"sqlite:///{base / 'gateway.db'}"
+    port, db_url = free_port(), database or f"sqlite:///{base / 'gateway.db'}"
+    pepper_file = None if database is None else base / "pepper"  # made by `load_pepper`
+    extra = {**(extra or {}), **({"pepper_file": str(pepper_file)} if pepper_file else {})}
     backend_key, token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     config = base / "inhouse.toml"
-    config.write_text(gateway_config(port, db_url, canned.url, backend_key, extra or {}))
+    config.write_text(gateway_config(port, db_url, canned.url, backend_key, extra))
     args = [*inhouse_command(), "gateway", "--config", str(config)]
     process = Process(args, base / "gateway.log", {TOKEN_ENV: token})
-    pepper = load_pepper(GatewayConfig(models=(), database=db_url))  # the file beside SQLite
+    pepper = load_pepper(GatewayConfig(models=(), database=db_url, pepper_file=pepper_file))
     store = KeyStore(open_database(db_url), pepper)
     process.start()
     url = f"http://127.0.0.1:{port}"

@@ -9,10 +9,10 @@ import pytest
 from inhouse.plan.errors import PlanError
 from inhouse.plan.mixed import BatchLoad, InteractiveLoad, plan_mixed
 from inhouse.plan.perf_model import StepCost
-from inhouse.plan.scheduling import FairShare
 from inhouse.plan.sim_engine import SchedulerLimits
 from inhouse.plan.sim_request import SimRequest
 from inhouse.plan.simulate import Workload, simulate_workloads
+from inhouse.scheduling.fair_share import TenantShares
 
 # 20 ms a step + 0.5 ms a token past 20 tokens + 1 ms a decode; attention is free.
 COST = StepCost(base_s=0.02, weights_s=0.01, token_s=0.0005, seq_s=0.001, context_s=0.0, pair_s=0.0)
@@ -87,31 +87,34 @@ def test_a_tenant_that_only_waits_for_a_seat_does_not_hold_the_seated_one_still(
     assert got_seated.output_tokens > 0 and len(got_waiting.e2e) == 2
 
 
-def step(shares: FairShare, tenant: str, tokens: int, steps: int = 1) -> None:
+def step(shares: TenantShares, tenant: str, tokens: int, steps: int = 1) -> None:
     """`steps` steps, each computing `tokens` for `tenant`."""
     for _ in range(steps):
         shares.charge([(SimRequest(1, 1, 0.0, tenant=tenant), tokens)])
 
 
 def test_a_tenant_back_soon_keeps_its_place_back_late_at_most_a_quantum_of_credit() -> None:
-    shares = FairShare()
-    shares.arrive("a")  # the first: a quantum below the (zero) clock
+    shares = TenantShares()
+    shares.activate("a")  # the first: a quantum below the (zero) clock
     step(shares, "a", 1000)
-    shares.arrive("b")
-    assert shares.vtime == {"a": 936, "b": 936 - 64}  # new: a quantum behind the least
-    shares.finish("b")
+    shares.activate("b")
+    assert (shares.vtime("a"), shares.vtime("b")) == (
+        936,
+        936 - 64,
+    )  # new: a quantum behind the least
+    shares.release("b")
     step(shares, "a", 500)
-    shares.arrive("b")  # back within the grace (a client's next request): nothing forgiven
-    assert shares.vtime["b"] == 872
-    shares.finish("b")
+    shares.activate("b")  # back within the grace (a client's next request): nothing forgiven
+    assert shares.vtime("b") == 872
+    shares.release("b")
     step(shares, "a", 10, steps=33)
-    shares.arrive("b")  # back after 33 idle steps: at most a quantum of credit
-    assert shares.vtime["b"] == 936 + 500 + 330 - 64
-    shares.finish("a")
-    shares.finish("b")
+    shares.activate("b")  # back after 33 idle steps: at most a quantum of credit
+    assert shares.vtime("b") == 936 + 500 + 330 - 64
+    shares.release("a")
+    shares.release("b")
     step(shares, "b", 0, steps=40)
-    shares.arrive("c")  # none active: the floor of the least seen last
-    assert shares.vtime["c"] == 1766 - 64
+    shares.activate("c")  # none active: the floor of the least seen last
+    assert shares.vtime("c") == 1766 - 64
 
 
 def test_the_mixed_prediction_is_deterministic_and_priority_helps_the_chats() -> None:

@@ -8,19 +8,14 @@ from pathlib import Path
 from inhouse.engine.errors import EngineConfigError
 from inhouse.engine.speculative.config import SpeculativeConfig
 from inhouse.plan.serve_path import QUANTIZATIONS
+from inhouse.scheduling.policy import (
+    DEFAULT_BACKGROUND_DECODE_ROWS,
+    DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD,
+    POLICIES,
+)
 
 MAX_DEFAULT_MODEL_LEN = 8192
 KV_CACHE_DTYPES = ("auto", "int8")
-SCHEDULING_POLICIES = ("fcfs", "priority", "fair")
-# Prefill tokens one step gives under priority and fair when more than one sequence wants
-# tokens. A request arriving mid-step waits for that step, so the cap bounds a step's
-# length on a CPU, while staying above what a batch of long prompts needs a step to keep
-# its rate (the measurements: docs/benchmarks.md, "Fair share and priority").
-DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 128
-# Under priority and fair, while better-priority work is active, the most decode rows of
-# worse priority a step runs (a step's time is nearly linear in its rows on a CPU, so a
-# short step is what bounds the wait of a request that arrives while it runs).
-DEFAULT_BACKGROUND_DECODE_ROWS = 4
 # Share of available memory the KV cache takes when no budget is given.
 DEFAULT_KV_FRACTION_CPU = 0.25
 DEFAULT_KV_FRACTION_CUDA = 0.8
@@ -41,7 +36,7 @@ class EngineConfig:
     preemption; 0: admit whenever the prompt fits and let preemption sort it out).
     ``speculative`` turns on speculative decoding (see ``speculative.config``).
     ``scheduling_policy`` is "fcfs" (arrival order), "priority" (by request priority, then
-    arrival) or "fair" (priority, then fair share between tenants; see ``fair_share``).
+    arrival) or "fair" (priority, then fair share between tenants; see ``inhouse.scheduling``).
     ``long_prefill_token_threshold`` caps a step's prefill tokens under priority and fair
     while more than one sequence wants tokens (None: the default; 0: no cap).
     ``background_decode_rows`` caps, under priority and fair, a step's decodes of worse
@@ -72,10 +67,9 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise EngineConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.scheduling_policy not in SCHEDULING_POLICIES:
+        if self.scheduling_policy not in POLICIES:
             raise EngineConfigError(
-                f"unknown scheduling policy {self.scheduling_policy!r}; use "
-                + ", ".join(SCHEDULING_POLICIES)
+                f"unknown scheduling policy {self.scheduling_policy!r}; use " + ", ".join(POLICIES)
             )
         for name in ("long_prefill_token_threshold", "background_decode_rows"):
             value = getattr(self, name)

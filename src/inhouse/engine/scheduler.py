@@ -20,8 +20,9 @@ plus the draft, and ``update`` verifies the draft position by position (see
 hashed for the prefix cache only once every token in it was accepted.
 
 Under ``--scheduling-policy priority`` or ``fair`` the batch is built by
-``class_step.schedule_by_class`` instead (by priority, tenants' fair shares, a shared
-prefill cap, see there); fcfs is the order described above. Preemptions are counted by
+``class_step.schedule_by_class`` instead, in the order ``inhouse.scheduling`` gives (by
+priority, tenants' fair shares), under a shared prefill cap (see there); fcfs is the order
+described above. Preemptions are counted by
 cause: "kv" (the pool ran dry) and "priority" (yielded to a better priority).
 
 The scheduler only decides; ``KVCacheManager`` accounts; the runner computes.
@@ -32,50 +33,16 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
 
-from inhouse.engine.class_step import Urgency, schedule_by_class
-from inhouse.engine.fair_share import TenantShares
+from inhouse.engine.class_step import schedule_by_class
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.outputs import SequenceOutput
 from inhouse.engine.sampler import SampledToken
+from inhouse.engine.scheduler_output import SchedulerOutput
 from inhouse.engine.sequence import Sequence, SequenceStatus
 from inhouse.engine.speculative.drafter import Verified
 from inhouse.engine.speculative.verify_rows import RoundTokens, SampleRows
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """What to run this step: ``(sequence, number of tokens)`` in batch order.
-
-    ``drafts`` maps a row to the draft tokens scheduled after its sequence's last token
-    (they are counted in the row's number of tokens); the runner gives such a row one
-    logits row per draft token more.
-    """
-
-    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    drafts: dict[int, list[int]] = field(default_factory=dict)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
-
-    def sampling_rows(self) -> list[int]:
-        """Rows whose sequence has caught up after this step, so it samples a token."""
-        return [
-            row
-            for row, (seq, n) in enumerate(self.scheduled)
-            if seq.num_computed_tokens + n - len(self.drafts.get(row, ())) == seq.num_tokens
-        ]
-
-    def logit_offsets(self) -> list[int]:
-        """Each row's first logits row: rows with a draft have ``1 + len(draft)``."""
-        offsets, at = [], 0
-        for row in range(len(self.scheduled)):
-            offsets.append(at)
-            at += 1 + len(self.drafts.get(row, ()))
-        return offsets
+from inhouse.scheduling.policy import SchedulingPolicy
 
 
 class Scheduler:
@@ -99,11 +66,8 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.kv_reserve = kv_reserve
-        self.policy = policy
+        self.policy = SchedulingPolicy(policy, background_rows)
         self.prefill_cap = prefill_cap or max_num_batched_tokens
-        self.shares = TenantShares() if policy == "fair" else None
-        self.background_rows = background_rows
-        self.urgency = Urgency()
         self.steps = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -119,8 +83,7 @@ class Scheduler:
         """Queue the sibling sequences of one request (index 0 leads the prompt)."""
         self._requests[seqs[0].request_id] = seqs
         self.waiting.extend(seqs)
-        if self.shares is not None:
-            self.shares.activate(seqs[0].cache_salt)
+        self.policy.arrive(seqs[0].tenant)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
@@ -145,7 +108,7 @@ class Scheduler:
         sequences' last token where the budget and the free blocks allow."""
         out = SchedulerOutput()
         self.steps += 1
-        if self.policy != "fcfs":
+        if self.policy.name != "fcfs":
             schedule_by_class(self, out, drafts or {})
             return out
         budget = self._schedule_running(out, self.max_num_batched_tokens, drafts or {})
@@ -274,8 +237,7 @@ class Scheduler:
     def abandon(self, out: SchedulerOutput) -> None:
         """Undo what a step stopped before its end took: its tenants' charges and its
         drafts' slots (admissions and preemptions stand; nothing was computed)."""
-        if self.shares is not None:
-            self.shares.refund(out.scheduled)
+        self.policy.refund(out.scheduled)
         for row in out.drafts:
             seq = out.scheduled[row][0]
             self.kv_cache.release_beyond(seq, seq.num_tokens)
@@ -395,5 +357,4 @@ class Scheduler:
         if all(s.is_finished for s in siblings):
             del self._requests[seq.request_id]
             self.finished_requests[siblings[0].finish_reason or "abort"] += 1
-            if self.shares is not None:
-                self.shares.release(seq.cache_salt)
+            self.policy.finish(seq.tenant)

@@ -73,3 +73,21 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    # -- as the scheduling policy reads it (``inhouse.scheduling.candidate.Candidate``) ------
+
+    @property
+    def arrival(self) -> float:
+        return self.arrival_time
+
+    @property
+    def tenant(self) -> str | None:
+        return self.cache_salt
+
+    @property
+    def tokens_left(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def running(self) -> bool:
+        return self.status is SequenceStatus.RUNNING

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from inhouse.cost.settings import CostConfigError, CostSettings, parse_cost
 from inhouse.gateway.config_values import (
     DEFAULT_QUEUE_WAIT_S,
+    KEEP_ALIVE_S,
     ConfigError,
     env_secret,
     networks,
@@ -157,6 +158,7 @@ class GatewayConfig:
     hold_ttl_s: float = DEFAULT_HOLD_TTL_S  # how long a dead gateway's holds outlive it
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
+    keep_alive_s: float = KEEP_ALIVE_S
     access_log: bool = True
     max_request_body: int = DEFAULT_MAX_BODY_BYTES
     metrics_token: str | None = None  # from $`metrics_token_env`; None: /metrics is public
@@ -218,6 +220,7 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
         hold_ttl_s=_hold_ttl(gw.get("hold_ttl_s", DEFAULT_HOLD_TTL_S)),
         request_timeout_s=float(gw.get("request_timeout_s", 600.0)),
         drain_timeout_s=float(gw.get("drain_timeout_s", 30.0)),
+        keep_alive_s=seconds(gw.get("keep_alive_s", KEEP_ALIVE_S), "gateway.keep_alive_s"),
         access_log=bool(gw.get("access_log", True)),
         max_request_body=positive_int(
             gw.get("max_request_body", DEFAULT_MAX_BODY_BYTES), "gateway.max_request_body"
@@ -247,6 +250,7 @@ GATEWAY_KEYS = {
     "hold_ttl_s",
     "request_timeout_s",
     "drain_timeout_s",
+    "keep_alive_s",
     "access_log",
     "max_request_body",
     "metrics_token_env",

@@ -9,6 +9,11 @@ from typing import Any
 from inhouse.gateway.priority import CLASSES
 
 DEFAULT_QUEUE_WAIT_S = 30.0
+# An idle client connection stays open this long. Longer than the idle time of every common
+# client pool (httpx and the openai SDKs 5 s, aiohttp 15 s, a load balancer's 60 s), so the
+# client closes first: a server that closes at the same moment races the client's next request
+# onto a dying connection, which fails before any answer (and a client retries no POST).
+KEEP_ALIVE_S = 75.0
 MAX_WAIT_S = 86_400.0  # a day: longer waits are a mistake, and asyncio timers need finite ones
 
 

@@ -31,6 +31,7 @@ def gateway_server(config: GatewayConfig) -> uvicorn.Server:
         log_level="info",
         access_log=False,
         timeout_graceful_shutdown=config.drain_timeout_s,
+        timeout_keep_alive=config.keep_alive_s,  # see `config_values.KEEP_ALIVE_S`
         # X-Forwarded-For names the client only when a trusted proxy sent it; uvicorn's
         # default would trust it from any client on loopback.
         proxy_headers=bool(config.trusted_proxies),

@@ -6,6 +6,10 @@ answered 400 in OpenAI's shape before any handler reads it.
 One check for every field of every request under a path prefix (the gateway's `/admin`:
 the console's filters and forms and its usage API), so no filter added later can pass such
 a value on to SQL.
+
+Text a client may legitimately send (a prompt, an answer, a model name that names no model:
+JSON strings may hold NUL) is stored instead as `storable` writes it: what a database
+refuses escaped as JSON escapes it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from inhouse.api.errors import invalid_request
 from inhouse.http.errors import error_response
 
 _REFUSED = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL (PostgreSQL); lone surrogates (not UTF-8)
 
 
 def text_fault(text: str) -> str | None:
@@ -27,6 +32,14 @@ def text_fault(text: str) -> str | None:
     if found is None:
         return None
     return f"a control character or lone surrogate (U+{ord(found.group()):04X})"
+
+
+def storable(text: str) -> str:
+    """`text` as every database stores it: each NUL or lone surrogate written as its JSON
+    escape (``\\u0000``, ``\\ud800``); any other text unchanged."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return _UNSTORABLE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
 def urlencoded_fault(raw: bytes) -> str | None:

@@ -20,9 +20,10 @@ from typing import Any
 
 from inhouse.plan.errors import PlanError
 from inhouse.plan.perf_model import StepCost
-from inhouse.plan.scheduling import POLICIES, check_policy
+from inhouse.plan.scheduling import check_policy
 from inhouse.plan.sim_engine import SchedulerLimits
 from inhouse.plan.simulate import Workload, quantile, simulate, simulate_workloads
+from inhouse.scheduling.policy import POLICIES
 
 MAX_CLIENTS = 4096
 MAX_REQUESTS = 100_000

@@ -1,5 +1,6 @@
 """The simulated engine: one continuous-batching replica's waiting and running sets, a step
-at a time, under one of the engine's scheduling policies (`inhouse.plan.scheduling`).
+at a time, under one of the engine's scheduling policies (`inhouse.scheduling`, the same
+code the engine's scheduler asks for its order).
 
 Each step offers ``max_num_batched_tokens`` to sequences in the policy's order: a decode
 takes 1 token; a prefill (a running sequence's next chunk, or a waiting one being admitted)
@@ -12,7 +13,7 @@ better one got some, and a waiting sequence that cannot be admitted preempts the
 running one of strictly worse priority (at most one a step; its full KV blocks stay in the
 prefix cache, so it recomputes only the rest). While a better priority is urgent (a
 candidate within the last `URGENT_HOLD_STEPS` steps) worse work runs in turns
-(`inhouse.plan.scheduling.background_rows`): none while the urgent level has prefill left,
+(`inhouse.scheduling.background`): none while the urgent level has prefill left,
 at most ``background_decode_rows`` decodes beside it decoding, and `GAP_ROWS` decode and
 no prefill while it has no candidate. A step's length comes from a `StepCost`; a
 sequence that has caught up samples a token at the step's end. Under ``priority`` and
@@ -32,17 +33,16 @@ from dataclasses import dataclass, field
 
 from inhouse.plan.errors import PlanError
 from inhouse.plan.perf_model import StepCost, prefill_pairs
-from inhouse.plan.scheduling import (
-    DEFAULT_BACKGROUND_DECODE_ROWS,
-    DEFAULT_LONG_PREFILL_THRESHOLD,
-    FairShare,
-    Urgency,
-    background_rows,
-    candidate_order,
-    check_policy,
-)
+from inhouse.plan.scheduling import check_policy
 from inhouse.plan.sim_request import SimRequest
 from inhouse.plan.speculation import Speculation
+from inhouse.scheduling.background import Background
+from inhouse.scheduling.candidate import rank
+from inhouse.scheduling.policy import (
+    DEFAULT_BACKGROUND_DECODE_ROWS,
+    DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD,
+    SchedulingPolicy,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,7 @@ class SchedulerLimits:
             return 0
         if self.long_prefill_token_threshold is not None:
             return self.long_prefill_token_threshold
-        return DEFAULT_LONG_PREFILL_THRESHOLD
+        return DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
 
     @property
     def background_rows(self) -> int:
@@ -135,13 +135,15 @@ class SimEngine:
     limits: SchedulerLimits
     waiting: list[SimRequest] = field(default_factory=list)
     running: list[SimRequest] = field(default_factory=list)
-    fair: FairShare = field(default_factory=FairShare)
-    urgency: Urgency = field(default_factory=Urgency)
+    policy: SchedulingPolicy = field(init=False)
     steps: int = 0
     peak_running: int = 0
     preemptions: int = 0
     abandoned: int = 0  # steps a better request's arrival stopped
     arrived: int = 0
+
+    def __post_init__(self) -> None:
+        self.policy = SchedulingPolicy(self.limits.policy, self.limits.background_rows)
 
     @property
     def idle(self) -> bool:
@@ -152,7 +154,7 @@ class SimEngine:
         request.arrival = self.arrived
         self.arrived += 1
         self.waiting.append(request)
-        self.fair.arrive(request.tenant)
+        self.policy.arrive(request.tenant)
 
     def _blocks(self, request: SimRequest) -> int:
         return request.blocks_to_finish(self.limits.block_size)
@@ -169,11 +171,11 @@ class SimEngine:
         """Preempt the worst running request of strictly worse priority than `request`
         (largest priority, newest); the blocks it gives back, 0 when there is none."""
         victims = [
-            r for r in self.running if r.priority > request.priority and id(r) not in scheduled
+            r for r in self.running if r.priority > request.priority and r.seq_id not in scheduled
         ]
         if not victims:
             return 0
-        victim = max(victims, key=lambda r: (r.priority, r.arrival))
+        victim = max(victims, key=rank)
         self.running.remove(victim)
         victim.running = False
         size = self.limits.block_size
@@ -182,23 +184,23 @@ class SimEngine:
         self.preemptions += 1
         return self._blocks(victim)
 
-    def _plan(self) -> _Step:
-        limits, policy = self.limits, self.limits.policy
+    def step_order(self) -> tuple[list[SimRequest], Background | None, int]:
+        """The next step's candidates in the policy's order, the worse work that waits, and
+        the most prefill tokens one candidate may take (the whole budget for a lone one)."""
+        limits = self.limits
         budget = limits.max_num_batched_tokens
         lone = len(self.running) + len(self.waiting) == 1
         cap = budget if lone else min(limits.prefill_threshold or budget, budget)
-        step = _Step(budget, cap)
-        now = self.steps + 1  # the engine numbers steps from 1
-
-        def want(request: SimRequest) -> int:
-            return 1 if request.pending == 1 else min(request.pending, cap)
-
         seats_free = len(self.running) < limits.max_num_seqs
-        order = candidate_order(policy, self.running, self.waiting, self.fair, want, seats_free)
-        background = None
-        if limits.background_rows:
-            urgent = self.urgency.level([*self.running, *self.waiting], now)
-            background = background_rows(order, urgent, limits.background_rows)
+        now = self.steps + 1  # the engine numbers steps from 1
+        order, background = self.policy.order([*self.running, *self.waiting], cap, seats_free, now)
+        return order, background, cap
+
+    def _plan(self) -> _Step:
+        limits, policy = self.limits, self.limits.policy
+        order, background, cap = self.step_order()
+        step = _Step(limits.max_num_batched_tokens, cap)
+        now = self.steps + 1
         reserved = sum(self._blocks(r) for r in self.running)
         admitting, preempted = True, False
         for request in order:
@@ -213,7 +215,7 @@ class SimEngine:
                 continue
             if not request.running:
                 if not self._admissible(request, reserved) and policy != "fcfs" and not preempted:
-                    freed = self._preempt_for(request, {id(r) for r, _ in step.batch})
+                    freed = self._preempt_for(request, {r.seq_id for r, _ in step.batch})
                     preempted, reserved = freed > 0, reserved - freed
                 fits_budget = limits.chunked_prefill or request.uncomputed <= step.budget
                 if not fits_budget or not self._admissible(request, reserved):
@@ -249,7 +251,7 @@ class SimEngine:
         step = self._plan()
         if not step.batch and self.preemptions > preemptions:
             self.steps += 1  # the engine's empty step: it only made room for a better priority
-            self.fair.charge([])
+            self.policy.charge([])
             return now, [], []
         if not step.batch:
             raise PlanError(
@@ -264,10 +266,10 @@ class SimEngine:
         if self._stopped_by(step, end, next_arrival):
             assert next_arrival is not None
             self.abandoned += 1
-            self.fair.charge([])
+            self.policy.charge([])
             return next_arrival[0], [], []
         sampled, finished = [], []
-        self.fair.charge(step.batch)
+        self.policy.charge(step.batch)
         for request, tokens in step.batch:
             decoded = request.decoding
             request.computed += tokens
@@ -289,5 +291,5 @@ class SimEngine:
         for request in finished:
             self.running.remove(request)
             request.running = False
-            self.fair.finish(request.tenant)
+            self.policy.finish(request.tenant)
         return end, finished, sampled

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+_ids = itertools.count()
 
 
 @dataclass(slots=True, eq=False)
@@ -11,7 +14,8 @@ class SimRequest:
     """A request inside the simulated engine; times are simulated seconds.
 
     ``arrival`` numbers requests in the order they reached the engine (the tie-break of
-    every policy); ``klass`` is the index of the workload that sent it.
+    every policy); ``klass`` is the index of the workload that sent it. It is a
+    ``inhouse.scheduling.candidate.Candidate``, as the engine's ``Sequence`` is.
     """
 
     prompt: int
@@ -29,6 +33,7 @@ class SimRequest:
     advanced: int = 0  # tokens the last step that sampled gave it
     credit: float = 0.0  # speculation's fractional tokens carried to the next step
     last_step: int = 0  # the step that last gave it tokens (background rows' turns)
+    seq_id: int = field(default_factory=lambda: next(_ids))
 
     def speculate(self, mean_accepted_length: float) -> int:
         """Whole tokens a verified step yields: the credit so far plus the mean accepted
@@ -44,7 +49,7 @@ class SimRequest:
         return self.prompt + self.generated - self.computed
 
     @property
-    def pending(self) -> int:
+    def tokens_left(self) -> int:
         """Tokens left as the engine's scheduler counts them: a waiting sequence (new or
         preempted) shows its whole length until admission finds its cached prefix."""
         return self.uncomputed if self.running else self.prompt + self.generated

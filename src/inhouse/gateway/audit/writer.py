@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -19,12 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    Boolean,
-    Column,
     Connection,
     Engine,
-    Float,
-    Integer,
     case,
     delete,
     func,
@@ -36,12 +31,12 @@ from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from inhouse.gateway.audit.journal import REJECTED, Journal, Segment
 from inhouse.gateway.config import AuditSettings
 from inhouse.gateway.db import audit_log, audit_segments
+from inhouse.gateway.db_values import column_cleaners
 from inhouse.gateway.usage import rollup
 
 log = logging.getLogger("inhouse.gateway.audit")
 
 SEGMENT_ROWS = 100_000
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 DEFAULT_REDACTIONS = (
     r"ih-[A-Za-z0-9_\-]{16,}",  # a gateway key, even glued to the word before it
     r"\bsk-[A-Za-z0-9_\-]{16,}",
@@ -230,8 +225,7 @@ class AuditWriter:
 
 
 def clean_row(row: AuditRecord) -> dict[str, Any]:
-    """The row's values as its columns can hold them: integers clamped to 64 bits, floats
-    finite, strings valid UTF-8 without NUL and cut to the column's length."""
+    """The row's values as its columns can hold them (see `db_values`)."""
     return {name: clean(getattr(row, name)) for name, clean in _CLEANERS.items()}
 
 
@@ -241,32 +235,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(orig).__name__}: {str(orig).splitlines()[0][:200] if str(orig) else ''}"
 
 
-def _cleaner(column: Column[Any]) -> Callable[[Any], Any]:
-    """A function that makes any value fit `column` (its null, or zero, when it cannot).
-    `type(v) is int` also turns away bools; the common case costs one check."""
-    missing = None if column.nullable else 0
-    if isinstance(column.type, Boolean):
-        return (lambda v: None if v is None else bool(v)) if column.nullable else bool
-    if isinstance(column.type, Integer):
-        return lambda v: min(max(v, INT64_MIN), INT64_MAX) if type(v) is int else missing
-    if isinstance(column.type, Float):
-        return lambda v: float(v) if type(v) in (float, int) and math.isfinite(v) else missing
-    length = getattr(column.type, "length", None)
-
-    def text(value: Any) -> str | None:
-        if value is None:
-            return None
-        if type(value) is not str or not value.isascii():
-            # No lone surrogates: they are not UTF-8.
-            value = str(value).encode("utf-8", "replace").decode("utf-8")
-        if "\x00" in value:  # PostgreSQL text refuses NUL
-            value = value.replace("\x00", "")
-        return value if length is None else value[:length]
-
-    return text
-
-
-_CLEANERS = {name: _cleaner(audit_log.c[name]) for name in _COLUMNS}
+_CLEANERS = column_cleaners(audit_log, _COLUMNS)
 
 
 def recent_rows(db: Engine, limit: int = 20, key_name: str | None = None) -> list[dict[str, Any]]:

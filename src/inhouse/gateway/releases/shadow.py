@@ -28,6 +28,7 @@ from inhouse.gateway.backends import Backend
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.config import ReleaseSettings
 from inhouse.gateway.db import shadow_pairs
+from inhouse.gateway.db_values import column_cleaners
 from inhouse.gateway.endpoints import ENDPOINTS
 from inhouse.gateway.exchange import UpstreamClients, prepare, relay_events
 from inhouse.gateway.keys import KeyStore
@@ -36,6 +37,8 @@ from inhouse.gateway.releases.canary import Answering, apply_release, capped
 from inhouse.gateway.releases.metrics import ReleaseMetrics
 
 log = logging.getLogger("inhouse.gateway.shadow")
+# A pair holds what the candidate answered: one odd value must not lose the batch it is in.
+_PAIR_CLEANERS = column_cleaners(shadow_pairs, tuple(c.name for c in shadow_pairs.c))
 
 FLUSH_AFTER_S = 0.5  # pairs are inserted in batches: one statement per half second
 
@@ -182,7 +185,7 @@ class ShadowMirror:
         if mine is not None and theirs is not None:
             same = (mine, primary.outcome.calls()) == (theirs, outcome.calls())
         keep = call.key.log_content
-        return {
+        pair = {
             "ts": call.ts,
             "model": call.route.name,
             "primary_release": call.release.answering.number,
@@ -211,6 +214,7 @@ class ShadowMirror:
             "primary_text": self._redact(mine) if keep and mine is not None else None,
             "shadow_text": self._redact(theirs) if keep and theirs is not None else None,
         }
+        return {name: _PAIR_CLEANERS[name](value) for name, value in pair.items()}
 
     async def flush(self, after_s: float = 0.0) -> None:
         """Insert the pairs waiting (after `after_s`), in one statement."""

@@ -1,11 +1,4 @@
-"""Who goes first in a step under ``--scheduling-policy priority`` and ``fair``.
-
-``priority`` orders a step's candidates (running and waiting sequences together) by
-``(priority, arrival)``: vLLM's semantics, lower is served earlier.
-
-``fair`` keeps that order between priority levels and, within a level, shares the step
-between tenants (a tenant is a request's ``cache_salt``; None is one anonymous tenant)
-by start-time fair queuing over tokens:
+"""Tenants' shares under ``fair``: start-time fair queuing over tokens within a priority level.
 
 - each tenant has a virtual time: the tokens computed for it (prefill, decode and draft
   tokens scheduled). A tenant back after more than ``FAIR_IDLE_GRACE_STEPS`` steps without
@@ -31,18 +24,17 @@ So tenants that stay backlogged at one level get equal tokens over time, whateve
 number of requests in flight: a tenant with 12 in flight beside one with 4 gets about 4
 decode seats a step. Within a level this is not work-conserving (the seats the
 over-served tenant leaves are idle; ``benchmarks/fair_share.py`` measures what that
-costs); between levels it is. ``TenantShares`` holds the virtual times, ``step_order``
-builds a step's order.
+costs); between levels it is. ``TenantShares`` holds the virtual times, ``interleave``
+orders a level.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 
-from inhouse.engine.sequence import Sequence, SequenceStatus
+from inhouse.scheduling.candidate import C, Candidate
 
 # How far a tenant may run ahead of the least-served backlogged tenant of its level within
 # a step, and how much credit a tenant back from idle keeps, in tokens: a few steps of
@@ -53,11 +45,6 @@ FAIR_QUANTUM_TOKENS = 64
 # one request's end and the client's next (a round trip, a few steps) forgives nothing, or a
 # tenant with one request in flight would let the others run free in every gap.
 FAIR_IDLE_GRACE_STEPS = 32
-
-
-def class_key(seq: Sequence) -> tuple[int, float, int]:
-    """Order within a step under priority and fair: priority, then arrival, then creation."""
-    return (seq.priority, seq.arrival_time, seq.seq_id)
 
 
 class TenantShares:
@@ -97,54 +84,37 @@ class TenantShares:
             del self._unfinished[tenant]
             self._idle_since[tenant] = self._steps
 
-    def charge(self, scheduled: Iterable[tuple[Sequence, int]]) -> None:
+    def charge(self, scheduled: Iterable[tuple[Candidate, int]]) -> None:
         """Add a step's scheduled tokens to their tenants' virtual times."""
         self._steps += 1
-        for seq, num_tokens in scheduled:
-            self._vtime[seq.cache_salt] += num_tokens
+        for candidate, num_tokens in scheduled:
+            self._vtime[candidate.tenant] += num_tokens
 
-    def refund(self, scheduled: Iterable[tuple[Sequence, int]]) -> None:
+    def refund(self, scheduled: Iterable[tuple[Candidate, int]]) -> None:
         """Take back a step's charge: it was abandoned, nothing was computed."""
-        for seq, num_tokens in scheduled:
-            if seq.cache_salt in self._vtime:
-                self._vtime[seq.cache_salt] -= num_tokens
+        for candidate, num_tokens in scheduled:
+            if candidate.tenant in self._vtime:
+                self._vtime[candidate.tenant] -= num_tokens
 
     def vtime(self, tenant: str | None) -> float:
         """The tenant's virtual time (0 for a tenant that is not active)."""
         return self._vtime.get(tenant, 0.0)
 
 
-def step_order(
-    candidates: list[Sequence],
-    want: Callable[[Sequence], int],
-    shares: TenantShares | None,
-    seats_free: bool = True,
-) -> list[Sequence]:
-    """The step's candidates in the order they get budget; ``shares`` None is priority order,
-    else fair order within each level, without the sequences of tenants that yield.
-    ``seats_free`` says whether a waiting sequence could start this step."""
-    ordered = sorted(candidates, key=class_key)
-    if shares is None:
-        return ordered
-    result: list[Sequence] = []
-    for _, level in itertools.groupby(ordered, key=lambda seq: seq.priority):
-        result += _fair_level(list(level), want, shares, seats_free)
-    return result
-
-
-def _fair_level(
-    level: list[Sequence], want: Callable[[Sequence], int], shares: TenantShares, seats_free: bool
-) -> list[Sequence]:
-    """One priority level's candidates interleaved by tenant (see the module docstring)."""
-    queues: dict[str | None, deque[Sequence]] = {}
-    for seq in level:
-        queues.setdefault(seq.cache_salt, deque()).append(seq)
+def interleave(
+    level: list[C], want: Callable[[C], int], shares: TenantShares, seats_free: bool
+) -> list[C]:
+    """One priority level's candidates (in rank order) interleaved by tenant, without those
+    of tenants that yield the step (see the module docstring); ``want`` is what a candidate
+    would take this step, ``seats_free`` whether a waiting one could start."""
+    queues: dict[str | None, deque[C]] = {}
+    for candidate in level:
+        queues.setdefault(candidate.tenant, deque()).append(candidate)
     # With every seat taken, the bar is set by tenants that hold one: a tenant that only
     # waits could not use its share, and would hold every other tenant still.
     setters = list(queues)
     if not seats_free:
-        running = SequenceStatus.RUNNING
-        setters = [t for t in setters if any(s.status is running for s in queues[t])] or setters
+        setters = [t for t in setters if any(c.running for c in queues[t])] or setters
     bar = min(shares.vtime(t) + sum(map(want, queues[t])) for t in setters)
     limit = bar + FAIR_QUANTUM_TOKENS
     # (finish tag: projected virtual time after its next sequence, rank, tenant, projected)
