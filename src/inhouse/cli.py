@@ -7,7 +7,9 @@ import typer
 from inhouse import __version__
 from inhouse.bench.command import bench_app
 from inhouse.eval.command import eval_command
-from inhouse.gateway.command import audit_command, gateway_command, keys_app
+from inhouse.gateway.audit.command import audit_command
+from inhouse.gateway.command import gateway_command
+from inhouse.gateway.keys_command import keys_app
 from inhouse.gateway.release_tools.command import release_app
 from inhouse.gateway.usage.command import usage_command
 from inhouse.gateway.usage.cost_command import cost_command

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from inhouse.gateway.command import ConfigOption, DatabaseOption, settings_for
+from inhouse.gateway.cli_options import ConfigOption, DatabaseOption, settings_for
 from inhouse.launch import BACKENDS
 from inhouse.manifests.command import checked_manifest
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from inhouse.gateway.command import ConfigOption, DatabaseOption, _period, settings_for
+from inhouse.gateway.cli_options import ConfigOption, DatabaseOption, parse_period, settings_for
 
 
 def usage_command(
@@ -29,7 +29,7 @@ def usage_command(
     from inhouse.gateway.usage.report import as_csv as to_csv
 
     settings = settings_for(config, database)
-    start = time.time() - _period(since)
+    start = time.time() - parse_period(since)
     try:
         rows = usage(open_database(settings.database), by, start, prices=settings.cost.charged)
     except UnknownGrouping as err:

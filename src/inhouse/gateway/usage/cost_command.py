@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from inhouse.gateway.command import ConfigOption, DatabaseOption, _period, settings_for
+from inhouse.gateway.cli_options import ConfigOption, DatabaseOption, parse_period, settings_for
 
 
 def cost_command(
@@ -39,7 +39,7 @@ def cost_command(
     except (CostConfigError, OSError) as err:
         raise typer.BadParameter(f"--cost: {err}") from None
     now = time.time()
-    traffic = measured(open_database(settings.database), now - _period(since), now,
+    traffic = measured(open_database(settings.database), now - parse_period(since), now,
                        cost.retry_window_s)  # fmt: skip
     result = compare(traffic, cost)
     if as_json:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from inhouse.gateway.command import ConfigOption, DatabaseOption, _period, settings_for
+from inhouse.gateway.cli_options import ConfigOption, DatabaseOption, parse_period, settings_for
 
 teams_app = typer.Typer(
     help="Teams: a token quota and a money budget per period, shared by their keys.",
@@ -38,7 +38,7 @@ def teams_create(
     """Create a team; its keys share its quota and budget."""
     limits = _limits(quota_tokens, budget, hard_stop)
     try:
-        _teams(config, database).create(name, _period(period), **limits)
+        _teams(config, database).create(name, parse_period(period), **limits)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     typer.echo(f"created team {name!r}")
@@ -60,7 +60,7 @@ def teams_update(
 
     changes = _limits(quota_tokens, budget, hard_stop)
     if period is not None:
-        changes["period_s"] = _period(period)
+        changes["period_s"] = parse_period(period)
     if not changes:
         raise typer.BadParameter("nothing to update: pass at least one option")
     try:
