@@ -35,6 +35,7 @@ class PlanInputs:
     weights: str | None = None  # a format name; None keeps the checkpoint's own
     kv_dtype: str = "auto"  # auto: the activation dtype, as vLLM's --kv-cache-dtype auto
     block_size: int = capacity.DEFAULT_BLOCK_SIZE
+    cpu_cores: int | None = None  # a CPU host's cores (vram_bytes is then its RAM); None: GPUs
 
 
 @dataclass(frozen=True, slots=True)
