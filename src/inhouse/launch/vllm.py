@@ -109,4 +109,8 @@ class VllmEngine(Engine):
         # The gateway sends each key's class as `priority`, which vLLM refuses (400) unless
         # it schedules by priority.
         flags.add("--scheduling-policy", "priority")
+        # The gateway promises tools; vLLM refuses any tool_choice (400) without a parser.
+        # Hermes's <tool_call> JSON is the most common format; a named or required choice is
+        # decoded to the schema whatever the parser.
+        flags.add("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
         return {"VLLM_API_KEY": endpoint.api_key} if endpoint.api_key else {}
