@@ -175,7 +175,8 @@ def test_both_replicas_answer_through_the_gateway(up_vllm: dict) -> None:
         )
     served = {label: finished_requests(url) - before[label] for label, url in urls.items()}
     print(f"requests per replica: {served}")
-    assert sum(served.values()) == 12 and all(count >= 1 for count in served.values()), served
+    # At least ours: a request of another test may finish inside the window.
+    assert sum(served.values()) >= 12 and all(count >= 1 for count in served.values()), served
 
 
 def running_requests(up: dict) -> float:
@@ -203,7 +204,11 @@ def test_a_client_that_disconnects_frees_its_sequence_within_a_second(up_vllm: d
             timeout=120,
         ) as answer:  # fmt: skip
             assert answer.status_code == 200
-            next(answer.iter_lines())
+            lines = answer.iter_lines()
+            next(lines)
+            deadline = time.monotonic() + 10  # vLLM's gauge follows its scheduler's steps
+            while running_requests(up_vllm) < 1 and time.monotonic() < deadline:
+                next(lines)
             assert running_requests(up_vllm) == 1
         gone = time.monotonic()
         while running_requests(up_vllm) > 0 and time.monotonic() - gone < 10:
