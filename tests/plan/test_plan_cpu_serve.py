@@ -32,7 +32,7 @@ def hf_folder(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("source", ["gguf", "hf"])
 def test_a_cpu_plan_gives_inhouse_serve_no_flag_that_slows_it(source: str, hf_folder) -> None:
     model = load_model(None if source == "gguf" else hf_folder)
-    cpu = make_plan(model, PlanInputs(vram_bytes=32 * GIB, cpu=True))
+    cpu = make_plan(model, PlanInputs(vram_bytes=32 * GIB, cpu_cores=2))
     argv = plan_flags("inhouse", cpu).argv
     assert not set(SLOWING_FLAGS) & set(argv), argv
     gpu = make_plan(model, PlanInputs(gpu="L40S"))  # a GPU plan still names its dtype
@@ -42,7 +42,7 @@ def test_a_cpu_plan_gives_inhouse_serve_no_flag_that_slows_it(source: str, hf_fo
 def test_the_plan_names_serves_own_path_q4_for_the_bundled_gguf_q8_for_a_folder(
     hf_folder,
 ) -> None:
-    inputs = PlanInputs(vram_bytes=32 * GIB, cpu=True)
+    inputs = PlanInputs(vram_bytes=32 * GIB, cpu_cores=2)
     gguf = planned_path(make_plan(load_model(None), inputs))
     folder = planned_path(make_plan(load_model(hf_folder), inputs))
     assert gguf is not None and (gguf.dtype, gguf.quantization) == ("float32", "q4")

@@ -138,7 +138,9 @@ def _check_cost(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_a_missing_engine_is_one_sentence_and_exit_2(engine: str) -> None:
-    result = CliRunner().invoke(app, ["up", "--engine", engine])
+    # INHOUSE_VLLM names a program that is not there: the vLLM `make vllm` installs is ignored.
+    missing = {"INHOUSE_VLLM": "/nonexistent/vllm", "PATH": "/nonexistent"}
+    result = CliRunner().invoke(app, ["up", "--engine", engine], env=missing)
     assert result.exit_code == 2
     assert f"pip install {engine}" in result.output and "Traceback" not in result.output
 

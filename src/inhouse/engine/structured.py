@@ -6,8 +6,8 @@ engine a ``guide_factory`` that gives every sequence its own matcher. The gramma
 allows no free whitespace, so a tiny model cannot pad forever, and it ends the
 generation by allowing the end-of-sequence token only once the JSON is complete.
 
-Why xgrammar and not llguidance: ``benchmarks/structured_libraries.py`` (numbers in
-``docs/benchmarks.md``, section "Structured output").
+Why xgrammar and not llguidance: the numbers in ``docs/serve.md``, "Tools and structured
+output" (the script that measured them is retired, ``docs/archive/benchmarks-retired-scripts.md``).
 
 xgrammar is imported, and the tokenizer's vocabulary read into it (~0.5 s together on a
 2-core CPU), by the first schema compiled, not at server start: most servers never get

@@ -7,6 +7,7 @@ program is and how to tell it is installed, and reads its own `/health` answer.
 
 from __future__ import annotations
 
+import shlex
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -37,6 +38,7 @@ class LaunchSettings:
     vllm_quantization: str | None = None  # the --quantization value vLLM and SGLang know
     dtype: str | None = None  # float16 or bfloat16
     gpu: bool = False  # a GPU deployment (llama.cpp then offloads every layer)
+    cpu_cores: tuple[int, ...] = ()  # on a CPU host: the cores this server's threads run on
     manifest: str | None = None  # a verified model manifest, for engines that read one
 
 
@@ -72,6 +74,7 @@ class Flags:
 
     argv: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # settings an engine reads only there
 
     def add(self, *tokens: str) -> None:
         self.argv.extend(tokens)
@@ -106,6 +109,7 @@ class Engine(Backend, ABC):
     documented: str  # file under inhouse/launch/documented/ listing its options
     start_timeout_s: float  # how long a cold start may take before it counts as failed
     gguf_only: bool = False  # loads nothing but GGUF files
+    safetensors_only: bool = False  # loads no GGUF file: `up` hands it an HF folder of one
 
     @abstractmethod
     def executable(self) -> list[str]:
@@ -137,12 +141,13 @@ class Engine(Backend, ABC):
         """The full command that starts one replica listening on `endpoint`."""
         flags = self.flags(settings)
         env = self.serving_flags(endpoint, flags)
-        return Command([*self.executable(), *flags.argv], env, tuple(flags.notes))
+        return Command([*self.executable(), *flags.argv], {**flags.env, **env}, tuple(flags.notes))
 
 
-def shell_line(program: str, argv: list[str]) -> str:
-    """A shell line with one option (and its values) per continued line."""
-    lines = [program]
+def shell_line(program: str, argv: list[str], env: dict[str, str] | None = None) -> str:
+    """A shell line with one option (and its values) per continued line, after `env`."""
+    assignments = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
+    lines = [" ".join([*assignments, program])]
     for token in argv:
         if token.startswith("-") or len(lines) == 1:
             lines.append(token)

@@ -28,26 +28,28 @@ def plan_flags(engine: str, plan: Plan) -> Flags:
 
 
 def flags_json(plan: Plan) -> dict[str, object]:
-    """Each engine's plan flags (without the model) and notes, for `inhouse plan --json`;
-    None for each engine when the plan does not fit."""
+    """Each engine's plan flags (without the model), notes and environment, for
+    `inhouse plan --json`; None for each engine when the plan does not fit."""
     if not plan.fits:
         return dict.fromkeys(JSON_KEYS.values())
     settings = settings_from_plan(plan)
     out: dict[str, object] = {}
     notes: dict[str, list[str]] = {}
+    env: dict[str, dict[str, str]] = {}
     for name, key in JSON_KEYS.items():
         engine = ENGINES[name]
         flags = engine.flags(settings)
         out[key] = flags.argv[len(engine.model_args(settings)) :]
         notes[name] = flags.notes
-    return {**out, "notes": notes}
+        env[name] = flags.env
+    return {**out, "notes": notes, "env": env}
 
 
 def emit(engine: str, plan: Plan) -> str:
     """A shell snippet: each setting the engine cannot take as a comment, then its command."""
     flags = plan_flags(engine, plan)
     notes = [f"# {note}" for note in flags.notes]
-    return "\n".join([*notes, shell_line(ENGINES[engine].program, flags.argv)])
+    return "\n".join([*notes, shell_line(ENGINES[engine].program, flags.argv, flags.env)])
 
 
 def print_recommended(plan: Plan, console: Console) -> None:

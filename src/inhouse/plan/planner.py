@@ -34,8 +34,13 @@ class PlanInputs:
     max_model_len: int | None = None
     weights: str | None = None  # a format name; None keeps the checkpoint's own
     kv_dtype: str = "auto"  # auto: the activation dtype, as vLLM's --kv-cache-dtype auto
-    cpu: bool = False  # a CPU host (vram_bytes is its RAM): engines run their CPU path
     block_size: int = capacity.DEFAULT_BLOCK_SIZE
+    cpu_cores: int | None = None  # a CPU host's cores (vram_bytes is then its RAM); None: GPUs
+
+    @property
+    def cpu(self) -> bool:
+        """A CPU host: engines run their CPU path."""
+        return self.cpu_cores is not None
 
 
 @dataclass(frozen=True, slots=True)

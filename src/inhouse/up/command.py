@@ -120,6 +120,8 @@ def up_command(
         settings = dataclasses.replace(settings, manifest=str(manifest.resolve()))
     if chosen.gguf_only and not settings.gguf:
         _fail(f"{chosen.name} loads GGUF files only; give it a .gguf file")
+    if chosen.safetensors_only and settings.gguf:
+        settings = safetensors_settings(chosen, settings)
     with_embeddings = embeddings and chosen.name == "inhouse"
     if embeddings and not with_embeddings:
         typer.echo(f"{chosen.name} replicas serve the chat model only (no embedding model)")
@@ -233,6 +235,17 @@ def launch_settings(
     return settings
 
 
+def safetensors_settings(engine: Engine, settings: LaunchSettings) -> LaunchSettings:
+    """The settings with the GGUF model swapped for the HF folder written of it (once)."""
+    from inhouse.launch.hf_folder import safetensors_folder
+
+    typer.echo(
+        f"{engine.name} reads no GGUF: serving it the bfloat16 HF folder of {settings.model}"
+    )
+    folder = safetensors_folder(Path(settings.model))
+    return dataclasses.replace(settings, model=str(folder), gguf=False, dtype="bfloat16")
+
+
 def start_replicas(
     engine: Engine,
     settings: LaunchSettings,
@@ -242,16 +255,20 @@ def start_replicas(
     promised: set[int],
 ) -> list[Replica]:
     """Start `count` replicas on free loopback ports outside `promised` (each port taken is
-    added to it), each with its own random key."""
+    added to it), each with its own random key; on a CPU host each on its own cores."""
+    from inhouse.launch.cpu_host import split_cores, usable_cores
     from inhouse.launch.replicas import start_replica
 
     started = []
+    cores = [()] * count if settings.gpu else split_cores(usable_cores(), count)
     for index in range(1, count + 1):
         endpoint = Endpoint(
             "127.0.0.1", free_port(promised), name, secrets.token_urlsafe(32), embeddings=embeddings
         )
         promised.add(endpoint.port)
-        command = engine.command(settings, endpoint)
+        command = engine.command(
+            dataclasses.replace(settings, cpu_cores=cores[index - 1]), endpoint
+        )
         if index == 1:
             for note in command.notes:
                 typer.echo(f"note: {note}")

@@ -89,8 +89,9 @@ def main_block_type(folder: Path, source: Path) -> str:
     return max(counts, key=lambda kind: counts[kind])
 
 
-def convert_gguf(path: Path, out_dir: Path) -> None:
-    """Write the HF folder for GGUF ``path`` to ``out_dir`` atomically (a rename at the end)."""
+def convert_gguf(path: Path, out_dir: Path, dtype: torch.dtype = torch.float32) -> None:
+    """Write the HF folder for GGUF ``path`` to ``out_dir`` atomically (a rename at the end),
+    its weights in ``dtype`` (float32 keeps every dequantized value exactly)."""
     # gguf, safetensors, transformers: only a conversion needs them.
     from gguf import GGUFReader, dequantize
     from safetensors.torch import save_file
@@ -105,6 +106,8 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
         )
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     config.architectures = [SUPPORTED_GGUF_ARCHITECTURES[config.model_type]]
+    if dtype != torch.float32:  # a float32 folder leaves the dtype to its loader, as before
+        config.dtype = dtype
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     tensors: dict[str, torch.Tensor] = {}
@@ -114,7 +117,7 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
         weight = weight.reshape(tuple(int(d) for d in reversed(t.shape)))
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             weight = unpermute_rotary_rows(weight, heads if "q_proj" in name else kv_heads)
-        tensors[name] = torch.tensor(weight)
+        tensors[name] = torch.tensor(weight).to(dtype)
     tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
