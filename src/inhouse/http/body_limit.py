@@ -44,18 +44,23 @@ class BodySizeLimit:
             if size > self.max_bytes:
                 await self._reject(scope, receive, send)
                 return
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(b"".join(chunks), receive), send)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = payload_too_large(self.max_bytes)
         await JSONResponse(error.body().model_dump(), error.status_code)(scope, receive, send)
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives `body` once (a body already read), then what `receive` gives
+    (a disconnect)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay

@@ -17,9 +17,10 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote_to_bytes
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inhouse.api.errors import invalid_request
+from inhouse.http.body_limit import replaying
 from inhouse.http.errors import error_response
 
 _REFUSED = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")
@@ -87,26 +88,12 @@ class TextFieldGuard:
             if not whole:
                 return  # the client went away
             fault = urlencoded_fault(body)
-            receive = _replaying(body, receive)
+            receive = replaying(body, receive)
         if fault is not None:
             error = invalid_request(f"the request's {fault}", code="invalid_text")
             await error_response(error)(scope, receive, send)
             return
         await self.app(scope, receive, send)
-
-
-def _replaying(body: bytes, receive: Receive) -> Receive:
-    """A receive that gives `body` once, then what `receive` gives (a disconnect)."""
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if replayed:
-            return await receive()
-        replayed = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay
 
 
 async def _read(receive: Receive) -> tuple[bytes, bool]:
