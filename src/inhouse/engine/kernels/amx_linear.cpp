@@ -11,7 +11,7 @@
 //
 // Per block of 16 outputs (two weight tiles) its codes are repacked once into the tiles' B
 // layout (row j of a group: the 4 codes k = 4j..4j+3 of each output, q4's nibbles widened to
-// bytes) in a per-thread buffer of groups * 512 bytes, so no packed copy of the weights is
+// bytes) in a buffer of the chunk's (groups * 512 bytes), so no packed copy of the weights is
 // kept; then all rows pass in tiles of 16, two groups' products in flight while the vector
 // units fold the previous ones. Blocks are split over the work pool's threads.
 //
@@ -41,6 +41,9 @@
 
 namespace inhouse::amx {
 namespace {
+
+// Unrolled before GCC places arrays: 16 sums indexed by a loop variable stay on the stack.
+#define INHOUSE_ROWS_UNROLLED _Pragma("GCC unroll 16")
 
 std::atomic<bool> wanted{true};
 
@@ -87,25 +90,25 @@ inline __m512 two_tiles(const float* a, const float* b) {
 }
 
 // One block of 16 outputs (tiles t and t + 1) in the tiles' layouts: codes [groups, 8, 64]
-// and scales (mins) [groups, 16].
+// and scales (mins) [groups, 16]. Plain pointers into a chunk's own buffers: the loops
+// below keep their 16 sums in registers only while they call nothing (a thread_local
+// here cost a __tls_get_addr call a group, and every sum a spill).
 struct PackedBlock {
-  std::vector<int8_t> codes;
-  std::vector<float> d, m;
+  int8_t* codes;
+  float* d;
+  float* m;
 };
 
 template <bool kQ4>
-void pack_block(const LinearArgs& w, int64_t t, PackedBlock& out) {
+void pack_block(const LinearArgs& w, int64_t t, const PackedBlock& out) {
   const int64_t groups = w.groups;
   const int64_t group_bytes = kQ4 ? kQ4TileGroupBytes : kQ8TileGroupBytes;
-  out.codes.resize(groups * kPackedGroupBytes);
-  out.d.resize(groups * kColumns);
-  if (kQ4) out.m.resize(groups * kColumns);
   const uint8_t* w0 = w.wq + t * groups * group_bytes;
   const uint8_t* w1 = w0 + groups * group_bytes;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* g0 = w0 + g * group_bytes;
     const uint8_t* g1 = w1 + g * group_bytes;
-    int8_t* b = out.codes.data() + g * kPackedGroupBytes;
+    int8_t* b = out.codes + g * kPackedGroupBytes;
     if constexpr (kQ4) {  // pair p's low nibbles are quad 2p, its high ones quad 2p + 1
       const __m512i low4 = _mm512_set1_epi8(0x0F);
       for (int p = 0; p < 4; ++p) {
@@ -122,8 +125,8 @@ void pack_block(const LinearArgs& w, int64_t t, PackedBlock& out) {
       }
     }
     const int64_t s0 = (t * groups + g) * kTile, s1 = s0 + groups * kTile;
-    _mm512_storeu_ps(out.d.data() + g * kColumns, two_tiles(w.wd + s0, w.wd + s1));
-    if constexpr (kQ4) _mm512_storeu_ps(out.m.data() + g * kColumns, two_tiles(w.wm + s0, w.wm + s1));
+    _mm512_storeu_ps(out.d + g * kColumns, two_tiles(w.wd + s0, w.wd + s1));
+    if constexpr (kQ4) _mm512_storeu_ps(out.m + g * kColumns, two_tiles(w.wm + s0, w.wm + s1));
   }
 }
 
@@ -140,13 +143,13 @@ struct RowTile {
 template <bool kQ4>
 inline void fold(const int32_t* products, const PackedBlock& b, const RowTile& a, int64_t g,
                  int64_t groups, __m512* acc) {
-  const __m512 d = _mm512_loadu_ps(b.d.data() + g * kColumns);
-  for (int r = 0; r < kRows; ++r) {
+  const __m512 d = _mm512_loadu_ps(b.d + g * kColumns);
+  INHOUSE_ROWS_UNROLLED for (int r = 0; r < kRows; ++r) {
     const __m512 dots = _mm512_cvtepi32_ps(_mm512_load_si512(products + r * kColumns));
     const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a.xd[r * groups + g]));
     acc[r] = _mm512_fmadd_ps(dots, scale, acc[r]);
     if constexpr (kQ4) {
-      acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(b.m.data() + g * kColumns),
+      acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(b.m + g * kColumns),
                                _mm512_set1_ps(a.xs[r * groups + g]), acc[r]);
     }
   }
@@ -155,7 +158,7 @@ inline void fold(const int32_t* products, const PackedBlock& b, const RowTile& a
 template <bool kQ4>
 inline void product(int c, const RowTile& a, const PackedBlock& b, int64_t g) {
   // Tile numbers are immediates: c picks the set (C0, A2, B4) or (C1, A3, B5).
-  const int8_t* codes = b.codes.data() + g * kPackedGroupBytes;
+  const int8_t* codes = b.codes + g * kPackedGroupBytes;
   if (c == 0) {
     _tile_loadd(2, a.x + g * kGroup, a.stride);
     _tile_loadd(4, codes, kColumns * 4);
@@ -175,20 +178,21 @@ void row_tile(const RowTile& a, const PackedBlock& b, int64_t groups, const floa
               int rows, float* out, int64_t n_out) {
   alignas(64) int32_t products[2][kRows * kColumns];
   __m512 acc[kRows];
-  for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+  INHOUSE_ROWS_UNROLLED for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
   product<kQ4>(0, a, b, 0);
-  for (int64_t g = 0; g < groups; ++g) {
-    const int c = static_cast<int>(g % 2);
-    if (g + 1 < groups) product<kQ4>(1 - c, a, b, g + 1);
-    if (c == 0) {
-      _tile_stored(0, products[0], kColumns * sizeof(int32_t));
-    } else {
-      _tile_stored(1, products[1], kColumns * sizeof(int32_t));
-    }
-    fold<kQ4>(products[c], b, a, g, groups, acc);
+  for (int64_t g = 0; g < groups; g += 2) {  // group g in tile 0, g + 1 in tile 1
+    if (g + 1 < groups) product<kQ4>(1, a, b, g + 1);
+    _tile_stored(0, products[0], kColumns * sizeof(int32_t));
+    fold<kQ4>(products[0], b, a, g, groups, acc);
+    if (g + 1 == groups) break;
+    if (g + 2 < groups) product<kQ4>(0, a, b, g + 2);
+    _tile_stored(1, products[1], kColumns * sizeof(int32_t));
+    fold<kQ4>(products[1], b, a, g + 1, groups, acc);
   }
   const __m512 add = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-  for (int r = 0; r < rows; ++r) _mm512_storeu_ps(out + r * n_out, _mm512_add_ps(acc[r], add));
+  INHOUSE_ROWS_UNROLLED for (int r = 0; r < kRows; ++r) {
+    if (r < rows) _mm512_storeu_ps(out + r * n_out, _mm512_add_ps(acc[r], add));
+  }
 }
 
 template <bool kQ4>
@@ -204,7 +208,9 @@ void linear_on_tiles(const LinearArgs& w) {
     if (kQ4) std::memcpy(tail_s.data(), w.xs + full * groups, rest * groups * sizeof(float));
   }
   inhouse::parallel_for(0, w.tiles / 2, 1, [&](int64_t begin, int64_t end) {
-    thread_local PackedBlock packed;
+    std::vector<int8_t> codes(groups * kPackedGroupBytes);
+    std::vector<float> scales(2 * groups * kColumns);
+    const PackedBlock packed{codes.data(), scales.data(), scales.data() + groups * kColumns};
     configure_tiles();
     for (int64_t block = begin; block < end; ++block) {
       const int64_t t = 2 * block;
