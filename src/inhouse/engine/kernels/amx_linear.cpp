@@ -80,6 +80,8 @@ void configure_tiles() {
     config.rows[4 + t] = kGroup / 4;
     config.bytes_per_row[4 + t] = kColumns * 4;
   }
+  // GCC 12 does not see ldtilecfg read the 64 bytes: without this it may drop their stores.
+  __asm__ volatile("" : : "r"(&config) : "memory");
   _tile_loadconfig(&config);
 }
 
