@@ -435,7 +435,7 @@ def _kernels(isa: str):
     return lambda: Kernels(kernel_build.SOURCE, isa)
 
 
-@pytest.mark.parametrize("isa", ["avx512-vnni", "avx512", "avx2"])
+@pytest.mark.parametrize("isa", ["avx512-amx", "avx512-vnni", "avx512", "avx2"])
 def test_q8_and_q4_run_when_asked(isa: str) -> None:
     for kind in ("q8", "q4"):
         chosen = choose_precision("auto", kind, CPU, _kernels(isa))
@@ -443,7 +443,7 @@ def test_q8_and_q4_run_when_asked(isa: str) -> None:
         assert isa in chosen.reason
 
 
-@pytest.mark.parametrize("isa", ["avx512-vnni", "avx512", "avx2"])
+@pytest.mark.parametrize("isa", ["avx512-amx", "avx512-vnni", "avx512", "avx2"])
 def test_auto_is_q4_for_q4_1_ggufs_else_q8_wherever_the_kernels_build(isa: str) -> None:
     chosen = choose_precision("auto", "auto", CPU, _kernels(isa))
     assert (chosen.dtype, chosen.quantization) == (torch.float32, "q8")
@@ -491,6 +491,8 @@ def test_isa_follows_the_cpu_flags() -> None:
     zen4 = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
     assert isa_of(zen4) == "avx512"
     assert isa_of(zen4 | {"avx512_vnni"}) == "avx512-vnni"
+    sapphire_rapids = zen4 | {"avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"}
+    assert isa_of(sapphire_rapids) == "avx512-amx"
     assert isa_of(frozenset({"avx2", "fma"})) == "avx2"
     assert isa_of(frozenset()) == "scalar"
 
@@ -500,13 +502,16 @@ def test_the_isa_can_be_capped_to_avx2_for_testing_that_path(monkeypatch) -> Non
     assert kernel_build.build_flags() == (kernel_build.cpu_flags(), ())
     monkeypatch.setenv("INHOUSE_KERNELS_ISA", "avx2")
     flags, caps = kernel_build.build_flags()
-    assert caps == ("-mno-avx512f",)
+    assert caps[0] == "-mno-avx512f" and "-mno-amx-tile" in caps
     assert not any(f.startswith(("avx512", "amx")) for f in flags)
     assert flags <= kernel_build.cpu_flags()
     if {"avx2", "fma"} <= kernel_build.cpu_flags():
         assert isa_of(flags) == "avx2"
+    monkeypatch.setenv("INHOUSE_KERNELS_ISA", "avx512-vnni")
+    flags, caps = kernel_build.build_flags()
+    assert "-mno-amx-int8" in caps and not any(f.startswith("amx") for f in flags)
     monkeypatch.setenv("INHOUSE_KERNELS_ISA", "avx1024")
-    with pytest.raises(RuntimeError, match="native or avx2"):
+    with pytest.raises(RuntimeError, match="native, avx512-vnni or avx2"):
         kernel_build.build_flags()
 
 
