@@ -6,13 +6,17 @@ gateway in front and the official openai client. vLLM starts once for the whole 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import signal
 import subprocess
+import threading
 import time
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -21,7 +25,7 @@ import pytest
 
 from inhouse.gateway.backends import sample_totals
 from inhouse.launch.vllm import find_vllm, installed_venv
-from serving import free_port, inhouse_command, log_tail, wait_healthy
+from serving import audit_rows, free_port, inhouse_command, log_tail, wait_healthy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 MODEL = "SmolLM2-135M-Instruct"
@@ -82,7 +86,14 @@ def up_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         assert "vllm:1 is ready" in text and "vllm:2 is ready" in text, log_tail(log)
         print(f"two vLLM replicas ready after {time.monotonic() - started:.0f} s")
         admin = re.findall(r"^ih-\S+$", text, flags=re.MULTILINE)[0]
-        yield {"up": up, "log": log, "gateway": gateway, "admin": admin}
+        yield {
+            "up": up,
+            "log": log,
+            "gateway": gateway,
+            "admin": admin,
+            "env": env,
+            "database": f"sqlite:///{home / 'home' / 'gateway.db'}",
+        }
     finally:
         pids = [pid for pid, _ in replicas(log).values()]
         if up.poll() is None:
@@ -102,6 +113,7 @@ def test_no_variable_by_hand_each_replica_on_its_core_with_its_kv_bytes(up_vllm:
     assert re.search(r"VLLM_CPU_OMP_THREADS_BIND='0'", text)
     assert re.search(r"VLLM_CPU_OMP_THREADS_BIND='1'", text)
     assert "Explicitly set" in text  # vLLM took --kv-cache-memory-bytes
+    assert text.count("'scheduling_policy': 'priority'") == 2  # each key's class reaches vLLM
 
 
 def test_chat_stream_usage_json_schema_and_tools(up_vllm: dict) -> None:
@@ -198,7 +210,7 @@ def test_a_client_that_disconnects_frees_its_sequence_within_a_second(up_vllm: d
     }
     headers = {"Authorization": f"Bearer {up_vllm['admin']}"}
     freed_after = []
-    for _ in range(3):
+    for _ in range(20):
         with httpx.stream(
             "POST", f"{up_vllm['gateway']}/v1/chat/completions", json=body, headers=headers,
             timeout=120,
@@ -216,3 +228,193 @@ def test_a_client_that_disconnects_frees_its_sequence_within_a_second(up_vllm: d
         freed_after.append(time.monotonic() - gone)
     print(f"sequence freed after disconnect: {[f'{s:.2f} s' for s in freed_after]}")
     assert max(freed_after) < 1.0, freed_after
+
+
+def make_key(up: dict, name: str, priority: str = "default") -> str:
+    """A new key of class `priority` in the running gateway's database; its secret."""
+    argv = [*inhouse_command(), "keys", "create", name, "--priority", priority]
+    done = subprocess.run(argv, capture_output=True, text=True, env=up["env"], timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def replica_totals(up: dict) -> dict[str, dict[str, float]]:
+    """Each replica's /metrics samples, summed over label sets."""
+    return {
+        label: sample_totals(httpx.get(f"{url}/metrics", timeout=10).text)
+        for label, (_, url) in replicas(up["log"]).items()
+    }
+
+
+def first_token_s(up: dict, secret: str) -> float:
+    """Seconds from sending a short streamed chat to its first content chunk, via the SDK."""
+    sdk = openai.OpenAI(base_url=f"{up['gateway']}/v1", api_key=secret, max_retries=0)
+    sent = time.monotonic()
+    stream = sdk.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=2, stream=True
+    )
+    with stream:
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                return time.monotonic() - sent
+    raise AssertionError("the stream ended before its first token")
+
+
+def p99(values: list[float]) -> float:
+    """The nearest-rank 99th percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, -(-99 * len(ordered) // 100) - 1)]
+
+
+FLOOD_STREAMS = 32  # 16 per replica: each runs 8 sequences, so 8 wait in each
+PROBES = 15
+
+
+def flood_probes(up: dict, flood_secret: str, probe_secret: str) -> list[float]:
+    """TTFTs of PROBES sequential probes while FLOOD_STREAMS streams keep asking, each a
+    short ignore_eos completion, again as soon as one ends."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write a list of numbers."}],
+        "max_tokens": 16,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {flood_secret}"}
+    stop = threading.Event()
+
+    async def stream_loop(http: httpx.AsyncClient) -> None:
+        while not stop.is_set():
+            url = f"{up['gateway']}/v1/chat/completions"
+            async with http.stream("POST", url, json=body, headers=headers) as answer:
+                async for _ in answer.aiter_lines():
+                    pass
+
+    async def flood() -> None:
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as h:
+            await asyncio.gather(*(stream_loop(h) for _ in range(FLOOD_STREAMS)))
+
+    flooding = threading.Thread(target=asyncio.run, args=(flood(),), daemon=True)
+    flooding.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            totals = replica_totals(up).values()
+            if sum(t.get("vllm:num_requests_waiting", 0.0) for t in totals) >= 8:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the flood never filled vLLM's sequences")
+        ttfts = []
+        for _ in range(PROBES):
+            ttfts.append(first_token_s(up, probe_secret))
+            time.sleep(0.2)
+        return ttfts
+    finally:
+        stop.set()
+        flooding.join(timeout=60)
+
+
+def test_the_interactive_class_overtakes_a_batch_flood(up_vllm: dict) -> None:
+    """With classes, the probe is vLLM priority -1 and the flood +1; the FCFS figure is
+    the same run's flood and probe at one class (vLLM's priority policy orders equal
+    priorities by arrival: first come, first served)."""
+    interactive = make_key(up_vllm, "probe-interactive", "interactive")
+    batch = make_key(up_vllm, "flood-batch", "batch")
+    default_probe = make_key(up_vllm, "probe-default")
+    default_flood = make_key(up_vllm, "flood-default")
+    idle = [first_token_s(up_vllm, interactive) for _ in range(PROBES)]
+    classes = flood_probes(up_vllm, batch, interactive)
+    fcfs = flood_probes(up_vllm, default_flood, default_probe)
+    figures = {"idle": p99(idle), "priority": p99(classes), "fcfs": p99(fcfs)}
+    idle_s = figures["idle"]
+    print(
+        f"interactive p99 TTFT over {PROBES} probes beside a {FLOOD_STREAMS}-stream flood: "
+        f"idle {idle_s:.3f} s, priority classes {figures['priority']:.3f} s "
+        f"({figures['priority'] / idle_s:.1f}× idle), FCFS {figures['fcfs']:.3f} s "
+        f"({figures['fcfs'] / idle_s:.1f}× idle)"
+    )
+    assert figures["priority"] < figures["fcfs"], figures
+
+
+CACHE_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def cache_counts_since(up: dict, before: dict[str, dict[str, float]]) -> dict[str, tuple]:
+    """Per replica, (prefix-cache query tokens, hit tokens) since `before`, once one
+    replica's queries moved (its stats may land just after the answer)."""
+    deadline = time.monotonic() + 5
+    while True:
+        after = replica_totals(up)
+        delta = {
+            label: tuple(
+                after[label].get(n, 0.0) - before[label].get(n, 0.0) for n in CACHE_COUNTERS
+            )
+            for label in after
+        }
+        if any(queries > 0 for queries, _ in delta.values()) or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.1)
+
+
+def test_a_tenant_salt_keeps_identical_prompts_out_of_each_others_prefix_cache(
+    up_vllm: dict,
+) -> None:
+    """vLLM's own prefix-cache counters per replica (which replica served a request is
+    read from its query counter): a tenant's first request on a replica hits nothing even
+    where the other tenant sent the same prompt there; its repeats there hit."""
+    prompt = f"{uuid.uuid4()} " + "The quick brown fox jumps over the lazy dog. " * 60
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
+    seen: dict[str, set[str]] = {}
+    hits: dict[str, list[tuple[bool, float]]] = {}  # per tenant: (repeat on its replica, hits)
+    for tenant in ("tenant-a", "tenant-b"):
+        sdk = openai.OpenAI(
+            base_url=f"{up_vllm['gateway']}/v1", api_key=make_key(up_vllm, tenant), max_retries=0
+        )
+        seen[tenant], hits[tenant] = set(), []
+        for _ in range(4):
+            before = replica_totals(up_vllm)
+            sdk.chat.completions.create(**ask)
+            delta = cache_counts_since(up_vllm, before)
+            (served,) = [r for r, (queries, _) in delta.items() if queries > 0]
+            hits[tenant].append((served in seen[tenant], delta[served][1]))
+            seen[tenant].add(served)
+    print(f"prefix-cache hit tokens per request (repeat on its replica, hits): {hits}")
+    for tenant in hits:
+        assert all(hit == 0 for repeat, hit in hits[tenant] if not repeat), hits
+        assert all(hit > 0 for repeat, hit in hits[tenant] if repeat), hits
+    # Tenant b's firsts met tenant a's prompt already cached on that replica.
+    assert seen["tenant-b"] & seen["tenant-a"], seen
+
+
+def test_usage_rows_equal_the_clients_counts_over_100_mixed_requests(up_vllm: dict) -> None:
+    sdk = openai.OpenAI(
+        base_url=f"{up_vllm['gateway']}/v1", api_key=make_key(up_vllm, "mixed"), max_retries=0
+    )
+
+    def one(i: int) -> tuple[int, int]:
+        words = "tell me about the sea " * (1 + 15 * (i % 4))
+        cap = (1, 4, 8, 16)[i % 4]
+        if i % 3 == 0:
+            done = sdk.completions.create(model=MODEL, prompt=words, max_tokens=cap)
+            return done.usage.prompt_tokens, done.usage.completion_tokens
+        messages = [{"role": "user", "content": words}]
+        if i % 3 == 1:
+            done = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=cap)
+            return done.usage.prompt_tokens, done.usage.completion_tokens
+        chunks = list(
+            sdk.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=cap, stream=True,
+                stream_options={"include_usage": True},
+            )
+        )  # fmt: skip
+        return chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens
+
+    with ThreadPoolExecutor(8) as pool:
+        counts = list(pool.map(one, range(100)))
+    client = (sum(p for p, _ in counts), sum(c for _, c in counts))
+    rows = audit_rows(up_vllm["database"], "mixed", expect=100, timeout=30)
+    recorded = (sum(r["prompt_tokens"] for r in rows), sum(r["completion_tokens"] for r in rows))
+    print(f"100 mixed requests: client (prompt, completion) tokens {client}, audit {recorded}")
+    assert len(rows) == 100 and all(r["status"] == 200 for r in rows)
+    assert recorded == client
