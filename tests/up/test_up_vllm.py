@@ -247,7 +247,7 @@ def replica_totals(up: dict) -> dict[str, dict[str, float]]:
 
 
 def first_token_s(up: dict, secret: str) -> float:
-    """Seconds from sending a short streamed chat to its first content chunk, via the SDK."""
+    """Seconds from sending a short streamed chat to its first chunk, via the SDK."""
     sdk = openai.OpenAI(base_url=f"{up['gateway']}/v1", api_key=secret, max_retries=0)
     sent = time.monotonic()
     stream = sdk.chat.completions.create(
@@ -255,7 +255,7 @@ def first_token_s(up: dict, secret: str) -> float:
     )
     with stream:
         for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
+            if chunk.choices:  # vLLM's first chunk comes with the first token
                 return time.monotonic() - sent
     raise AssertionError("the stream ended before its first token")
 
@@ -337,54 +337,52 @@ def test_the_interactive_class_overtakes_a_batch_flood(up_vllm: dict) -> None:
     assert figures["priority"] < figures["fcfs"], figures
 
 
-CACHE_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+HITS, DONE = "vllm:prefix_cache_hits_total", "vllm:request_success_total"
 
 
-def cache_counts_since(up: dict, before: dict[str, dict[str, float]]) -> dict[str, tuple]:
-    """Per replica, (prefix-cache query tokens, hit tokens) since `before`, once one
-    replica's queries moved (its stats may land just after the answer)."""
+def served_once(up: dict, tenant: str, sent: int, before: dict[str, dict[str, float]]) -> tuple:
+    """The replica that served a tenant's request `sent` (its audit row's backend), the
+    prefix-cache hit tokens it counted meanwhile, and whether that window held only this
+    request (the gateway's health probe, a 1-token chat, lands on each replica every 10 s)."""
+    (row, *_) = audit_rows(up["database"], tenant, expect=sent)[sent - 1 :]
+    served = row["backend"]
     deadline = time.monotonic() + 5
-    while True:
-        after = replica_totals(up)
-        delta = {
-            label: tuple(
-                after[label].get(n, 0.0) - before[label].get(n, 0.0) for n in CACHE_COUNTERS
-            )
-            for label in after
-        }
-        if any(queries > 0 for queries, _ in delta.values()) or time.monotonic() > deadline:
-            return delta
+    while True:  # a replica's stats may land just after its answer
+        after = replica_totals(up)[served]
+        done = after.get(DONE, 0.0) - before[served].get(DONE, 0.0)
+        if done >= 1 or time.monotonic() > deadline:
+            return served, after.get(HITS, 0.0) - before[served].get(HITS, 0.0), done == 1
         time.sleep(0.1)
 
 
 def test_a_tenant_salt_keeps_identical_prompts_out_of_each_others_prefix_cache(
     up_vllm: dict,
 ) -> None:
-    """vLLM's own prefix-cache counters per replica (which replica served a request is
-    read from its query counter): a tenant's first request on a replica hits nothing even
-    where the other tenant sent the same prompt there; its repeats there hit."""
+    """vLLM's own prefix-cache counters on the replica that served each request: a
+    tenant's first request on a replica hits nothing even where the other tenant sent the
+    same prompt there; its repeats there hit."""
     prompt = f"{uuid.uuid4()} " + "The quick brown fox jumps over the lazy dog. " * 60
     ask = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
     seen: dict[str, set[str]] = {}
-    hits: dict[str, list[tuple[bool, float]]] = {}  # per tenant: (repeat on its replica, hits)
+    hits: dict[str, list[tuple[str, bool, float, bool]]] = {}
     for tenant in ("tenant-a", "tenant-b"):
         sdk = openai.OpenAI(
             base_url=f"{up_vllm['gateway']}/v1", api_key=make_key(up_vllm, tenant), max_retries=0
         )
         seen[tenant], hits[tenant] = set(), []
-        for _ in range(4):
+        for sent in range(1, 5):
             before = replica_totals(up_vllm)
             sdk.chat.completions.create(**ask)
-            delta = cache_counts_since(up_vllm, before)
-            (served,) = [r for r, (queries, _) in delta.items() if queries > 0]
-            hits[tenant].append((served in seen[tenant], delta[served][1]))
+            served, hit, alone = served_once(up_vllm, tenant, sent, before)
+            hits[tenant].append((served, served in seen[tenant], hit, alone))
             seen[tenant].add(served)
-    print(f"prefix-cache hit tokens per request (repeat on its replica, hits): {hits}")
-    for tenant in hits:
-        assert all(hit == 0 for repeat, hit in hits[tenant] if not repeat), hits
-        assert all(hit > 0 for repeat, hit in hits[tenant] if repeat), hits
-    # Tenant b's firsts met tenant a's prompt already cached on that replica.
-    assert seen["tenant-b"] & seen["tenant-a"], seen
+    print(f"prefix-cache hit tokens (replica, repeat there, hits, window alone): {hits}")
+    for requests in hits.values():
+        assert all(hit == 0 for _, repeat, hit, alone in requests if alone and not repeat), hits
+        assert all(hit > 0 for _, repeat, hit, _ in requests if repeat), hits
+    # Tenant b's firsts met tenant a's prompt already cached on that replica, in clean windows.
+    crossed = {r for r, repeat, _, alone in hits["tenant-b"] if alone and not repeat}
+    assert crossed & seen["tenant-a"], hits
 
 
 def test_usage_rows_equal_the_clients_counts_over_100_mixed_requests(up_vllm: dict) -> None:
