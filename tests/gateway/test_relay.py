@@ -1,4 +1,5 @@
 import asyncio
+import contextlib
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -60,6 +61,30 @@ def test_a_broken_upstream_ends_the_stream_with_an_openai_error_event() -> None:
     body = json.loads(error.removeprefix(b"data: "))
     assert body["error"]["code"] == "upstream_error" and body["error"]["param"] is None
     assert (outcome.status, outcome.error_type, outcome.completed) == (502, "upstream_error", True)
+
+
+def test_a_client_that_leaves_once_done_is_sent_had_the_whole_answer() -> None:
+    """The client closes on reading [DONE] while the upstream's body has not ended yet."""
+    outcome = Outcome()
+
+    async def upstream() -> AsyncIterator[bytes]:
+        yield EVENTS[3] + b"\n\n"
+        yield EVENTS[-1] + b"\n\n"
+        await asyncio.Event().wait()  # the body's end never comes before the client leaves
+        yield b""
+
+    async def client_reads_until_done() -> None:
+        chunks = relay_events(upstream(), outcome, strip_usage=True)
+        got = [await anext(chunks), await anext(chunks)]
+        assert got[-1] == EVENTS[-1] + b"\n\n" and not outcome.completed
+        reading = asyncio.ensure_future(anext(chunks))  # the next read: the [DONE] was sent
+        await asyncio.sleep(0.01)
+        reading.cancel()  # the client left
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
+
+    asyncio.run(client_reads_until_done())
+    assert outcome.completed
 
 
 def test_an_unterminated_tail_is_passed_on_as_it_came() -> None:

@@ -133,6 +133,10 @@ async def relay_events(
             out = [e for e in splitter.feed(raw) if _note_event(e, outcome, strip_usage, clock)]
             if out:
                 yield b"\n\n".join(out) + b"\n\n"
+                # Sent: a client that closes on reading [DONE], before the upstream's body
+                # ends, had the whole answer (not a 499).
+                if any(event_data(e) == b"[DONE]" for e in out):
+                    outcome.completed = True
     except OSError as exc:
         outcome.status, outcome.error_type = 502, "upstream_error"
         message = f"the upstream stream broke: {type(exc).__name__}"
