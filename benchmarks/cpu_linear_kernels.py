@@ -4,11 +4,13 @@ C++ kernels, and bf16 where the CPU has AMX.
 A 30-layer stack of SmolLM2-135M's projection shapes (q/k/v fused, o, gate/up fused,
 down; distinct weights per layer, so they stream from memory as in a real step) plus
 the 49,152-row LM head, multiplied at M rows (1 = one stream decoding, 16 = a batch,
-64 = a prompt chunk) by each kernel; prints the fastest step's ms, GOP/s (2 ops a multiply-add: the
-figure to hold against the host's int8 peak) and the ratio against the first kernel run.
+64 = a prompt chunk, 950 = a long prompt) by each kernel; prints the fastest step's ms,
+GOP/s (2 ops a multiply-add: the figure to hold against the host's int8 peak) and the ratio
+against the first kernel run. On an AMX host the inhouse kernels run twice: as served (16+
+rows on the tiles) and with the tiles off (``use_amx(False)``: the VNNI loops, the same bits).
 
     .venv/bin/python benchmarks/cpu_linear_kernels.py [--steps 5] [--rows 1,16,64]
-    .venv/bin/python benchmarks/cpu_linear_kernels.py --only inhouse --rows 64
+    .venv/bin/python benchmarks/cpu_linear_kernels.py --only inhouse --rows 64,950
 """
 
 from __future__ import annotations
@@ -53,9 +55,28 @@ KERNELS: dict[str, tuple[Prepare, Multiply]] = {
     ),
     "bf16 F.linear": (lambda w: w.bfloat16(), lambda x, w: F.linear(x.bfloat16(), w)),
 }
-if load_kernels() is not None:
-    KERNELS["inhouse q8 (C++)"] = (lambda w: quantize(w, "q8"), lambda x, w: linear(x, w, None))
-    KERNELS["inhouse q4 (C++)"] = (lambda w: quantize(w, "q4"), lambda x, w: linear(x, w, None))
+
+
+def _vnni_only(x: torch.Tensor, w: object) -> torch.Tensor:
+    torch.ops.inhouse_cpu.use_amx(False)
+    try:
+        return linear(x, w, None)
+    finally:
+        torch.ops.inhouse_cpu.use_amx(True)
+
+
+_built = load_kernels()
+if _built is not None:
+    for kind in ("q8", "q4"):
+        KERNELS[f"inhouse {kind} (C++)"] = (
+            lambda w, kind=kind: quantize(w, kind),
+            lambda x, w: linear(x, w, None),
+        )
+        if _built.isa == "avx512-amx":
+            KERNELS[f"inhouse {kind} (no AMX)"] = (
+                lambda w, kind=kind: quantize(w, kind),
+                _vnni_only,
+            )
 
 
 def step_ms(rows: int, prepare: Prepare, multiply: Multiply, steps: int) -> float:

@@ -1,9 +1,12 @@
 // The host's own limits, measured rather than taken from a data sheet (host_peaks.py builds
 // and runs this): float32 FMA rate, the AVX2 int8 multiply-add rate (vpmaddubsw + vpmaddwd,
-// as the q4/q8 linears use without VNNI) and the rate of reading memory, each on the
-// OpenMP threads given by OMP_NUM_THREADS. Prints one JSON object.
+// as the q4/q8 linears use without VNNI), the AMX tiles' int8 and bf16 rates where the CPU
+// has them (null elsewhere) and the rate of reading memory, each on the OpenMP threads given
+// by OMP_NUM_THREADS. Prints one JSON object.
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -55,6 +58,57 @@ double int8_gops(int64_t rounds) {
   return sink == -1 ? 0.0 : ops / seconds_since(start) / 1e9;
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tile products back to back into 4 accumulators (tiles 0-3) from A (tile 4: 16 rows of
+// `depth` bytes) and B (tile 5: depth / 4 rows of 64 bytes): 16 x 16 outputs an instruction,
+// each `depth` int8 multiply-adds (or depth / 2 bf16 ones). The q8/q4 linears take depth 32
+// (one group of 32 codes a product); 64 is the tiles' full depth. kind: 0 int8, 1 bf16.
+double amx_gops(int64_t rounds, int depth, int kind) {
+  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return -1.0;
+  const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel
+  {
+    alignas(64) int8_t a[16 * 64] = {}, b[16 * 64] = {};
+    TileConfig config;
+    for (int t = 0; t < 4; ++t) config.rows[t] = 16, config.bytes_per_row[t] = 64;
+    config.rows[4] = 16, config.bytes_per_row[4] = depth;
+    config.rows[5] = depth / 4, config.bytes_per_row[5] = 64;
+    __asm__ volatile("" : : "r"(&config) : "memory");  // GCC 12 drops the stores otherwise
+    _tile_loadconfig(&config);
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, b, 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t n = 0; n < rounds; ++n) {
+      if (kind == 0) {
+        _tile_dpbssd(0, 4, 5);
+        _tile_dpbssd(1, 4, 5);
+        _tile_dpbssd(2, 4, 5);
+        _tile_dpbssd(3, 4, 5);
+      } else {
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 5);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_dpbf16ps(3, 4, 5);
+      }
+    }
+    _tile_release();
+  }
+  const double per_product = 2.0 * 16 * 16 * (kind == 0 ? depth : depth / 2);
+  return per_product * 4 * rounds * omp_get_max_threads() / seconds_since(start) / 1e9;
+}
+#else
+double amx_gops(int64_t, int, int) { return -1.0; }
+#endif
+
 // Each thread sums its share of a buffer far larger than the caches, best of `repeats`.
 double read_gbs(int64_t bytes, int repeats) {
   std::vector<float> buffer(bytes / sizeof(float), 1.f);
@@ -80,7 +134,11 @@ double read_gbs(int64_t bytes, int repeats) {
 
 int main() {
   const double fma = fma_gflops(100'000'000), int8 = int8_gops(100'000'000);
+  const double amx_int8 = amx_gops(2'000'000, 64, 0), amx_int8_group = amx_gops(2'000'000, 32, 0);
+  const double amx_bf16 = amx_gops(2'000'000, 64, 1);
   const double read = read_gbs(int64_t{1} << 30, 5);
-  std::printf("{\"threads\": %d, \"fp32_fma_gflops\": %.1f, \"int8_madd_gops\": %.1f, \"read_gbs\": %.2f}\n",
-              omp_get_max_threads(), fma, int8, read);
+  std::printf(
+      "{\"threads\": %d, \"fp32_fma_gflops\": %.1f, \"int8_madd_gops\": %.1f, \"amx_int8_gops\": %.1f, "
+      "\"amx_int8_group_gops\": %.1f, \"amx_bf16_gflops\": %.1f, \"read_gbs\": %.2f}\n",
+      omp_get_max_threads(), fma, int8, amx_int8, amx_int8_group, amx_bf16, read);
 }

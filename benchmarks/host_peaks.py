@@ -1,14 +1,18 @@
 """This host's limits and the floors they put under the bundled model's step times: the
 float32 FMA rate, the AVX2 int8 multiply-add rate (vpmaddubsw + vpmaddwd, the q4/q8
-linears' instructions without VNNI) and the rate of reading memory, measured by a small C++
-probe (``host_peaks.cpp``, built here with g++ for this CPU), on one thread and on all.
+linears' instructions without VNNI), the AMX tiles' int8 rate at their full depth of 64 and
+at the linears' depth of 32 (one group of codes a product: half the work an instruction)
+and their bf16 rate, where the CPU has tiles, and the rate of reading memory, measured by a
+small C++ probe (``host_peaks.cpp``, built here with g++ for this CPU), on one thread and on
+all.
 
 From them and the loaded model (q4 weights, the KV cache in ``--kv-cache-dtype``):
   - a c=1 decode step cannot take less than its weights' bytes over the read rate;
   - a decode step at ~2.5k tokens of context adds its sequences' KV bytes over that rate
     (the attention reads them after the linears, not during);
   - a ~2.5k-token prefill cannot take less than its linears' int8 multiply-adds at the int8
-    rate plus its causal attention's float32 FMAs at the FMA rate.
+    rate (the tiles' depth-32 rate on an AMX host) plus its causal attention's float32 FMAs
+    at the FMA rate.
 
     .venv/bin/python benchmarks/host_peaks.py [--kv-cache-dtype int8] [--context 2500]
 """
@@ -43,10 +47,25 @@ def probe(threads: int) -> dict[str, float]:
 
 def print_rates(rates: dict[int, dict[str, float]]) -> None:
     print(f"CPU flags: {' '.join(sorted(cpu_flags()))}")
-    print("threads | fp32 FMA GFLOP/s | int8 madd GOP/s | read GB/s")
+    print(
+        "threads | fp32 FMA GFLOP/s | int8 madd GOP/s | AMX int8 GOP/s (depth 64 / 32) "
+        "| AMX bf16 GFLOP/s | read GB/s"
+    )
     for n, r in rates.items():
         fma, int8, read = r["fp32_fma_gflops"], r["int8_madd_gops"], r["read_gbs"]
-        print(f"{n:7d} | {fma:16.1f} | {int8:15.1f} | {read:9.2f}")
+        amx = _amx(r["amx_int8_gops"]) + " / " + _amx(r["amx_int8_group_gops"])
+        bf16 = _amx(r["amx_bf16_gflops"])
+        print(f"{n:7d} | {fma:16.1f} | {int8:15.1f} | {amx:>30} | {bf16:>16} | {read:9.2f}")
+
+
+def _amx(rate: float) -> str:
+    return f"{rate:.1f}" if rate >= 0 else "none"
+
+
+def linear_rate(rates: dict[str, float]) -> float:
+    """The int8 rate the prefill's linears run at: the tiles' where the CPU has them."""
+    tiles = rates["amx_int8_group_gops"]
+    return tiles if tiles >= 0 else rates["int8_madd_gops"]
 
 
 def print_floors(rates: dict[str, float], kv_cache_dtype: str, n: int) -> None:
@@ -73,7 +92,7 @@ def print_floors(rates: dict[str, float], kv_cache_dtype: str, n: int) -> None:
         mb = kv / 1e6
         print(f"KV of {c} sequence(s) at {n} tokens: {mb:.1f} MB -> adds >= {read_ms(kv):.2f} ms")
     linear_ops = 2 * body_macs * n
-    linear_ms = linear_ops / (rates["int8_madd_gops"] * 1e9) * 1e3
+    linear_ms = linear_ops / (linear_rate(rates) * 1e9) * 1e3
     attention_ms = attention_flops / (rates["fp32_fma_gflops"] * 1e9) * 1e3
     print(
         f"a {n}-token prefill: linears {linear_ops / 1e12:.2f} TOP (>= {linear_ms:.0f} ms), "

@@ -491,6 +491,8 @@ def test_isa_follows_the_cpu_flags() -> None:
     zen4 = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
     assert isa_of(zen4) == "avx512"
     assert isa_of(zen4 | {"avx512_vnni"}) == "avx512-vnni"
+    sapphire_rapids = zen4 | {"avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"}
+    assert isa_of(sapphire_rapids) == "avx512-amx"
     assert isa_of(frozenset({"avx2", "fma"})) == "avx2"
     assert isa_of(frozenset()) == "scalar"
 
@@ -500,13 +502,16 @@ def test_the_isa_can_be_capped_to_avx2_for_testing_that_path(monkeypatch) -> Non
     assert kernel_build.build_flags() == (kernel_build.cpu_flags(), ())
     monkeypatch.setenv("INHOUSE_KERNELS_ISA", "avx2")
     flags, caps = kernel_build.build_flags()
-    assert caps == ("-mno-avx512f",)
+    assert caps[0] == "-mno-avx512f" and "-mno-amx-tile" in caps
     assert not any(f.startswith(("avx512", "amx")) for f in flags)
     assert flags <= kernel_build.cpu_flags()
     if {"avx2", "fma"} <= kernel_build.cpu_flags():
         assert isa_of(flags) == "avx2"
+    monkeypatch.setenv("INHOUSE_KERNELS_ISA", "avx512-vnni")
+    flags, caps = kernel_build.build_flags()
+    assert "-mno-amx-int8" in caps and not any(f.startswith("amx") for f in flags)
     monkeypatch.setenv("INHOUSE_KERNELS_ISA", "avx1024")
-    with pytest.raises(RuntimeError, match="native or avx2"):
+    with pytest.raises(RuntimeError, match="native, avx512-vnni or avx2"):
         kernel_build.build_flags()
 
 

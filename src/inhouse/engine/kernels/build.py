@@ -1,11 +1,13 @@
-"""Build and load the C++ CPU kernels (``cpu_kernels.cpp``) once per machine.
+"""Build and load the C++ CPU kernels (``cpu_kernels.cpp``, ``amx_linear.cpp``) once per
+machine.
 
 The library is compiled with the system C++ compiler for this CPU (``-march=native``:
-AVX2 code on an AVX2 host, AVX-512 code where the CPU has it) and cached under
-``$INHOUSE_CACHE/kernels/<digest>``, the digest covering the source, torch's version,
-the compiler and the CPU's flags, so a warm start only loads it. ``INHOUSE_KERNELS_ISA=avx2``
-builds the AVX2 code an AVX2-only host gets (``-mno-avx512f``) on an AVX-512 one, to test
-that path here. Without a compiler,
+AVX2 code on an AVX2 host, AVX-512 code where the CPU has it, AMX tiles for the linears'
+prompt rows where it has those) and cached under ``$INHOUSE_CACHE/kernels/<digest>``, the
+digest covering the sources, torch's version, the compiler and the CPU's flags, so a warm
+start only loads it. ``INHOUSE_KERNELS_ISA`` caps the build below the host's own, to test
+another host's path here: ``avx512-vnni`` (no AMX, ``-mno-amx-*``) or ``avx2`` (the code an
+AVX2-only host gets, ``-mno-avx512f``). Without a compiler,
 or when the build fails, :func:`load_kernels` returns None and says why once; the
 engine then keeps its eager torch path.
 
@@ -30,7 +32,10 @@ from inhouse.manifests.hashing import default_cache_dir
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
-HEADERS = (Path(__file__).with_name("work_pool.h"),)
+SOURCES = (SOURCE, Path(__file__).with_name("amx_linear.cpp"))
+HEADERS = tuple(
+    Path(__file__).with_name(name) for name in ("work_pool.h", "quant_layout.h", "amx_linear.h")
+)
 _SIMD_FLAGS = (
     "avx2",
     "fma",
@@ -40,7 +45,10 @@ _SIMD_FLAGS = (
     "avx512_vnni",
     "avx512_bf16",
     "amx_bf16",
+    "amx_int8",
+    "amx_tile",
 )
+_NO_AMX = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +56,7 @@ class Kernels:
     """The loaded library: where it lives and the SIMD level it was compiled for."""
 
     path: Path
-    isa: str  # "avx512-vnni", "avx512", "avx2" or "scalar"
+    isa: str  # "avx512-amx", "avx512-vnni", "avx512", "avx2" or "scalar"
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
@@ -62,20 +70,25 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
 
 def build_flags() -> tuple[frozenset[str], tuple[str, ...]]:
     """The CPU flags the build targets and the compiler options that cap it there:
-    ``INHOUSE_KERNELS_ISA`` ``native`` (the default) or ``avx2``."""
+    ``INHOUSE_KERNELS_ISA`` ``native`` (the default), ``avx512-vnni`` or ``avx2``."""
     wanted = os.environ.get("INHOUSE_KERNELS_ISA", "native")
     flags = cpu_flags()
     if wanted == "native":
         return flags, ()
+    if wanted == "avx512-vnni":
+        return frozenset(f for f in flags if not f.startswith("amx")), _NO_AMX
     if wanted == "avx2":
-        return frozenset(f for f in flags if not f.startswith(("avx512", "amx"))), ("-mno-avx512f",)
-    raise RuntimeError(f"INHOUSE_KERNELS_ISA must be native or avx2, not {wanted!r}")
+        capped = frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
+        return capped, ("-mno-avx512f", *_NO_AMX)
+    raise RuntimeError(f"INHOUSE_KERNELS_ISA must be native, avx512-vnni or avx2, not {wanted!r}")
 
 
 def isa_of(flags: frozenset[str]) -> str:
     """The instruction set the kernels compile to with ``-march=native`` on these flags."""
     if {"avx512f", "avx512bw", "avx512vl", "fma"} <= flags:
-        return "avx512-vnni" if "avx512_vnni" in flags else "avx512"
+        if "avx512_vnni" not in flags:
+            return "avx512"
+        return "avx512-amx" if {"amx_tile", "amx_int8"} <= flags else "avx512-vnni"
     if {"avx2", "fma"} <= flags:
         return "avx2"
     return "scalar"
@@ -102,7 +115,7 @@ def _command(compiler: str, out: Path, caps: tuple[str, ...]) -> list[str]:
         "-fPIC",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         *(f"-I{p}" for p in include_paths()),
-        str(SOURCE),
+        *(str(source) for source in SOURCES),
         f"-L{torch_lib}",
         "-lc10",
         "-ltorch_cpu",
@@ -114,9 +127,9 @@ def _command(compiler: str, out: Path, caps: tuple[str, ...]) -> list[str]:
 
 def _digest(compiler: str, flags: frozenset[str]) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256(SOURCE.read_bytes())
-    for header in HEADERS:
-        digest.update(header.read_bytes())
+    digest = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.read_bytes())
     for part in (torch.__version__, version, " ".join(sorted(flags)), sys.version):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
@@ -135,7 +148,7 @@ def build(cache_dir: Path) -> Kernels:
         tmp = folder / f"build-{os.getpid()}.so"
         result = subprocess.run(_command(compiler, tmp, caps), capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(f"compiling {SOURCE.name} failed:\n{result.stderr[-2000:]}")
+            raise RuntimeError(f"compiling the kernels failed:\n{result.stderr[-2000:]}")
         tmp.rename(library)
     return Kernels(library, isa_of(flags))
 
@@ -153,6 +166,9 @@ def load_kernels() -> Kernels | None:
     except (OSError, RuntimeError) as err:
         log.warning("C++ CPU kernels unavailable (%s): eager torch path", err)
         return None
+    if kernels.isa == "avx512-amx" and not torch.ops.inhouse_cpu.use_amx(True):
+        log.warning("Linux refused this process the AMX tiles: the linears keep VNNI")
+        return Kernels(kernels.path, "avx512-vnni")
     return kernels
 
 

@@ -27,6 +27,8 @@
 #include <utility>
 #include <vector>
 
+#include "amx_linear.h"
+#include "quant_layout.h"
 #include "work_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -44,7 +46,7 @@ namespace {
 
 #define INHOUSE_UNROLL _Pragma("GCC unroll 8")
 
-constexpr int64_t kGroup = 32;
+using inhouse::kGroup;
 
 // Activations are quantized per group of 32 to int8 (as llama.cpp's Q8 activations):
 // xd = max|x| / 127, xq = round(x / xd), sum = sum(xq), xs = xd * sum (for q4's min term).
@@ -121,9 +123,9 @@ QuantizedActivations quantize_activations(const float* x, int64_t rows, int64_t 
 //   q4: 4 pairs p of 32 bytes; byte 16h + 4s + i holds row r = 4h + s's codes at
 //       k = 8p + i (low nibble) and k = 8p + 4 + i (high nibble).
 //   scales d (and q4's mins m): [tiles, groups, 8].
-constexpr int64_t kTile = 8;
-constexpr int64_t kQ8TileGroupBytes = kTile * kGroup;
-constexpr int64_t kQ4TileGroupBytes = kTile * kGroup / 2;
+using inhouse::kQ4TileGroupBytes;
+using inhouse::kQ8TileGroupBytes;
+using inhouse::kTile;
 // Activation rows multiplied per pass over a tile (register tile), and per pass over all
 // tiles (so a long prompt's rows stay in cache while every tile streams past them). Eight,
 // not four: a speculative step's 5-9 rows then unpack each weight tile once, not twice
@@ -445,6 +447,12 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const 
   const float* mp = mins ? mins->data_ptr<float>() : nullptr;
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
+  auto shape = x.sizes().vec();
+  shape.back() = n_out;
+  if (m >= inhouse::amx::kFromRows && tiles % 2 == 0 && inhouse::amx::enabled()) {
+    inhouse::amx::linear({a.q.data(), a.d.data(), a.s.data(), m, groups, tiles, qp, dp, mp, bp, op});
+    return out.view(shape);
+  }
   for (int64_t block = 0; block < m; block += kRowBlock) {
     const int64_t block_end = std::min(m, block + kRowBlock);
     // Passes of even size (9 rows: 5 + 4, not 8 + 1): a pass's cost per row grows with its
@@ -483,8 +491,6 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const 
       }
     });
   }
-  auto shape = x.sizes().vec();
-  shape.back() = n_out;
   return out.view(shape);
 }
 
