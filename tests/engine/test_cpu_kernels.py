@@ -435,7 +435,7 @@ def _kernels(isa: str):
     return lambda: Kernels(kernel_build.SOURCES[0], isa)
 
 
-@pytest.mark.parametrize("isa", ["avx512-vnni", "avx512", "avx2"])
+@pytest.mark.parametrize("isa", ["avx512-amx", "avx512-vnni", "avx512", "avx2"])
 def test_q8_and_q4_run_when_asked(isa: str) -> None:
     for kind in ("q8", "q4"):
         chosen = choose_precision("auto", kind, CPU, _kernels(isa))
@@ -443,7 +443,7 @@ def test_q8_and_q4_run_when_asked(isa: str) -> None:
         assert isa in chosen.reason
 
 
-@pytest.mark.parametrize("isa", ["avx512-vnni", "avx512", "avx2"])
+@pytest.mark.parametrize("isa", ["avx512-amx", "avx512-vnni", "avx512", "avx2"])
 def test_auto_is_q4_for_q4_1_ggufs_else_q8_wherever_the_kernels_build(isa: str) -> None:
     chosen = choose_precision("auto", "auto", CPU, _kernels(isa))
     assert (chosen.dtype, chosen.quantization) == (torch.float32, "q8")
