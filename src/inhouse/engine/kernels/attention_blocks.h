@@ -192,7 +192,6 @@ void weigh_block(const T* const* values, const float* const* p, int64_t n, int64
   }
 }
 
-
 template <typename T, int Q>
 void weigh_values(const T* const* values, const float* const* p, int64_t n, int64_t dim,
                   float* const* out) {

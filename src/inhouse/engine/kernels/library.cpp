@@ -9,7 +9,6 @@
 
 namespace {
 
-
 // The calling thread's share of the work pool (threads, itself included; 0: its torch
 // setting), apart from torch's own threads.
 void set_pool_threads(int64_t threads) {

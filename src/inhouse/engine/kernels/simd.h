@@ -12,7 +12,6 @@
 
 #include <cstdint>
 
-
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define INHOUSE_AVX2 1
