@@ -1,6 +1,6 @@
 // The q8/q4 linears' many-row pass on AMX int8 tiles (Sapphire Rapids and later).
 //
-// The VNNI loops of cpu_kernels.cpp find each (row, output, group)'s exact int32 dot product
+// The VNNI loops of quant_linear.cpp find each (row, output, group)'s exact int32 dot product
 // of 32 activation codes with 32 weight codes, then fold it into the row's float sum in a
 // fixed order: acc = fma(float(dot), d_w * d_x, acc), and for q4 acc = fma(m_w, d_x * sum_x,
 // acc), group after group, then + bias. A tile product (tdpbssd for q8's signed codes,
@@ -142,7 +142,7 @@ struct RowTile {
   const float* xs;
 };
 
-// Folds one group's 16 x 16 products into the rows' sums: cpu_kernels.cpp's float steps.
+// Folds one group's 16 x 16 products into the rows' sums: quant_linear.cpp's float steps.
 template <bool kQ4>
 inline void fold(const int32_t* products, const PackedBlock& b, const RowTile& a, int64_t g,
                  int64_t groups, __m512* acc) {

@@ -11,7 +11,7 @@ namespace inhouse::amx {
 constexpr int64_t kFromRows = 16;
 
 // One linear's operands: activations already quantized per group (codes [rows, groups * 32],
-// scales d and q4's d * sum [rows, groups]), weights in cpu_kernels.cpp's tiles of 8 rows
+// scales d and q4's d * sum [rows, groups]), weights in quant_linear.cpp's tiles of 8 rows
 // (`tiles` of them, an even number), float32 out [rows, tiles * 8].
 struct LinearArgs {
   const int8_t* xq;

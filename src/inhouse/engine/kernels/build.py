@@ -1,5 +1,5 @@
-"""Build and load the C++ CPU kernels (``cpu_kernels.cpp``, ``amx_linear.cpp``) once per
-machine.
+"""Build and load the C++ CPU kernels (this folder's ``*.cpp``, one kernel family a file,
+linked into one library) once per machine.
 
 The library is compiled with the system C++ compiler for this CPU (``-march=native``:
 AVX2 code on an AVX2 host, AVX-512 code where the CPU has it, AMX tiles for the linears'
@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -31,11 +32,9 @@ import torch
 from inhouse.manifests.hashing import default_cache_dir
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
-SOURCES = (SOURCE, Path(__file__).with_name("amx_linear.cpp"))
-HEADERS = tuple(
-    Path(__file__).with_name(name) for name in ("work_pool.h", "quant_layout.h", "amx_linear.h")
-)
+HERE = Path(__file__).parent
+SOURCES = tuple(sorted(HERE.glob("*.cpp")))
+HEADERS = tuple(sorted(HERE.glob("*.h")))
 _SIMD_FLAGS = (
     "avx2",
     "fma",
@@ -98,24 +97,30 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
-def _command(compiler: str, out: Path, caps: tuple[str, ...]) -> list[str]:
+def _compile_options(caps: tuple[str, ...]) -> list[str]:
     # torch.utils.cpp_extension loads setuptools: only a build needs it.
     from torch.utils.cpp_extension import include_paths
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    torch_lib = Path(torch.__file__).parent / "lib"
     return [
-        compiler,
         "-O3",
         "-march=native",
         *caps,
         "-fopenmp",
         "-std=c++17",
-        "-shared",
         "-fPIC",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         *(f"-I{p}" for p in include_paths()),
-        *(str(source) for source in SOURCES),
+    ]
+
+
+def _link_command(compiler: str, objects: list[Path], out: Path) -> list[str]:
+    torch_lib = Path(torch.__file__).parent / "lib"
+    return [
+        compiler,
+        "-shared",
+        "-fopenmp",
+        *(str(o) for o in objects),
         f"-L{torch_lib}",
         "-lc10",
         "-ltorch_cpu",
@@ -125,10 +130,27 @@ def _command(compiler: str, out: Path, caps: tuple[str, ...]) -> list[str]:
     ]
 
 
+def _run(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"compiling the kernels failed:\n{result.stderr[-2000:]}")
+
+
+def _compile(compiler: str, caps: tuple[str, ...], scratch: Path, out: Path) -> None:
+    """All sources as one translation unit (torch's headers, most of the compile time, parsed
+    once), then linked."""
+    unit = scratch / "all_kernels.cpp"
+    unit.write_text("".join(f'#include "{source}"\n' for source in SOURCES))
+    obj = scratch / "all_kernels.o"
+    _run([compiler, *_compile_options(caps), "-c", str(unit), "-o", str(obj)])
+    _run(_link_command(compiler, [obj], out))
+
+
 def _digest(compiler: str, flags: frozenset[str]) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256()
     for path in (*SOURCES, *HEADERS):
+        digest.update(path.name.encode())
         digest.update(path.read_bytes())
     for part in (torch.__version__, version, " ".join(sorted(flags)), sys.version):
         digest.update(part.encode())
@@ -146,9 +168,8 @@ def build(cache_dir: Path) -> Kernels:
     if not library.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"build-{os.getpid()}.so"
-        result = subprocess.run(_command(compiler, tmp, caps), capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"compiling the kernels failed:\n{result.stderr[-2000:]}")
+        with tempfile.TemporaryDirectory(dir=folder) as scratch:
+            _compile(compiler, caps, Path(scratch), tmp)
         tmp.rename(library)
     return Kernels(library, isa_of(flags))
 

@@ -1,4 +1,4 @@
-"""Weight-only block quantization for the C++ linears (layouts in ``cpu_kernels.cpp``).
+"""Weight-only block quantization for the C++ linears (layouts in ``quant_linear.cpp``).
 
 Groups of 32 weights along the input dimension, as GGUF's Q8_0 and Q4_1:
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 GROUP = 32
-TILE = 8  # output rows a kernel tile holds (``kTile`` in cpu_kernels.cpp)
+TILE = 8  # output rows a kernel tile holds (``kTile`` in quant_layout.h)
 FORMATS = ("q8", "q4")
 
 
@@ -134,7 +134,7 @@ def linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) 
     return ops.linear_q4(x, weight.q, weight.scales, weight.mins, bias)
 
 
-# The tile layouts of cpu_kernels.cpp (quantize_q8/quantize_q4 write them), read back row
+# The tile layouts of quant_linear.cpp (quantize_q8/quantize_q4 write them), read back row
 # by row for reference runs. q8, per tile and group: quad j (k = 4j + i) of row r
 # at byte 32j + 4r + i. q4, per tile and group: pair p, rows r = 4h + s, byte 32p + 16h +
 # 4s + i with k = 8p + i in its low nibble and k = 8p + 4 + i in its high nibble.

@@ -1,6 +1,6 @@
-// The quantized linears' block layout, shared by their kernel families (cpu_kernels.cpp's
+// The quantized linears' block layout, shared by their kernel families (quant_linear.cpp's
 // VNNI/AVX2 loops, amx_linear.cpp's tiles); the layouts themselves are described where
-// cpu_kernels.cpp defines tile_byte.
+// quant_linear.cpp defines tile_byte.
 #pragma once
 
 #include <cstdint>

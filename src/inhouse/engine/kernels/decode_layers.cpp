@@ -1,0 +1,63 @@
+// A decode step through every decoder layer in one call, over the other families' kernels.
+
+#include <torch/types.h>
+
+#include <cstdint>
+
+#include "kernels.h"
+#include "kv_rows.h"
+
+namespace inhouse {
+namespace {
+
+constexpr size_t kLayerWeights = 18;
+
+}  // namespace
+
+// A decode step (one new token for each of T sequences, or a few: a speculative draft's rows,
+// each row's sequence in `row_seq`) through every decoder layer, calling the other families'
+// kernels in the order the model's fused Python path calls them, so each row gets the same
+// bits; what it saves is Python's dispatch of ~10 ops a layer. `weights` holds
+// kLayerWeights entries a layer: input norm; qkv (q, d, mins?, bias?); o (the same four);
+// post-attention norm; gate_up; down. Adds the previous MLP output `delta` into `residual`
+// (in place) and returns the last layer's MLP output. A nonzero `stop[0]` (an int32 another
+// thread may set while this runs) ends the call before the next layer, returning an empty
+// tensor: the step was abandoned (its K/V writes so far are recomputed, the same bits, later).
+torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,
+                            const torch::Tensor& cos, const torch::Tensor& sin,
+                            torch::Tensor kv_caches, const torch::Tensor& slots,
+                            const torch::Tensor& block_tables,
+                            const c10::optional<torch::Tensor>& row_seq,
+                            const torch::Tensor& context_lens, int64_t block_size, int64_t heads,
+                            double scale,
+                            at::IntArrayRef windows, double eps,
+                            const c10::List<c10::optional<torch::Tensor>>& weights,
+                            const c10::optional<torch::Tensor>& stop) {
+  const int64_t layers = kv_caches.size(0), tokens = residual.size(0);
+  TORCH_CHECK(!stop.has_value() || (stop->scalar_type() == torch::kInt32 && stop->numel() == 1),
+              "stop is one int32");
+  const volatile int32_t* stop_flag = stop.has_value() ? stop->data_ptr<int32_t>() : nullptr;
+  const int64_t kv_heads = kv_caches.size(3);
+  const int64_t dim = kv_caches.size(4) - (kv_caches.scalar_type() == torch::kChar ? kQ8Scale : 0);
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * static_cast<int64_t>(kLayerWeights) &&
+                  static_cast<int64_t>(windows.size()) == layers,
+              "one set of weights and one window per layer");
+  c10::optional<torch::Tensor> added = delta;
+  for (int64_t l = 0; l < layers; ++l) {
+    if (stop_flag != nullptr && *stop_flag != 0) return torch::empty({0}, residual.options());
+    const size_t at = static_cast<size_t>(l) * kLayerWeights;
+    torch::Tensor k_cache = kv_caches[l][0], v_cache = kv_caches[l][1];
+    const torch::Tensor x = add_rms_norm(residual, added, *weights.get(at), eps);
+    const torch::Tensor qkv = linear_any(x, weights, at + 1).view({tokens, heads + 2 * kv_heads, dim});
+    const torch::Tensor q = rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads);
+    const torch::Tensor attended = paged_attention_rows(q, k_cache, v_cache, block_tables,
+                                                        row_seq, context_lens, block_size, scale,
+                                                        windows[l], false);
+    const torch::Tensor o = linear_any(attended, weights, at + 5);
+    const torch::Tensor h = add_rms_norm(residual, o, *weights.get(at + 9), eps);
+    added = linear_any(silu_mul(linear_any(h, weights, at + 10)), weights, at + 14);
+  }
+  return *added;
+}
+
+}  // namespace inhouse

@@ -1,0 +1,52 @@
+// The kernels' torch-facing functions, one family a file, registered as torch.ops.inhouse_cpu
+// by library.cpp; each is described where it is defined.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <tuple>
+
+namespace inhouse {
+
+// quant_linear.cpp: weight-only quantized linears and the weights' quantization.
+torch::Tensor linear_q8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
+                        const c10::optional<torch::Tensor>& bias);
+torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
+                        const torch::Tensor& mins, const c10::optional<torch::Tensor>& bias);
+torch::Tensor linear_any(const torch::Tensor& x, const c10::List<c10::optional<torch::Tensor>>& w,
+                         size_t at);
+std::tuple<torch::Tensor, torch::Tensor> quantize_q8(const torch::Tensor& weight);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_q4(const torch::Tensor& weight);
+
+// attention.cpp: paged attention of query rows.
+torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                   const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                                   const c10::optional<torch::Tensor>& row_seq,
+                                   const torch::Tensor& context_lens, int64_t block_size,
+                                   double scale, int64_t window, bool torch_threads);
+
+// rotary.cpp: rotary embedding and the K/V cache writes.
+torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& cos,
+                            const torch::Tensor& sin, torch::Tensor k_cache, torch::Tensor v_cache,
+                            const torch::Tensor& slots, int64_t heads);
+
+// swiglu.cpp: silu(gate) * up.
+torch::Tensor silu_mul(const torch::Tensor& gate_up);
+
+// norms.cpp: residual update and RMSNorm.
+torch::Tensor add_rms_norm(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,
+                           const torch::Tensor& weight, double eps);
+
+// decode_layers.cpp: a decode step through every layer.
+torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,
+                            const torch::Tensor& cos, const torch::Tensor& sin,
+                            torch::Tensor kv_caches, const torch::Tensor& slots,
+                            const torch::Tensor& block_tables,
+                            const c10::optional<torch::Tensor>& row_seq,
+                            const torch::Tensor& context_lens, int64_t block_size, int64_t heads,
+                            double scale, at::IntArrayRef windows, double eps,
+                            const c10::List<c10::optional<torch::Tensor>>& weights,
+                            const c10::optional<torch::Tensor>& stop);
+
+}  // namespace inhouse
