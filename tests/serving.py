@@ -266,3 +266,13 @@ def debian_binary(name: str, package: str) -> str:
             pytest.fail(f"{name} is missing: the test set-up installs Debian's {package}")
         pytest.skip(f"{name} not installed (apt-get install {package})")
     return found
+
+
+def release_cli(config: Path, *args: str) -> str:
+    """Run `inhouse release ...` on a gateway's config; its stdout (it must exit 0)."""
+    done = subprocess.run(
+        [*inhouse_command(), "release", *args, "--config", str(config)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +38,7 @@ from serving import (
     free_port,
     gateway_toml,
     inhouse_command,
+    release_cli,
     serve_process,
 )
 
@@ -67,12 +67,7 @@ class Stack:
     secrets: list[str]
 
     def release(self, *args: str) -> str:
-        done = subprocess.run(
-            [*inhouse_command(), "release", *args, "--config", str(self.config)],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return release_cli(self.config, *args)
 
     def status(self) -> dict[str, Any]:
         return json.loads(self.release("status", "smol", "--json"))

@@ -12,7 +12,6 @@ import asyncio
 import json
 import math
 import secrets
-import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -27,7 +26,15 @@ import pytest
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
-from serving import Process, audit_rows, free_port, gateway_toml, inhouse_command, serve_process
+from serving import (
+    Process,
+    audit_rows,
+    free_port,
+    gateway_toml,
+    inhouse_command,
+    release_cli,
+    serve_process,
+)
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve is not importable")
 
@@ -56,13 +63,7 @@ class Stack:
     secrets: dict[str, str]
 
     def release(self, *args: str) -> str:
-        """Run `inhouse release ...` on the gateway's config; its stdout."""
-        done = subprocess.run(
-            [*inhouse_command(), "release", *args, "--config", str(self.config)],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return release_cli(self.config, *args)
 
     def status(self) -> dict[str, Any]:
         return json.loads(self.release("status", "smol", "--json"))
