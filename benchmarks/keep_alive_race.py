@@ -32,17 +32,9 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "gateway")]
 from canned_upstream import canned_upstream  # noqa: E402
 from gateway_under_test import TOKEN_ENV, start_gateway  # noqa: E402
 
+from serving import exception_chain  # noqa: E402
+
 HELLO = [{"role": "user", "content": "hi"}]
-
-
-def causes(err: BaseException) -> str:
-    """The exception classes of `err` and its causes, outermost first."""
-    chain: list[str] = []
-    cause: BaseException | None = err
-    while cause is not None and len(chain) < 8:
-        chain.append(f"{type(cause).__module__}.{type(cause).__qualname__}({cause})")
-        cause = cause.__cause__ or cause.__context__
-    return " <- ".join(chain)
 
 
 async def chats(url: str, secret: str, args: argparse.Namespace) -> tuple[int, list[str]]:
@@ -60,7 +52,7 @@ async def chats(url: str, secret: str, args: argparse.Namespace) -> tuple[int, l
                     await client.chat.completions.create(model="m", messages=HELLO, max_tokens=2)
                     answered += 1
                 except openai.APIConnectionError as err:
-                    failures.append(causes(err))
+                    failures.append(exception_chain(err))
                 except openai.APIStatusError as err:
                     failures.append(f"status {err.status_code}")
         finally:

@@ -276,3 +276,13 @@ def release_cli(config: Path, *args: str) -> str:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def exception_chain(err: BaseException) -> str:
+    """The exception classes of `err` and its causes, outermost first."""
+    chain: list[str] = []
+    cause: BaseException | None = err
+    while cause is not None and len(chain) < 8:
+        chain.append(f"{type(cause).__module__}.{type(cause).__qualname__}({cause})")
+        cause = cause.__cause__ or cause.__context__
+    return " <- ".join(chain)

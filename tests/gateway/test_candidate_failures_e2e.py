@@ -35,6 +35,7 @@ from serving import (
     SERVE_KEY,
     Process,
     Served,
+    exception_chain,
     free_port,
     gateway_toml,
     inhouse_command,
@@ -154,7 +155,7 @@ async def _traffic(stack: Stack, until: Callable[[list[tuple[float, int]]], bool
             except openai.APIConnectionError as err:
                 status = 0
                 print(f"\nconnection error after {time.monotonic() - started:.2f} s: "
-                      f"{_causes(err)}")  # fmt: skip
+                      f"{exception_chain(err)}")  # fmt: skip
             seen.append((started, status))
             i += 4
 
@@ -164,16 +165,6 @@ async def _traffic(stack: Stack, until: Callable[[list[tuple[float, int]]], bool
         for client in clients:
             await client.close()
     return seen
-
-
-def _causes(err: BaseException) -> str:
-    """The exception classes of `err` and its causes, outermost first."""
-    chain: list[str] = []
-    cause: BaseException | None = err
-    while cause is not None and len(chain) < 8:
-        chain.append(f"{type(cause).__module__}.{type(cause).__qualname__}({cause})")
-        cause = cause.__cause__ or cause.__context__
-    return " <- ".join(chain)
 
 
 def _rollbacks(stack: Stack) -> float:
