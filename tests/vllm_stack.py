@@ -1,0 +1,103 @@
+"""The vLLM stack the end-to-end tests share: `inhouse up --engine vllm --replicas 2` on the
+bundled model (two replicas on one core each, the gateway in front), started once per session
+(`tests/up/conftest.py`: torch.compile makes a start take minutes on 2 cores), and what the
+tests read of it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+
+from inhouse.gateway.backends import sample_totals
+from serving import free_port, inhouse_command, log_tail, wait_healthy
+
+MODEL = "SmolLM2-135M-Instruct"
+START_TIMEOUT_S = 1500  # two cold vLLM starts on one core each, on a loaded CI machine
+STOP_TIMEOUT_S = 60
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def replicas(log: Path) -> dict[str, tuple[int, str]]:
+    """Each replica's label → (pid, URL), as `inhouse up` printed them."""
+    found = re.findall(r"^replica (\S+): pid (\d+) on (\S+)$", log.read_text(), re.MULTILINE)
+    return {label: (int(pid), url) for label, pid, url in found}
+
+
+def finished_requests(url: str) -> float:
+    """Requests a replica finished, from its own /metrics (vLLM's names)."""
+    page = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        value
+        for name, value in sample_totals(page).items()
+        if name.startswith("vllm:request_success")
+    )
+
+
+@contextmanager
+def running_up_vllm(home: Path) -> Iterator[dict]:
+    """`inhouse up --engine vllm --replicas 2` on the bundled model, once both answer; then
+    SIGINT, as Ctrl-C sends, and both replicas must be gone."""
+    port = free_port()
+    log = home / "up.log"
+    argv = [*inhouse_command(), "up", "--engine", "vllm", "--replicas", "2", "--port", str(port)]
+    argv += ["--max-model-len", "2048", "--max-num-seqs", "8"]
+    env = {**os.environ, "INHOUSE_HOME": str(home / "home")}
+    with open(log, "wb") as out:
+        up = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    gateway = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    try:
+        wait_healthy(f"{gateway}/health", up, log, START_TIMEOUT_S)  # after the HF folder
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            text = log.read_text()
+            if "replica vllm:1 is ready" in text and "replica vllm:2 is ready" in text:
+                break
+            assert up.poll() is None and "no replica started" not in text, log_tail(log)
+            time.sleep(1)
+        text = log.read_text()
+        assert "vllm:1 is ready" in text and "vllm:2 is ready" in text, log_tail(log)
+        print(f"two vLLM replicas ready after {time.monotonic() - started:.0f} s")
+        admin = re.findall(r"^ih-\S+$", text, flags=re.MULTILINE)[0]
+        yield {
+            "up": up,
+            "log": log,
+            "gateway": gateway,
+            "admin": admin,
+            "env": env,
+            "database": f"sqlite:///{home / 'home' / 'gateway.db'}",
+        }
+    finally:
+        pids = [pid for pid, _ in replicas(log).values()]
+        if up.poll() is None:
+            up.send_signal(signal.SIGINT)
+            up.wait(timeout=STOP_TIMEOUT_S)
+        assert len(pids) == 2 and not any(alive(pid) for pid in pids), log_tail(log)
+
+
+def client(up: dict) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{up['gateway']}/v1", api_key=up["admin"], max_retries=0)
+
+
+def make_key(up: dict, name: str, priority: str = "default") -> str:
+    """A new key of class `priority` in the running gateway's database; its secret."""
+    argv = [*inhouse_command(), "keys", "create", name, "--priority", priority]
+    done = subprocess.run(argv, capture_output=True, text=True, env=up["env"], timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
