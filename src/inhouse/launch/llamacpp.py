@@ -8,11 +8,17 @@ llama-cpp-python 0.3.36 source distribution vendors (`make llama-server`).
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
-from inhouse.launch.base import Endpoint, Engine, EngineMissing, Flags, LaunchSettings
+from inhouse.launch.base import (
+    Endpoint,
+    Engine,
+    EngineMissing,
+    Flags,
+    LaunchSettings,
+    engine_cache,
+    find_program,
+)
 from inhouse.launch.metric_names import MetricNames
 
 LLAMA_CPP_PYTHON = "0.3.36"  # whose sdist vendors the llama.cpp we build and checked
@@ -21,8 +27,7 @@ KV_TYPES = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "int8": "q8_0", "fp8":
 
 def cache_dir() -> Path:
     """Where `make llama-server` unpacks and builds llama.cpp."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "inhouse" / "llama.cpp"
+    return engine_cache("llama.cpp")
 
 
 def built_binary() -> Path:
@@ -33,13 +38,7 @@ def built_binary() -> Path:
 
 def find_llama_server() -> Path | None:
     """$INHOUSE_LLAMA_SERVER, else the one `make llama-server` built, else one on PATH."""
-    explicit = os.environ.get("INHOUSE_LLAMA_SERVER")
-    if explicit:
-        return Path(explicit) if Path(explicit).is_file() else None
-    if built_binary().is_file():
-        return built_binary()
-    found = shutil.which("llama-server")
-    return Path(found) if found else None
+    return find_program("INHOUSE_LLAMA_SERVER", built_binary(), "llama-server")
 
 
 class LlamaCppEngine(Engine):

@@ -10,11 +10,17 @@ server's own cores with VLLM_CPU_OMP_THREADS_BIND. `make vllm` installs vLLM's C
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
-from inhouse.launch.base import Endpoint, Engine, EngineMissing, Flags, LaunchSettings
+from inhouse.launch.base import (
+    Endpoint,
+    Engine,
+    EngineMissing,
+    Flags,
+    LaunchSettings,
+    engine_cache,
+    find_program,
+)
 from inhouse.launch.cpu_host import core_list, kv_share
 from inhouse.launch.metric_names import vllm_names
 
@@ -23,20 +29,12 @@ VLLM_CPU_VERSION = "0.32.0"  # the vllm-cpu release `make vllm` installs and the
 
 def installed_venv() -> Path:
     """The virtual environment `make vllm` installs vLLM's CPU release into."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "inhouse" / "vllm" / VLLM_CPU_VERSION
+    return engine_cache("vllm") / VLLM_CPU_VERSION
 
 
 def find_vllm() -> Path | None:
     """$INHOUSE_VLLM, else the `vllm` that `make vllm` installed, else one on PATH."""
-    explicit = os.environ.get("INHOUSE_VLLM")
-    if explicit:
-        return Path(explicit) if Path(explicit).is_file() else None
-    installed = installed_venv() / "bin" / "vllm"
-    if installed.is_file():
-        return installed
-    found = shutil.which("vllm")
-    return Path(found) if found else None
+    return find_program("INHOUSE_VLLM", installed_venv() / "bin" / "vllm", "vllm")
 
 
 class VllmEngine(Engine):
