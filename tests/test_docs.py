@@ -131,3 +131,48 @@ def test_a_broken_link_or_anchor_is_found(tmp_path: Path) -> None:
         "docs/page.md#nowhere: no heading with anchor #nowhere in page.md",
         "docs/gone.md: no such file",
     ]
+
+
+_SOURCE_NAME = re.compile(r"`([\w./]+\.(?:py|cpp|h)|[a-z_]+/)`(?:\s+`(\w+)`)?")
+
+
+def architecture_names(text: str) -> list[tuple[str, str | None]]:
+    """The files (`x.py`, `a/b.cpp`, `pkg/`) docs/architecture.md names, each with the class
+    or function named right after it, if any."""
+    return [(m.group(1), m.group(2)) for m in _SOURCE_NAME.finditer(text)]
+
+
+def missing_names(text: str, source: Path) -> list[str]:
+    """Each named file that no file under `source` ends with (nor the repository holds at
+    that path), and each name after a file that the file does not define or assign."""
+    files = [p for p in source.rglob("*") if p.suffix in {".py", ".cpp", ".h"}]
+    folders = {p.parent.name for p in files}
+    missing = []
+    for name, defined in architecture_names(text):
+        if name.endswith("/"):
+            missing += [] if name.rstrip("/") in folders else [name]
+            continue
+        found = [p for p in files if p.as_posix().endswith("/" + name)]
+        found += [ROOT / name] if (ROOT / name).is_file() else []
+        if not found:
+            missing.append(name)
+        elif defined and not any(
+            re.search(rf"^\s*(class|def|async def)\s+{defined}\b|^{defined}\s*[:=]",
+                      p.read_text(), re.MULTILINE)
+            for p in found
+        ):  # fmt: skip
+            missing.append(f"{name} {defined}")
+    return missing
+
+
+def test_every_file_and_name_the_architecture_page_gives_exists() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    assert len(architecture_names(text)) > 60  # the page still names its modules
+    assert missing_names(text, ROOT / "src" / "inhouse") == []
+
+
+def test_a_name_the_source_does_not_hold_is_found() -> None:
+    wrong = "`scheduler.py` `schedule_all`, `engine/nowhere.py`, `gone/`, `call.py` `Call`"
+    assert missing_names(wrong, ROOT / "src" / "inhouse") == [
+        "scheduler.py schedule_all", "engine/nowhere.py", "gone/"
+    ]  # fmt: skip
