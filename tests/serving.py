@@ -233,7 +233,8 @@ def burst(
     gateway_urls: list[str], secret: str, n: int, **create: Any
 ) -> list[tuple[int, Any, Any]]:
     """`n` concurrent chat completions, call i to gateway_urls[i % len]; (status, headers, body)
-    of each, in call order."""
+    of each, in call order. A stream is read to its end (its body: the chunks), as a client
+    that wants the answer does: one left unread is cut, a 499 charged its prompt."""
 
     async def run() -> list[tuple[int, Any, Any]]:
         clients = [
@@ -244,7 +245,10 @@ def burst(
         async def one(client: openai.AsyncOpenAI) -> tuple[int, Any, Any]:
             try:
                 raw = await client.chat.completions.with_raw_response.create(**create)
-                return 200, raw.headers, raw.parse()
+                body = raw.parse()
+                if create.get("stream"):
+                    body = [chunk async for chunk in body]
+                return 200, raw.headers, body
             except openai.APIStatusError as err:
                 return err.status_code, err.response.headers, err.body
 
