@@ -515,6 +515,19 @@ def test_the_isa_can_be_capped_to_avx2_for_testing_that_path(monkeypatch) -> Non
         kernel_build.build_flags()
 
 
+def test_the_capped_isa_also_decides_the_dtype_an_avx2_host_would(monkeypatch) -> None:
+    """Under `avx2` the whole engine chooses as an AVX2-only host does (float32, no native
+    bf16); under `avx512-vnni` as a Zen 4 does (bf16 where the CPU has avx512_bf16)."""
+    from inhouse.engine.models.precision import resolve_dtype
+
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("INHOUSE_KERNELS_ISA", "avx2")
+    assert resolve_dtype("auto", cpu) == torch.float32
+    monkeypatch.setenv("INHOUSE_KERNELS_ISA", "avx512-vnni")
+    bf16 = "avx512_bf16" in kernel_build.cpu_flags()
+    assert resolve_dtype("auto", cpu) == (torch.bfloat16 if bf16 else torch.float32)
+
+
 @needs_kernels
 def test_the_library_is_built_once_then_loaded_from_cache(monkeypatch) -> None:
     first = kernel_build.build(default_cache_dir())

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from inhouse.engine.kernels.build import Kernels, load_kernels
+from inhouse.engine.kernels.build import Kernels, build_flags, load_kernels
 from inhouse.plan.serve_path import Host, choose_path
 from inhouse.plan.serve_path import resolve_dtype as resolve_dtype_name
 
@@ -42,15 +41,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[resolve_dtype_name(name, _host(device, kernels=None))]
 
 
-def _cpu_flags() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-
-
 def _cpu_has_bf16() -> bool:
-    flags = _cpu_flags()
+    """bf16 in hardware, as far as `INHOUSE_KERNELS_ISA` lets this process see it: `avx2`
+    makes an AVX-512 host choose what an AVX2-only host chooses, `avx512-vnni` what a Zen 4
+    (bf16 without AMX) does."""
+    flags, _ = build_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
