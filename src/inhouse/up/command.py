@@ -48,7 +48,7 @@ EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"  # the name `inhouse serve` gives its 
 EXIT_BAD_INPUT = 2
 EXIT_NO_REPLICA = 1
 WATCH_INTERVAL_S = 1.0
-REPLICA_KEY_ENV = "INHOUSE_UP_REPLICA_KEY"  # every replica's key when set; else random each
+REPLICA_KEY_ENV = "INHOUSE_UP_REPLICA_KEY"  # the stable replicas' key when set (a canary: its own)
 
 
 def up_command(
