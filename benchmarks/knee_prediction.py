@@ -11,10 +11,12 @@ Starts `inhouse serve` on the bundled model (default settings) on a loopback por
 4. prints predicted vs measured knee and TPOT at the predicted knee, with ratios.
 
 With ``--llama-server PATH`` the same loop runs against llama.cpp's server afterwards
-(`-np 16`, so the simulator is told 16 sequences a step).
+(`-np 16`, so the simulator is told 16 sequences a step). With ``--base-url URL`` it runs
+against a server already up instead (a vLLM replica of `inhouse up --engine vllm`, its key in
+``$INHOUSE_API_KEY``), told its ``--max-num-seqs``.
 
     .venv/bin/python benchmarks/knee_prediction.py [--workloads 256:128:2,1024:64:5]
-        [--steps 1,2,4,…] [--llama-server PATH] [--out DIR]
+        [--steps 1,2,4,…] [--llama-server PATH] [--base-url URL --max-num-seqs N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -78,7 +81,8 @@ def workload_loop(
          f"--input-len={prompt}", f"--output-len={output}", "--ignore-eos",
          f"--steps={steps}", f"--slo=ttft={slo}s", f"--plan={out / 'plan.json'}",
          f"--profile={profile}", f"--prompts-per-slot={args.prompts_per_slot}",
-         f"--min-prompts={args.min_prompts}", f"--out={out}"],
+         f"--min-prompts={args.min_prompts}", f"--out={out}",
+         f"--seed={random.randrange(1 << 31)}"],  # no prompt an earlier sweep left cached
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     results = json.loads((out / "results.json").read_text())
@@ -117,15 +121,22 @@ def one_server(
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_ready(f"http://127.0.0.1:{port}/health", proc, 600)
-        base_url = f"http://127.0.0.1:{port}"
-        profile = out / "profile.json"
-        seconds = calibrate(base_url, model, seqs, profile)
-        rows = [
-            workload_loop(base_url, model, profile, w, args, out / w.replace(":", "_"))
-            for w in args.workloads.split(",")
-        ]
+        the_loop(name, f"http://127.0.0.1:{port}", model, seqs, args, out)
     finally:
         stop(proc)
+
+
+def the_loop(
+    name: str, base_url: str, model: str, seqs: int, args: argparse.Namespace, out: Path
+) -> None:
+    """Calibrate the server once, then predict and sweep each workload."""
+    out.mkdir(parents=True, exist_ok=True)
+    profile = out / "profile.json"
+    seconds = calibrate(base_url, model, seqs, profile)
+    rows = [
+        workload_loop(base_url, model, profile, w, args, out / w.replace(":", "_"))
+        for w in args.workloads.split(",")
+    ]
     show(name, seconds, rows)
 
 
@@ -141,11 +152,20 @@ def main() -> None:
     parser.add_argument("--min-prompts", type=int, default=2)
     parser.add_argument("--llama-server", help="also run the loop against this llama-server")
     parser.add_argument("--only-llama-server", action="store_true", help="skip inhouse serve")
+    parser.add_argument("--base-url", help="a server already up: run the loop on it alone")
+    parser.add_argument("--model", default=DEFAULT_CHAT_MODEL_NAME, help="with --base-url")
+    parser.add_argument("--max-num-seqs", type=int, default=8, help="with --base-url")
     parser.add_argument("--out", type=Path, help="keep results here (default: a temp dir)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="knee-"))
     started = time.monotonic()
     print(f"load average at start: {os.getloadavg()}; results under {out}")
+    if args.base_url:
+        the_loop(
+            f"server at {args.base_url}", args.base_url, args.model, args.max_num_seqs, args, out
+        )
+        print(f"\nload average at end: {os.getloadavg()}; took {time.monotonic() - started:.0f} s")
+        return
     port = free_port()
     ours = [inhouse(), "serve", "--port", str(port), "--embedding-model", "none"]
     if not args.only_llama_server:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import signal
 import subprocess
 import time
@@ -18,6 +19,7 @@ import httpx
 import openai
 
 from inhouse.gateway.backends import sample_totals
+from inhouse.up.command import REPLICA_KEY_ENV
 from serving import free_port, inhouse_command, log_tail, wait_healthy
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -57,7 +59,8 @@ def running_up_vllm(home: Path) -> Iterator[dict]:
     log = home / "up.log"
     argv = [*inhouse_command(), "up", "--engine", "vllm", "--replicas", "2", "--port", str(port)]
     argv += ["--max-model-len", "2048", "--max-num-seqs", "8"]
-    env = {**os.environ, "INHOUSE_HOME": str(home / "home")}
+    replica_key = secrets.token_urlsafe(24)  # so a test can reach one replica directly
+    env = {**os.environ, "INHOUSE_HOME": str(home / "home"), REPLICA_KEY_ENV: replica_key}
     with open(log, "wb") as out:
         up = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     gateway = f"http://127.0.0.1:{port}"
@@ -80,6 +83,7 @@ def running_up_vllm(home: Path) -> Iterator[dict]:
             "log": log,
             "gateway": gateway,
             "admin": admin,
+            "replica_key": replica_key,
             "env": env,
             "database": f"sqlite:///{home / 'home' / 'gateway.db'}",
         }

@@ -8,8 +8,10 @@ host's jitter; prefills that take more than one step delay a few gaps, which the
 leaves out). Long probes send one prompt of 2,048 and one of 4,096 tokens (chunked past the
 step budget): their first token fixes the prefill's attention-pair cost where it matters,
 which short prompts hardly see, and their gaps are one sequence decoding over that
-context. Every prompt is fresh random words, so nothing but the chat template's first
-block is found in a prefix cache. The fit (`inhouse.plan.fit`) turns the points into a
+context. Every prompt is fresh random words, drawn from a seed new to each calibration, so
+nothing but the chat template's first block is found in a prefix cache, not even after an
+earlier calibration of the same server (whose cached prompts made a 2,023-token prefill of
+vLLM's look 17× faster than it is). The fit (`inhouse.plan.fit`) turns the points into a
 `StepCost`; the profile file holds it, the points and the scheduler settings the simulator
 should assume. A server that speculates gets an acceptance probe too
 (`inhouse.bench.acceptance`). Works against any OpenAI-compatible server.
@@ -17,6 +19,7 @@ should assume. A server that speculates gets an acceptance probe too
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Sequence
@@ -90,7 +93,7 @@ class _Prober:
         self.client = client
         self.counter = counter
         self.overhead = 0
-        self.seed = 1000
+        self.seed = random.SystemRandom().randrange(1 << 48)  # new prompts every calibration
 
     async def prompts(self, count: int, prompt: int, output: int) -> list[BenchRequest]:
         self.seed += 1

@@ -3,13 +3,16 @@
 With `--gpu`/`--vram` the plan decides every engine flag; without, each engine sizes
 itself for this machine (`--max-model-len` and `--max-num-seqs` still apply). Each
 replica gets a random key that only the gateway knows (passed through the environment
-where the engine reads one, so it never shows in `ps`); the first start creates an
+where the engine reads one, so it never shows in `ps`), or `$INHOUSE_UP_REPLICA_KEY` when
+set, so an operator can reach one replica directly (`inhouse bench calibrate` on one
+engine, not the gateway's mix of them); the first start creates an
 `admin` key and prints its secret once. Ctrl-C stops the gateway, then every replica.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import sys
 import threading
@@ -45,6 +48,7 @@ EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"  # the name `inhouse serve` gives its 
 EXIT_BAD_INPUT = 2
 EXIT_NO_REPLICA = 1
 WATCH_INTERVAL_S = 1.0
+REPLICA_KEY_ENV = "INHOUSE_UP_REPLICA_KEY"  # the stable replicas' key when set (a canary: its own)
 
 
 def up_command(
@@ -263,7 +267,7 @@ def start_replicas(
     cores = [()] * count if settings.gpu else split_cores(usable_cores(), count)
     for index in range(1, count + 1):
         endpoint = Endpoint(
-            "127.0.0.1", free_port(promised), name, secrets.token_urlsafe(32), embeddings=embeddings
+            "127.0.0.1", free_port(promised), name, replica_key(), embeddings=embeddings
         )
         promised.add(endpoint.port)
         command = engine.command(
@@ -276,6 +280,11 @@ def start_replicas(
         typer.echo(f"replica {replica.label}: pid {replica.popen.pid} on {replica.url}")
         started.append(replica)
     return started
+
+
+def replica_key() -> str:
+    """`$INHOUSE_UP_REPLICA_KEY` when set, else a fresh random key."""
+    return os.environ.get(REPLICA_KEY_ENV) or secrets.token_urlsafe(32)
 
 
 class StartWatch(threading.Thread):
