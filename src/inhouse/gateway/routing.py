@@ -2,7 +2,8 @@
 (bounded in depth and wait) or send to the fallback, per the model's policy.
 
 The queue is ordered by priority class (`priority`), then arrival; a request woken that
-finds no slot after all (another took it) goes back to its place, not to the end. Each
+finds no slot after all (another took it, or its class may not take the one that freed:
+`seats`) goes back to its place, not to the end. Each
 class waits at most its `queue_max_wait_s`; when the queue is full, a request of a sooner
 class takes the place of the last one of a later class, which gets the 429."""
 
@@ -22,6 +23,7 @@ from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.config import ModelRoute, Upstream
 from inhouse.gateway.needs import Needs, missing_capability
 from inhouse.gateway.priority import DEFAULT_CLASS, rank
+from inhouse.gateway.seats import takes
 
 SATURATED_RETRY_S = 1.0
 SERVICE_EWMA = 0.3  # weight of the newest call in a model's recent time per call
@@ -123,7 +125,7 @@ class Router:
         waiter: asyncio.Future[None] | None = None
         try:
             while True:
-                ready = [b for b in capable if b.routable]
+                ready = [b for b in capable if takes(b, priority, route.interactive_seats)]
                 if ready:
                     chosen = min(ready, key=Backend.load)
                     chosen.in_flight += 1
