@@ -4,9 +4,9 @@
 The queue is ordered by priority class (`priority`), then arrival; a new request does not
 take a free slot that a request waiting (or woken) ahead of it could take, so a freed slot
 goes to the queue, not to the next arrival; a request woken that finds no slot after all
-(its class may not take the one that freed: `seats`) goes back to its place, not to the end. Each
-class waits at most its `queue_max_wait_s`; when the queue is full, a request of a sooner
-class takes the place of the last one of a later class, which gets the 429."""
+(its class may not take the one that freed: `seats`) goes back to its place, not to the
+end. Each class waits at most its `queue_max_wait_s`; when the queue is full, a request of
+a sooner class takes the place of the last one of a later class, which gets the 429."""
 
 from __future__ import annotations
 
