@@ -131,3 +131,25 @@ def test_refusal_only_when_no_upstream_could_serve() -> None:
         {"messages": [{"content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
     )
     assert router.capability_gap(router.routes["m"], image, True) == "model does not support vision"
+
+
+def test_a_slot_freed_for_a_waiter_is_not_taken_by_the_next_arrival() -> None:
+    """A release wakes the first waiter; a request arriving before that waiter is back
+    queues behind it (it once took the slot, and a steady stream of arrivals starved the
+    queue: a probe behind a flood waited out its 30 s)."""
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        router = _router(_route(wait=5.0), UP, DOWN)
+        route = router.routes["m"]
+        held = await router.acquire(route, NEEDS, True)
+        waiting = asyncio.create_task(router.acquire(route, NEEDS, True))
+        await asyncio.sleep(0.01)
+        router.release(held)
+        newcomer = asyncio.create_task(router.acquire(route, NEEDS, True))
+        await asyncio.sleep(0.01)
+        first = (waiting.done(), newcomer.done())
+        router.release(await waiting)
+        await asyncio.sleep(0.01)
+        return (*first, newcomer.done())
+
+    assert asyncio.run(scenario()) == (True, False, True)

@@ -3,7 +3,8 @@ and its output cap), then the key's limits, quota and team; a Call when all admi
 a Refusal (429) with the headers and wait to send.
 
 inhouse and vLLM backends render chat messages through their chat template in `/tokenize`
-and answer the count and their `max_model_len`; the gateway asks one replica that is up.
+and answer the count and their `max_model_len`; the gateway asks the least-loaded replica
+that is up.
 Where no replica can count (other kinds, a replica down, an error, a timeout), the request's
 upper-bound estimate stands (see `parsing`).
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inhouse.api.errors import APIError
-from inhouse.gateway.backends import BackendState
+from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.call import Call
 from inhouse.gateway.config import ModelRoute, Upstream
 from inhouse.gateway.endpoints import ENDPOINTS
@@ -69,21 +70,19 @@ async def budget(
 
 async def count_prompt(
     upstreams: UpstreamClients, router: Router, model: str, endpoint: str, body: dict[str, Any],
-    needs: Needs,
+    needs: Needs, busy: Backend | None = None,
 ) -> PromptCount:  # fmt: skip
-    """The prompt's exact token count from a replica's `/tokenize`, else its upper bound."""
-    upstream = next(
-        (
-            b.upstream
-            for b in router.backends[model]
-            if b.state is BackendState.UP and b.upstream.tokenizes
-        ),
-        None,
-    )
+    """The prompt's exact token count from a replica's `/tokenize`, else its upper bound.
+    The least-loaded replica that is up counts it, one other than `busy` where there is one."""
+    counters = [
+        b for b in router.backends[model] if b.state is BackendState.UP and b.upstream.tokenizes
+    ]
+    counter = min(counters, key=lambda b: (b is busy, b.load()), default=None)
     request = _tokenize_body(endpoint, body)
     bound = PromptCount(needs.prompt_bound, needs.longest()[1])
-    if upstream is None or request is None:
+    if counter is None or request is None:
         return bound
+    upstream = counter.upstream
     with contextlib.suppress(OSError, TimeoutError, ValueError):
         async with asyncio.timeout(TOKENIZE_TIMEOUT_S):
             answer = await _tokenize(upstreams, upstream, request)
@@ -98,12 +97,16 @@ async def count_prompt(
 async def count_cut_prompt(state: GatewayState, call: Call, body: dict[str, Any]) -> int:
     """The prompt tokens of an answer cut off before the upstream reported its usage (a
     client that left a stream): counted by a replica's `/tokenize`, else the prompt's upper
-    bound, never the reservation's estimate, which can count fewer."""
+    bound, never the reservation's estimate, which can count fewer. Another replica than
+    the one that ran it counts it where one is up: that one is aborting the request now
+    (on a CPU its API server's time is what the abort waits for)."""
+    ran = None if call.lease is None else call.lease.backend
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(RECOUNT_TIMEOUT_S):
             counted = await count_prompt(
-                state.upstreams, state.router, call.route.name, call.endpoint, body, call.needs
-            )
+                state.upstreams, state.router, call.route.name, call.endpoint, body, call.needs,
+                ran,
+            )  # fmt: skip
             return counted.tokens
     return call.needs.prompt_bound
 

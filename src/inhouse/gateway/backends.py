@@ -95,6 +95,7 @@ class Backend:
             "name": self.upstream.name,
             "state": self.state.value,
             "in_flight": self.in_flight,
+            "max_num_seqs": self.upstream.max_num_seqs,
             "waiting": self.waiting,
             "url": self.upstream.url,
             "kv_cache_usage_perc": self.kv_usage,

@@ -11,9 +11,11 @@ from urllib.parse import urlsplit
 
 from inhouse.cost.settings import CostConfigError, CostSettings, parse_cost
 from inhouse.gateway.config_values import (
+    DEFAULT_INTERACTIVE_SEATS,
     DEFAULT_QUEUE_WAIT_S,
     KEEP_ALIVE_S,
     ConfigError,
+    count,
     env_secret,
     networks,
     optional_int,
@@ -63,6 +65,7 @@ class Upstream:
     kind: str = "inhouse"
     weight: float = 1.0
     max_in_flight: int = 64
+    max_num_seqs: int | None = None  # sequences its engine runs at once, where known (`seats`)
     capabilities: Capabilities = field(default_factory=Capabilities)
     send_priority: bool = True  # vLLM refuses priority != 0 without --scheduling-policy priority
 
@@ -100,6 +103,7 @@ class ModelRoute:
     class_max_wait_s: tuple[tuple[str, float], ...] = ()  # per priority class, where set
     degrade_to: str | None = None  # policy "degrade": the smaller model interactive work takes
     degrade_after_s: float = 1.0  # ... when the expected wait here exceeds this
+    interactive_seats: int = DEFAULT_INTERACTIVE_SEATS  # of each replica's max_num_seqs
 
     def max_wait(self, priority: str) -> float:
         """How long a request of class `priority` may wait in this model's queue."""
@@ -267,6 +271,7 @@ MODEL_KEYS = {
     "default_max_tokens",
     "degrade_to",
     "degrade_after_s",
+    "interactive_seats",
 }
 UPSTREAM_KEYS = {
     "name",
@@ -277,6 +282,7 @@ UPSTREAM_KEYS = {
     "kind",
     "weight",
     "max_in_flight",
+    "max_num_seqs",
     "capabilities",
     "max_context",
     "max_output",
@@ -333,6 +339,7 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
     if depth < 0:
         raise ConfigError(f"{where}: queue_max_depth must be >= 0")
     wait, by_class = queue_waits(raw.get("queue_max_wait_s", DEFAULT_QUEUE_WAIT_S), where)
+    seats = raw.get("interactive_seats", DEFAULT_INTERACTIVE_SEATS)
     return ModelRoute(
         name=name,
         backends=backends,
@@ -345,6 +352,7 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
         class_max_wait_s=by_class,
         degrade_to=degrade_to,
         degrade_after_s=seconds(raw.get("degrade_after_s", 1.0), f"{where}.degrade_after_s"),
+        interactive_seats=count(seats, f"{where}.interactive_seats"),
     )
 
 
@@ -367,6 +375,8 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
     weight = float(raw.get("weight", 1.0))
     if weight <= 0:
         raise ConfigError(f"{where}.weight must be > 0")
+    seqs = raw.get("max_num_seqs")
+    seqs = None if seqs is None else positive_int(seqs, f"{where}.max_num_seqs")
     send_priority = raw.get("send_priority", True)
     if not isinstance(send_priority, bool):
         raise ConfigError(f"{where}.send_priority must be true or false")
@@ -378,6 +388,7 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
         kind=kind,
         weight=weight,
         max_in_flight=int(raw.get("max_in_flight", 64)),
+        max_num_seqs=seqs,
         capabilities=Capabilities(
             features=features,
             max_context=optional_int(raw.get("max_context")),

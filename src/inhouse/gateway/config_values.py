@@ -9,6 +9,7 @@ from typing import Any
 from inhouse.gateway.priority import CLASSES
 
 DEFAULT_QUEUE_WAIT_S = 30.0
+DEFAULT_INTERACTIVE_SEATS = 1  # seats of each replica kept for interactive work (`seats`)
 # An idle client connection stays open this long. Longer than the idle time of every common
 # client pool (httpx and the openai SDKs 5 s, aiohttp 15 s, a load balancer's 60 s), so the
 # client closes first: a server that closes at the same moment races the client's next request
@@ -76,6 +77,13 @@ def networks(value: Any, what: str) -> tuple[str, ...]:
 
 def optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def count(value: Any, what: str) -> int:
+    """An integer ≥ 0 (0: none)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{what} must be an integer >= 0, got {value!r}")
+    return value
 
 
 def positive_int(value: Any, what: str) -> int:

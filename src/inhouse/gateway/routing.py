@@ -1,10 +1,12 @@
 """Routing: pick the least-loaded healthy replica that can serve a request, else queue
 (bounded in depth and wait) or send to the fallback, per the model's policy.
 
-The queue is ordered by priority class (`priority`), then arrival; a request woken that
-finds no slot after all (another took it) goes back to its place, not to the end. Each
-class waits at most its `queue_max_wait_s`; when the queue is full, a request of a sooner
-class takes the place of the last one of a later class, which gets the 429."""
+The queue is ordered by priority class (`priority`), then arrival; a new request does not
+take a free slot that a request waiting (or woken) ahead of it could take, so a freed slot
+goes to the queue, not to the next arrival; a request woken that finds no slot after all
+(its class may not take the one that freed: `seats`) goes back to its place, not to the
+end. Each class waits at most its `queue_max_wait_s`; when the queue is full, a request of
+a sooner class takes the place of the last one of a later class, which gets the 429."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.config import ModelRoute, Upstream
 from inhouse.gateway.needs import Needs, missing_capability
 from inhouse.gateway.priority import DEFAULT_CLASS, rank
+from inhouse.gateway.seats import takes
 
 SATURATED_RETRY_S = 1.0
 SERVICE_EWMA = 0.3  # weight of the newest call in a model's recent time per call
@@ -67,6 +70,11 @@ class Router:
         # that waits again keeps its place, and the push number keeps its entries apart.
         self._waiters: dict[str, list[tuple[int, int, int, asyncio.Future[None]]]] = {
             r: [] for r in self.routes
+        }
+        # Per model, the waiters not back from their wait yet (queued, or woken and on their
+        # way to the slot): class rank and the replicas they could take (by id).
+        self._wanting: dict[str, dict[asyncio.Future[None], tuple[int, frozenset[int]]]] = {
+            r: {} for r in self.routes
         }
         self._arrivals = itertools.count()
         self._pushes = itertools.count()
@@ -123,8 +131,9 @@ class Router:
         waiter: asyncio.Future[None] | None = None
         try:
             while True:
-                ready = [b for b in capable if b.routable]
-                if ready:
+                ready = [b for b in capable if takes(b, priority, route.interactive_seats)]
+                behind = waiter is None and self._waits_behind(route.name, place[0], ready)
+                if ready and not behind:
                     chosen = min(ready, key=Backend.load)
                     chosen.in_flight += 1
                     chosen.picked = next(self._picks)
@@ -132,7 +141,7 @@ class Router:
                     held = self._holding.setdefault(chosen.model, {})
                     held[now] = held.get(now, 0) + 1
                     return Lease(chosen.upstream, chosen, False, now - start, now)
-                if may_fallback and (route.policy == "fallback" or not capable):
+                if not ready and may_fallback and (route.policy == "fallback" or not capable):
                     assert fallback is not None
                     return Lease(fallback, None, True, self._clock() - start)
                 remaining = deadline - self._clock()
@@ -147,11 +156,26 @@ class Router:
                 waiter = asyncio.get_running_loop().create_future()
                 entry = (*place, next(self._pushes), waiter)
                 heapq.heappush(self._waiters[route.name], entry)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter, remaining)
+                if behind:  # a slot is free for those ahead: the first of them is told
+                    self.wake(route.name, everyone=False, up_to_rank=place[0])
+                wanting = self._wanting[route.name]
+                wanting[waiter] = (place[0], frozenset(id(b) for b in capable))
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(waiter, remaining)
+                finally:
+                    del wanting[waiter]
         finally:
             if waiter is not None and not waiter.done():
                 waiter.cancel()
+
+    def _waits_behind(self, model: str, rank: int, ready: list[Backend]) -> bool:
+        """Whether a new request of class `rank` leaves the `ready` replicas' free slots to
+        requests already waiting (of its class or sooner, that could take one of them): a
+        slot freed for a waiter is the waiter's, not the next newcomer's."""
+        free = {id(b) for b in ready}
+        wanting = self._wanting[model].values()
+        return any(r <= rank and not free.isdisjoint(ids) for r, ids in wanting)
 
     def _make_room(self, route: ModelRoute, place: int, capable: list[Backend]) -> bool:
         """In a full queue, refuse the last waiter of a later class than `place` (its
@@ -188,15 +212,17 @@ class Router:
         holding = self._holding.get(model)
         return self._clock() - min(holding) if holding else 0.0
 
-    def wake(self, model: str, everyone: bool = True) -> None:
+    def wake(self, model: str, everyone: bool = True, up_to_rank: int | None = None) -> None:
         """Let waiters retry (all of them after a health change, the first in class order
-        after a release)."""
+        after a release; only one of a class ranked `up_to_rank` or sooner, where given)."""
         waiters = self._waiters[model]
         while waiters:
-            waiter = heapq.heappop(waiters)[-1]
-            if waiter.done():
+            if waiters[0][-1].done():
+                heapq.heappop(waiters)
                 continue
-            waiter.set_result(None)
+            if up_to_rank is not None and waiters[0][0] > up_to_rank:
+                return
+            heapq.heappop(waiters)[-1].set_result(None)
             if not everyone:
                 return
 

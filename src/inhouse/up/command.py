@@ -149,6 +149,7 @@ def up_command(
             database or default_database_url(),
             with_embeddings,
             cost_table,
+            settings.max_num_seqs,
         )
         secret = ensure_admin_key(config)
         if secret is not None:
@@ -341,8 +342,11 @@ def up_config(
     database: str,
     embeddings: bool,
     cost: dict[str, Any] | None = None,
+    max_num_seqs: int | None = None,
 ) -> GatewayConfig:
-    """The gateway config `inhouse up` runs with: one backend per replica, queue policy."""
+    """The gateway config `inhouse up` runs with: one backend per replica, queue policy,
+    each chat backend with the `max_num_seqs` its replica was started with (where set), so
+    the gateway keeps seats of each for interactive requests (`gateway.seats`)."""
     from inhouse.gateway.config import parse_config
 
     def backend(replica: Replica, features: list[str]) -> dict[str, object]:
@@ -356,6 +360,8 @@ def up_config(
         }
 
     chat = [backend(r, list(engine.features)) for r in replicas]
+    if max_num_seqs:
+        chat = [{**b, "max_num_seqs": max_num_seqs} for b in chat]
     models = [{"name": chat_name, "backends": chat}]
     if embeddings:
         embedders = [backend(r, ["embeddings"]) for r in replicas]

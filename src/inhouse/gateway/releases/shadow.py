@@ -35,12 +35,14 @@ from inhouse.gateway.keys import KeyStore
 from inhouse.gateway.releases.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
 from inhouse.gateway.releases.canary import Answering, apply_release, capped
 from inhouse.gateway.releases.metrics import ReleaseMetrics
+from inhouse.gateway.seats import takes
 
 log = logging.getLogger("inhouse.gateway.shadow")
 # A pair holds what the candidate answered: one odd value must not lose the batch it is in.
 _PAIR_CLEANERS = column_cleaners(shadow_pairs, tuple(c.name for c in shadow_pairs.c))
 
 FLUSH_AFTER_S = 0.5  # pairs are inserted in batches: one statement per half second
+SHADOW_CLASS = "batch"  # a mirrored copy is extra work: it never goes before real requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +112,7 @@ class ShadowMirror:
         if len(self._tasks) >= self._settings.shadow_max_in_flight:
             self._metrics.shadow.labels(model, "dropped").inc()
             return
-        ready = [b for b in target.pool if b.routable]
+        ready = [b for b in target.pool if takes(b, SHADOW_CLASS, call.route.interactive_seats)]
         if not ready:
             self._metrics.shadow.labels(model, "skipped").inc()
             return
@@ -150,7 +152,7 @@ class ShadowMirror:
         forward = prepare(
             backend.upstream, call.endpoint, apply_release(streamed, target),
             self._keys.cache_salt(call.key), capped(call.output_cap, target),
-            "batch",  # a mirrored copy is extra work: it never goes before real requests
+            SHADOW_CLASS,
         )  # fmt: skip
         try:
             async with contextlib.AsyncExitStack() as stack:
