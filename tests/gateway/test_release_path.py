@@ -256,3 +256,28 @@ def test_the_console_health_page_shows_each_model_release(
         assert "Release: stable 2 (" in page and "candidate" not in page
 
     run_gateway(tmp_path, stable, test)
+
+
+def test_a_candidate_refusing_the_gateways_key_hands_its_requests_to_the_stable(
+    tmp_path: Path, pair: tuple[Canned, Canned]
+) -> None:
+    stable, candidate = pair
+    candidate.fail_status = 401  # as vLLM answers a wrong or missing `--api-key-env` key
+
+    async def test(env: Env) -> None:
+        env.canary(candidate.url, 100)
+        secret = env.key("a")
+        assert await env.ask(secret) == STABLE
+        assert await env.ask_streamed(secret) == STABLE
+        assert [(r["release"], r["status"]) for r in await env.rows("a")] == [(1, 200)] * 2
+        (backend,) = env.gateway.router.extra
+        assert backend.failures == 2 and "refused the gateway's key" in (backend.last_error or "")
+        stable.fail_status = 401  # the stable's key refused too: a 502, never the upstream's 401
+        with pytest.raises(openai.InternalServerError) as refused:
+            await env.ask(secret)
+        assert refused.value.status_code == 502
+        assert refused.value.code == "upstream_key_refused"
+        assert "'stable' refused the gateway's key" in refused.value.message
+        assert (await env.rows("a"))[-1]["status"] == 502
+
+    run_gateway(tmp_path, stable, test)
