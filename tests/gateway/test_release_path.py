@@ -281,3 +281,33 @@ def test_a_candidate_refusing_the_gateways_key_hands_its_requests_to_the_stable(
         assert (await env.rows("a"))[-1]["status"] == 502
 
     run_gateway(tmp_path, stable, test)
+
+
+def test_a_new_candidate_at_the_same_url_is_sent_with_its_own_model_and_key(
+    tmp_path: Path, pair: tuple[Canned, Canned], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    stable, candidate = pair
+    monkeypatch.setenv("CANDIDATE_KEY", "the-right-key")
+    monkeypatch.delenv("UNSET_KEY", raising=False)
+
+    async def test(env: Env) -> None:
+        store = env.gateway.releases.store
+        first = NewRelease((BackendRef("stable"),))
+        wrong = BackendRef.parse(candidate.url, kind="vllm", model="old-name",
+                                 api_key_env="UNSET_KEY")  # fmt: skip
+        store.canary("m", first, NewRelease((wrong,)), 100, 0, "test", None)
+        secret = env.key("a")
+        assert await env.ask(secret) == CANDIDATE  # the canned upstream takes any key
+        assert "$UNSET_KEY is not set in the gateway's environment" in caplog.text
+        store.rollback("m", "test", "wrong model name")
+        right = BackendRef.parse(candidate.url, kind="vllm", model="new-name",
+                                 api_key_env="CANDIDATE_KEY")  # fmt: skip
+        store.canary("m", None, NewRelease((right,)), 100, 0, "test", None)  # no request between
+        assert await env.ask(secret) == CANDIDATE
+        headers, body = candidate.last()
+        assert body["model"] == "new-name"
+        assert headers["authorization"] == "Bearer the-right-key"
+        assert len(env.gateway.router.extra) == 1  # the old release's replica is forgotten
+
+    run_gateway(tmp_path, stable, test)
