@@ -282,6 +282,15 @@ def release_cli(config: Path, *args: str) -> str:
     return done.stdout
 
 
+def up_release_cli(env: dict[str, str], *args: str) -> str:
+    """Run `inhouse release ...` against `inhouse up`'s database (its `INHOUSE_HOME` in
+    `env`), with no config, as its users do; its stdout (it must exit 0)."""
+    done = subprocess.run([*inhouse_command(), "release", *args], capture_output=True,
+                          text=True, env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
 def exception_chain(err: BaseException) -> str:
     """The exception classes of `err` and its causes, outermost first."""
     chain: list[str] = []

@@ -41,6 +41,14 @@ def replicas(log: Path) -> dict[str, tuple[int, str]]:
     return {label: (int(pid), url) for label, pid, url in found}
 
 
+def replica_key(pid: int) -> str:
+    """The key `inhouse up` gave a vLLM replica (in its environment, never printed): what a
+    user who starts vLLM themselves passes it as `--api-key` or `$VLLM_API_KEY`."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    (key,) = [v.split(b"=", 1)[1] for v in environ if v.startswith(b"VLLM_API_KEY=")]
+    return key.decode()
+
+
 def finished_requests(url: str) -> float:
     """Requests a replica finished, from its own /metrics (vLLM's names)."""
     page = httpx.get(f"{url}/metrics", timeout=10).text

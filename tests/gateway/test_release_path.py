@@ -256,3 +256,58 @@ def test_the_console_health_page_shows_each_model_release(
         assert "Release: stable 2 (" in page and "candidate" not in page
 
     run_gateway(tmp_path, stable, test)
+
+
+def test_a_candidate_refusing_the_gateways_key_hands_its_requests_to_the_stable(
+    tmp_path: Path, pair: tuple[Canned, Canned]
+) -> None:
+    stable, candidate = pair
+    candidate.fail_status = 401  # as vLLM answers a wrong or missing `--api-key-env` key
+
+    async def test(env: Env) -> None:
+        env.canary(candidate.url, 100)
+        secret = env.key("a")
+        assert await env.ask(secret) == STABLE
+        assert await env.ask_streamed(secret) == STABLE
+        assert [(r["release"], r["status"]) for r in await env.rows("a")] == [(1, 200)] * 2
+        (backend,) = env.gateway.router.extra
+        assert backend.failures == 2 and "refused the gateway's key" in (backend.last_error or "")
+        stable.fail_status = 401  # the stable's key refused too: a 502, never the upstream's 401
+        with pytest.raises(openai.InternalServerError) as refused:
+            await env.ask(secret)
+        assert refused.value.status_code == 502
+        assert refused.value.code == "upstream_key_refused"
+        assert "'stable' refused the gateway's key" in refused.value.message
+        assert (await env.rows("a"))[-1]["status"] == 502
+
+    run_gateway(tmp_path, stable, test)
+
+
+def test_a_new_candidate_at_the_same_url_is_sent_with_its_own_model_and_key(
+    tmp_path: Path, pair: tuple[Canned, Canned], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    stable, candidate = pair
+    monkeypatch.setenv("CANDIDATE_KEY", "the-right-key")
+    monkeypatch.delenv("UNSET_KEY", raising=False)
+
+    async def test(env: Env) -> None:
+        store = env.gateway.releases.store
+        first = NewRelease((BackendRef("stable"),))
+        wrong = BackendRef.parse(candidate.url, kind="vllm", model="old-name",
+                                 api_key_env="UNSET_KEY")  # fmt: skip
+        store.canary("m", first, NewRelease((wrong,)), 100, 0, "test", None)
+        secret = env.key("a")
+        assert await env.ask(secret) == CANDIDATE  # the canned upstream takes any key
+        assert "$UNSET_KEY is not set in the gateway's environment" in caplog.text
+        store.rollback("m", "test", "wrong model name")
+        right = BackendRef.parse(candidate.url, kind="vllm", model="new-name",
+                                 api_key_env="CANDIDATE_KEY")  # fmt: skip
+        store.canary("m", None, NewRelease((right,)), 100, 0, "test", None)  # no request between
+        assert await env.ask(secret) == CANDIDATE
+        headers, body = candidate.last()
+        assert body["model"] == "new-name"
+        assert headers["authorization"] == "Bearer the-right-key"
+        assert len(env.gateway.router.extra) == 1  # the old release's replica is forgotten
+
+    run_gateway(tmp_path, stable, test)

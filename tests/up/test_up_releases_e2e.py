@@ -18,7 +18,7 @@ from inhouse.gateway.db_open import open_database
 from inhouse.gateway.releases.store import ReleaseStore
 from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME
 from inhouse.up.releases import ensure_stable_releases
-from serving import free_port, inhouse_command, start_serve, wait_healthy
+from serving import free_port, inhouse_command, start_serve, up_release_cli, wait_healthy
 
 CANDIDATE_KEY_ENV = "INHOUSE_TEST_CANDIDATE_KEY"
 
@@ -45,13 +45,6 @@ def test_the_first_start_makes_release_1_and_other_replicas_a_new_stable_one(
     assert [b.name for b in store.releases("chat")[2].backends] == ["inhouse:1"]
 
 
-def _release(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run([*inhouse_command(), "release", *args], capture_output=True,
-                          text=True, env=env, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
-
-
 @pytest.mark.slow
 def test_release_commands_work_against_up_without_a_config(tmp_path: Path) -> None:
     key = "candidate-key"
@@ -65,18 +58,18 @@ def test_release_commands_work_against_up_without_a_config(tmp_path: Path) -> No
         wait_healthy(f"http://127.0.0.1:{port}/health", up, log, 300)
         assert re.search(rf"Stable release 1 of '{DEFAULT_CHAT_MODEL_NAME}'", log.read_text())
         model = DEFAULT_CHAT_MODEL_NAME
-        canary = _release(env, "canary", model, "--backend", candidate.url, "--percent", "10",
+        canary = up_release_cli(env, "canary", model, "--backend", candidate.url, "--percent", "10",
                           "--upstream-model", candidate.model,
                           "--api-key-env", CANDIDATE_KEY_ENV)  # fmt: skip
         assert "stable release 1, candidate release 2 at 10% of keys" in canary
-        status = json.loads(_release(env, "status", model, "--json"))
+        status = json.loads(up_release_cli(env, "status", model, "--json"))
         assert (status["state"]["stable"], status["state"]["candidate"]) == (1, 2)
         assert status["state"]["percent"] == 10
         assert [r["backends"][0]["url"] for r in status["releases"]] == [None, candidate.url]
-        assert model in _release(env, "status", model)  # the tables, too
-        rolled = _release(env, "rollback", model, "--reason", "test")
+        assert model in up_release_cli(env, "status", model)  # the tables, too
+        rolled = up_release_cli(env, "rollback", model, "--reason", "test")
         assert f"{model}: stable release 1 ·" in rolled
-        after = json.loads(_release(env, "status", model, "--json"))["state"]
+        after = json.loads(up_release_cli(env, "status", model, "--json"))["state"]
         assert (after["stable"], after["candidate"]) == (1, None)
     finally:
         up.send_signal(signal.SIGINT)

@@ -29,6 +29,7 @@ from inhouse.http.client import NotAnswered
 from inhouse.http.client import Response as UpstreamResponse
 from inhouse.http.errors import error_response
 
+KEY_REFUSED = 401  # an upstream's answer to the key the gateway sends it
 SHUTTING_DOWN = service_unavailable("the gateway is shutting down; retry on another replica")
 
 
@@ -122,7 +123,9 @@ class Forwarder:
     ) -> tuple[UpstreamResponse, Forward] | Response:
         """Send the request to a replica (skipping those that refuse the connection or break
         it before any byte of an answer) or the fallback; its response, or the error
-        response when none can take it."""
+        response when none can take it. An upstream that refuses the gateway's key (401)
+        counts as a failed check; a canaried request then goes to the stable release, any
+        other is answered 502 (a client whose own key is good never reads a 401)."""
         tried: set[int] = set()
         while True:
             pick = call.release = None if call.release is None else call.release.routable()
@@ -162,6 +165,19 @@ class Forwarder:
                 if canaried is not None:
                     call.release, tried = canaried.on_stable(), set()
                 continue
+            if upstream.status == KEY_REFUSED:  # the gateway's key for it, not the client's
+                await upstream.read()
+                error = _key_refused(lease.upstream.name)
+                if lease.backend is not None and lease.backend.record_failure(
+                    self.state.config.health, error.message[:200]
+                ):
+                    self.state.router.wake(call.route.name)
+                if canaried is not None:  # a candidate never costs a client its answer
+                    self.state.router.release(lease)
+                    call.lease = None
+                    call.release, tried = canaried.on_stable(), set()
+                    continue
+                return self.fail(call, outcome, error)
             outcome.status = upstream.status
             return upstream, forward
 
@@ -170,6 +186,13 @@ def _shutdown_event(outcome: Outcome) -> bytes:
     """Note that the shutdown ended the stream; the OpenAI error event that tells the client."""
     outcome.status, outcome.error_type, outcome.completed = 503, SHUTTING_DOWN.type, True
     return b"data: " + json.dumps(SHUTTING_DOWN.body().model_dump()).encode() + b"\n\n"
+
+
+def _key_refused(upstream: str) -> APIError:
+    """Answered when an upstream refuses the gateway's key for it: the gateway is
+    misconfigured (its `api_key`, or the variable `--api-key-env` names), the client is not."""
+    message = f"upstream {upstream!r} refused the gateway's key for it (HTTP 401)"
+    return APIError(502, message, type="server_error", code="upstream_key_refused")
 
 
 def _upstream_error(exc: BaseException) -> APIError:

@@ -100,7 +100,9 @@ class ReleaseRouter:
         self._on_change = on_change
         self._draw = draw
         self._views: dict[str, _View] = {}
-        self._extra: dict[tuple[str, str], Backend] = {}  # URL backends by (model, url)
+        # URL backends by (model, reference): a new release at the same URL with another
+        # upstream model, kind or key variable gets its own replica, never the old one's.
+        self._extra: dict[tuple[str, BackendRef], Backend] = {}
 
     async def pick(self, key: ApiKey, route: ModelRoute) -> ReleasePick | None:
         """The release for this key's request; None while the model has no releases."""
@@ -164,13 +166,13 @@ class ReleaseRouter:
             named = [b for b in self._router.backends[route.name] if b.upstream.name == ref.name]
             named += [b for b in self._router.all_backends() if b.upstream.name == ref.name]
             return named[0] if named else None
-        found = self._extra.get((route.name, ref.url))
+        found = self._extra.get((route.name, ref))
         if found is None:
             template = route.backends[0]
             upstream = Upstream(
                 name=ref.name,
                 url=ref.url,
-                api_key=os.environ.get(ref.api_key_env) if ref.api_key_env else None,
+                api_key=_api_key(ref),
                 model=ref.model or template.model,
                 kind=ref.kind,
                 max_in_flight=template.max_in_flight,
@@ -178,9 +180,21 @@ class ReleaseRouter:
             )
             # Up until its health check says otherwise: whoever made the release started it.
             found = Backend(upstream=upstream, model=route.name, state=BackendState.UP)
-            self._extra[(route.name, ref.url)] = found
+            self._extra[(route.name, ref)] = found
             self._router.extra.append(found)
         return found
+
+
+def _api_key(ref: BackendRef) -> str | None:
+    """The URL backend's key, from the gateway's environment; an unset variable is logged
+    (the upstream will refuse the gateway, see `upstream._key_refused`)."""
+    if ref.api_key_env is None:
+        return None
+    key = os.environ.get(ref.api_key_env)
+    if key is None:
+        log.warning("release backend %s: $%s is not set in the gateway's environment; it is "
+                    "sent no key", ref.url, ref.api_key_env)  # fmt: skip
+    return key
 
 
 def apply_release(body: dict[str, Any], answering: Answering) -> dict[str, Any]:
