@@ -299,3 +299,12 @@ def exception_chain(err: BaseException) -> str:
         chain.append(f"{type(cause).__module__}.{type(cause).__qualname__}({cause})")
         cause = cause.__cause__ or cause.__context__
     return " <- ".join(chain)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` still exists (a zombie counts until it is reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -20,19 +20,11 @@ import openai
 
 from inhouse.gateway.backends import sample_totals
 from inhouse.up.command import REPLICA_KEY_ENV
-from serving import free_port, inhouse_command, log_tail, wait_healthy
+from serving import free_port, inhouse_command, log_tail, pid_alive, wait_healthy
 
 MODEL = "SmolLM2-135M-Instruct"
 START_TIMEOUT_S = 1500  # two cold vLLM starts on one core each, on a loaded CI machine
 STOP_TIMEOUT_S = 60
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def replicas(log: Path) -> dict[str, tuple[int, str]]:
@@ -100,7 +92,7 @@ def running_up_vllm(home: Path) -> Iterator[dict]:
         if up.poll() is None:
             up.send_signal(signal.SIGINT)
             up.wait(timeout=STOP_TIMEOUT_S)
-        assert len(pids) == 2 and not any(alive(pid) for pid in pids), log_tail(log)
+        assert len(pids) == 2 and not any(pid_alive(pid) for pid in pids), log_tail(log)
 
 
 def client(up: dict) -> openai.OpenAI:

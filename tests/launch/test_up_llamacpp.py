@@ -24,7 +24,7 @@ from inhouse.launch.documented import documented_options
 from inhouse.launch.llamacpp import LlamaCppEngine, find_llama_server
 from inhouse.launch.replicas import start_replica, stop_replicas, wait_started
 from inhouse.manifests.bundled import default_chat_model
-from serving import audit_rows, free_port, inhouse_command, log_tail, wait_healthy
+from serving import audit_rows, free_port, inhouse_command, log_tail, pid_alive, wait_healthy
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
@@ -45,14 +45,6 @@ def truncated_gguf(folder: Path) -> Path:
     broken = folder / "broken.gguf"
     broken.write_bytes(data[: len(data) * 9 // 10])
     return broken
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def replica_pids(log: Path) -> dict[str, int]:
@@ -128,7 +120,7 @@ def test_launcher_with_the_real_llama_server(llama_server: Path, tmp_path: Path)
         assert read_load(page.text, "llama.cpp") == (0.0, 0.0)
     finally:
         stop_replicas(replicas)
-    assert replicas[0].popen.returncode is not None and not alive(replicas[0].popen.pid)
+    assert replicas[0].popen.returncode is not None and not pid_alive(replicas[0].popen.pid)
 
 
 def test_up_exits_when_no_replica_starts(llama_server: Path, tmp_path: Path) -> None:
@@ -143,7 +135,7 @@ def test_up_exits_when_no_replica_starts(llama_server: Path, tmp_path: Path) -> 
     assert up.returncode == 1, log_tail(log)
     assert "no replica started" in text and "llama.cpp:2 exited with status" in text
     pids = replica_pids(log)
-    assert len(pids) == 2 and not any(alive(pid) for pid in pids.values())
+    assert len(pids) == 2 and not any(pid_alive(pid) for pid in pids.values())
 
 
 def test_a_checkpoint_folder_is_refused(llama_server: Path, tmp_path: Path) -> None:
@@ -245,5 +237,5 @@ def test_ctrl_c_stops_the_gateway_and_every_replica(llama_server: Path, tmp_path
     up.send_signal(signal.SIGINT)
     assert up.wait(timeout=60) == 0, log_tail(log)
     assert "Traceback" not in log.read_text()
-    assert not any(alive(pid) for pid in replica_pids(log).values())
+    assert not any(pid_alive(pid) for pid in replica_pids(log).values())
     started.close()

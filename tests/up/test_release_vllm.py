@@ -24,8 +24,16 @@ import pytest
 
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.releases.store import ReleaseStore
-from serving import audit_rows, free_port, inhouse_command, log_tail, up_release_cli, wait_healthy
-from vllm_stack import MODEL, alive, finished_requests, make_key, replica_key, replicas
+from serving import (
+    audit_rows,
+    free_port,
+    inhouse_command,
+    log_tail,
+    pid_alive,
+    up_release_cli,
+    wait_healthy,
+)
+from vllm_stack import MODEL, finished_requests, make_key, replica_key, replicas
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -76,7 +84,7 @@ def _ask_both_ways(gateway: str, secret: str) -> list[tuple[int, int]]:
 
 def test_canary_to_a_vllm_candidate_then_rollback(up_vllm: dict, tmp_path: Path) -> None:
     started = time.monotonic()
-    live = [(pid, url) for pid, url in replicas(up_vllm["log"]).values() if alive(pid)]
+    live = [(pid, url) for pid, url in replicas(up_vllm["log"]).values() if pid_alive(pid)]
     assert live, f"no vLLM replica left:\n{log_tail(up_vllm['log'])}"
     pid, vllm_url = live[0]
     env = {**os.environ, "INHOUSE_HOME": str(tmp_path / "home"),

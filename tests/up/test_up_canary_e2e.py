@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
-from serving import audit_rows, free_port, inhouse_command, wait_healthy
+from serving import audit_rows, free_port, inhouse_command, pid_alive, wait_healthy
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve is not importable")
 
@@ -63,9 +63,9 @@ def test_up_starts_a_canary_from_a_manifest_and_stops_it_on_rollback(tmp_path: P
         subprocess.run(rollback, check=True, capture_output=True, env=env, timeout=60)
         _wait_for(log, r"candidate release 2 was rolled back; stopping inhouse:2", 30)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and pid_alive(pid):
             time.sleep(0.5)
-        assert not _alive(pid)
+        assert not pid_alive(pid)
         client.chat.completions.create(
             model=DEFAULT_CHAT_MODEL_NAME, messages=[{"role": "user", "content": "Hi"}],
             max_tokens=2,
@@ -77,11 +77,3 @@ def test_up_starts_a_canary_from_a_manifest_and_stops_it_on_rollback(tmp_path: P
         up.wait(timeout=60)
     assert up.returncode == 0, log.read_text()[-3000:]
     assert "Traceback" not in log.read_text()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
