@@ -7,37 +7,16 @@ program is and how to tell it is installed, and reads its own `/health` answer.
 
 from __future__ import annotations
 
-import os
 import shlex
-import shutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 
 from inhouse.launch.metric_names import MetricNames
 
 
 class EngineMissing(RuntimeError):
     """The engine's program or package is not installed; the message says how to get it."""
-
-
-def engine_cache(name: str) -> Path:
-    """Where a `make` target installs an engine: `$XDG_CACHE_HOME/inhouse/<name>`."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "inhouse" / name
-
-
-def find_program(variable: str, installed: Path, name: str) -> Path | None:
-    """The file `$variable` names (None if it names none), else `installed` if it is there,
-    else `name` on PATH."""
-    explicit = os.environ.get(variable)
-    if explicit:
-        return Path(explicit) if Path(explicit).is_file() else None
-    if installed.is_file():
-        return installed
-    found = shutil.which(name)
-    return Path(found) if found else None
 
 
 @dataclass(frozen=True, slots=True)

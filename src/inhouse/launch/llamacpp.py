@@ -10,15 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inhouse.launch.base import (
-    Endpoint,
-    Engine,
-    EngineMissing,
-    Flags,
-    LaunchSettings,
-    engine_cache,
-    find_program,
-)
+from inhouse.launch.base import Endpoint, Engine, EngineMissing, Flags, LaunchSettings
+from inhouse.launch.installed import engine_cache, find_program
 from inhouse.launch.metric_names import MetricNames
 
 LLAMA_CPP_PYTHON = "0.3.36"  # whose sdist vendors the llama.cpp we build and checked

