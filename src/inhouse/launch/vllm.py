@@ -106,7 +106,7 @@ class VllmEngine(Engine):
             flags.env["VLLM_CPU_OMP_THREADS_BIND"] = core_list(settings.cpu_cores)
 
     def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
-        flags.add("--host", endpoint.host, "--port", str(endpoint.port))
+        self.address_flags(endpoint.host, endpoint.port, flags)
         flags.add("--served-model-name", endpoint.served_name)
         # The gateway sends each key's class as `priority`, which vLLM refuses (400) unless
         # it schedules by priority.
