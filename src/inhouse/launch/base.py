@@ -158,7 +158,8 @@ class Engine(Backend, ABC):
         return Health.READY if status == 200 else Health.LOADING
 
     def flags(self, settings: LaunchSettings) -> Flags:
-        """The model and plan flags, without any address: what `inhouse plan --emit` prints."""
+        """The model and plan flags, without any address: what `inhouse plan --emit` prints
+        (with --port, then `address_flags`)."""
         flags = Flags(argv=self.model_args(settings))
         self.plan_flags(settings, flags)
         return flags
