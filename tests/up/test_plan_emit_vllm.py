@@ -4,8 +4,8 @@ thing given to it is what a user who activated vLLM's venv has (its `bin` first 
 Then the official openai client gets one chat answer from it.
 
 Its time is one vLLM start on one core: 604 s cold on the loaded 2-core host (455 s of it
-compiling), the compile ~30 s once inductor's cache holds the bundled model's graph (see
-docs/engines.md, start-up)."""
+compiling); once inductor's cache holds the bundled model's graph, 137 s there and 58 s at
+load average ~3, its compile 18 s (see docs/engines.md, start-up)."""
 
 from __future__ import annotations
 
