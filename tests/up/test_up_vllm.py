@@ -35,6 +35,7 @@ def test_no_variable_by_hand_each_replica_on_its_core_with_its_kv_bytes(up_vllm:
     assert re.search(r"VLLM_CPU_OMP_THREADS_BIND='1'", text)
     assert "Explicitly set" in text  # vLLM took --kv-cache-memory-bytes
     assert text.count("'scheduling_policy': 'priority'") == 2  # each key's class reaches vLLM
+    assert "due to a load failure" not in text  # VLLM_USE_AOT_COMPILE=0: no AOT recompile
 
 
 def test_chat_stream_usage_json_schema_and_tools(up_vllm: dict) -> None:
