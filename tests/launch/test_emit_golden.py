@@ -1,5 +1,6 @@
 """`inhouse plan --emit ENGINE` for seed 000's 8B on 24 GiB and a TP=2 70B: golden files,
-and every option we emit is one the engine documents, with a value it accepts."""
+and every option we emit is one the engine documents, with a value it accepts; with --port,
+the same command listening on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -73,3 +74,13 @@ def test_what_an_engine_lacks_is_said() -> None:
     assert "no int8 KV cache" in notes["vllm"] and "no int8 KV cache" in notes["sglang"]
     assert "no tensor parallelism" in notes["inhouse"]
     assert "no tensor parallelism" in notes["llama.cpp"] and "GGUF" in notes["llama.cpp"]
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_emit_with_a_port_is_the_golden_command_listening_on_loopback(engine: str) -> None:
+    argv = ["plan", *GOLDEN_PLANS["8b-24gib"], "--emit", engine, "--port", "8123"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    golden = (GOLDEN / f"{engine}-8b-24gib.txt").read_text()
+    assert "--port" not in golden
+    assert result.output == golden.rstrip("\n") + " \\\n  --host 127.0.0.1 \\\n  --port 8123\n"

@@ -1,6 +1,7 @@
 """vLLM's flags on a CPU host: the KV budget in bytes (its CPU backend reads
 --gpu-memory-utilization as a share of RAM and refuses to start), threads bound to each
-replica's own cores; and on a GPU the plan's five flags."""
+replica's own cores, the AOT compile cache it cannot load back turned off; and on a GPU the
+plan's five flags."""
 
 from __future__ import annotations
 
@@ -40,14 +41,16 @@ def test_a_cpu_plan_gives_vllm_its_kv_bytes_and_cores_not_a_ram_share() -> None:
     assert "--gpu-memory-utilization" not in flags.argv
     at = flags.argv.index("--kv-cache-memory-bytes")
     assert int(flags.argv[at + 1]) == plan.kv_budget > 0
-    assert flags.env == {"VLLM_CPU_OMP_THREADS_BIND": "0-3"}
+    assert flags.env == {"VLLM_CPU_OMP_THREADS_BIND": "0-3", "VLLM_USE_AOT_COMPILE": "0"}
 
 
 def test_plan_cpu_emit_vllm_prints_the_environment_and_the_bytes() -> None:
     result = CliRunner().invoke(app, ["plan", "llama-3.1-8b", "--cpu", "--ram", "64GiB",
                                       "--cores", "2", "--emit", "vllm"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("VLLM_CPU_OMP_THREADS_BIND=0-1 vllm serve Llama-3.1-8B")
+    assert result.output.startswith(
+        "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_USE_AOT_COMPILE=0 vllm serve Llama-3.1-8B"
+    )
     assert "--kv-cache-memory-bytes" in result.output
     assert "--gpu-memory-utilization" not in result.output
 

@@ -37,6 +37,7 @@ def test_no_variable_by_hand_each_replica_on_its_core_with_its_kv_bytes(up_vllm:
     assert text.count("'scheduling_policy': 'priority'") == 2  # each key's class reaches vLLM
     (model,) = httpx.get(f"{up_vllm['gateway']}/health", timeout=10).json()["models"].values()
     assert [b["max_num_seqs"] for b in model["backends"]] == [8, 8]  # seats kept: `seats`
+    assert "due to a load failure" not in text  # VLLM_USE_AOT_COMPILE=0: no AOT recompile
 
 
 def test_chat_stream_usage_json_schema_and_tools(up_vllm: dict) -> None:

@@ -127,12 +127,18 @@ class Engine(Backend, ABC):
     def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
         """Add address, name and metrics flags; return environment (the API key, off `ps`)."""
 
+    @staticmethod
+    def address_flags(host: str, port: int, flags: Flags) -> None:
+        """Add where it listens: every engine here takes --host and --port."""
+        flags.add("--host", host, "--port", str(port))
+
     def health(self, status: int, body: str) -> Health:
         """Read a `/health` answer: 200 ready, anything else still loading."""
         return Health.READY if status == 200 else Health.LOADING
 
     def flags(self, settings: LaunchSettings) -> Flags:
-        """The model and plan flags, without any address: what `inhouse plan --emit` prints."""
+        """The model and plan flags, without any address: what `inhouse plan --emit` prints
+        (with --port, then `address_flags`)."""
         flags = Flags(argv=self.model_args(settings))
         self.plan_flags(settings, flags)
         return flags

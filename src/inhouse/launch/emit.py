@@ -45,9 +45,15 @@ def flags_json(plan: Plan) -> dict[str, object]:
     return {**out, "notes": notes, "env": env}
 
 
-def emit(engine: str, plan: Plan) -> str:
-    """A shell snippet: each setting the engine cannot take as a comment, then its command."""
+LOOPBACK = "127.0.0.1"  # where an emitted server with a --port listens: the gateway's host
+
+
+def emit(engine: str, plan: Plan, port: int | None = None) -> str:
+    """A shell snippet: each setting the engine cannot take as a comment, then its command
+    (listening on 127.0.0.1:`port` when given, else on the engine's default address)."""
     flags = plan_flags(engine, plan)
+    if port is not None:
+        ENGINES[engine].address_flags(LOOPBACK, port, flags)
     notes = [f"# {note}" for note in flags.notes]
     return "\n".join([*notes, shell_line(ENGINES[engine].program, flags.argv, flags.env)])
 

@@ -80,7 +80,7 @@ class InhouseEngine(Engine):
             )
 
     def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
-        flags.add("--host", endpoint.host, "--port", str(endpoint.port))
+        self.address_flags(endpoint.host, endpoint.port, flags)
         flags.add("--served-model-name", endpoint.served_name)
         # The gateway in front sends each key's class as `priority`: schedule by it.
         flags.add("--scheduling-policy", "priority")

@@ -98,6 +98,6 @@ class LlamaCppEngine(Engine):
             flags.lacks(f"llama.cpp has no {settings.weights} weights: quantize to a GGUF type")
 
     def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
-        flags.add("--host", endpoint.host, "--port", str(endpoint.port))
+        self.address_flags(endpoint.host, endpoint.port, flags)
         flags.add("--alias", endpoint.served_name, "--metrics", "--no-webui")
         return {"LLAMA_API_KEY": endpoint.api_key} if endpoint.api_key else {}

