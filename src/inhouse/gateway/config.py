@@ -15,9 +15,9 @@ from inhouse.gateway.config_values import (
     DEFAULT_QUEUE_WAIT_S,
     KEEP_ALIVE_S,
     ConfigError,
-    count,
     env_secret,
     networks,
+    non_negative_int,
     optional_int,
     positive_int,
     queue_waits,
@@ -352,7 +352,7 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
         class_max_wait_s=by_class,
         degrade_to=degrade_to,
         degrade_after_s=seconds(raw.get("degrade_after_s", 1.0), f"{where}.degrade_after_s"),
-        interactive_seats=count(seats, f"{where}.interactive_seats"),
+        interactive_seats=non_negative_int(seats, f"{where}.interactive_seats"),
     )
 
 

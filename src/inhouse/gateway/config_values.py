@@ -79,7 +79,7 @@ def optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def count(value: Any, what: str) -> int:
+def non_negative_int(value: Any, what: str) -> int:
     """An integer ≥ 0 (0: none)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{what} must be an integer >= 0, got {value!r}")

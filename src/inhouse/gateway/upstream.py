@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from inhouse.api.errors import CLIENT_CLOSED, APIError, service_unavailable
+from inhouse.gateway.backends import Backend
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.exchange import Forward, prepare, read_answer, relay_events
 from inhouse.gateway.relay import LeaveWatch, RelayResponse
@@ -118,6 +119,12 @@ class Forwarder:
         self.settler.settle(call, outcome)
         return error_response(error, call.headers, retry_after)
 
+    def _failed_check(self, call: Call, backend: Backend, reason: str) -> None:
+        """Count a failed check against the replica; the model's waiters retry if that took
+        it down."""
+        if backend.record_failure(self.state.config.health, reason[:200]):
+            self.state.router.wake(call.route.name)
+
     async def _open(
         self, call: Call, body: dict[str, Any], outcome: Outcome, stack: contextlib.AsyncExitStack
     ) -> tuple[UpstreamResponse, Forward] | Response:
@@ -160,18 +167,15 @@ class Forwarder:
                     )
                     return self.fail(call, outcome, error)
                 tried.add(id(lease.backend))
-                if lease.backend.record_failure(self.state.config.health, f"proxy: {exc!r}"[:200]):
-                    self.state.router.wake(call.route.name)
+                self._failed_check(call, lease.backend, f"proxy: {exc!r}")
                 if canaried is not None:
                     call.release, tried = canaried.on_stable(), set()
                 continue
             if upstream.status == KEY_REFUSED:  # the gateway's key for it, not the client's
                 await upstream.read()
                 error = _key_refused(lease.upstream.name)
-                if lease.backend is not None and lease.backend.record_failure(
-                    self.state.config.health, error.message[:200]
-                ):
-                    self.state.router.wake(call.route.name)
+                if lease.backend is not None:
+                    self._failed_check(call, lease.backend, error.message)
                 if canaried is not None:  # a candidate never costs a client its answer
                     self.state.router.release(lease)
                     call.lease = None
