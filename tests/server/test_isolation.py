@@ -195,8 +195,10 @@ def _words(size: int) -> str:
     [
         ("/tokenize", {"prompt": _words(2 * 2**20)}, 200),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": _words(2**21)}]}, 400),
+        # under the length bound (81 bytes a token, 2,048 tokens): tokenized, then refused
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": _words(2**17)}]}, 400),
     ],
-    ids=["tokenize-2MiB", "chat-2MiB"],
+    ids=["tokenize-2MiB", "chat-2MiB", "chat-128KiB"],
 )
 def test_a_huge_prompt_leaves_health_and_running_streams_alone(
     served: Served, path: str, body: dict, status: int
@@ -210,7 +212,10 @@ def test_a_huge_prompt_leaves_health_and_running_streams_alone(
     if status == 200:
         assert answer.json()["count"] > 2 * 10**5
     else:
-        assert "max_model_len" in answer.json()["error"]["message"]
+        message = answer.json()["error"]["message"]
+        assert "max_model_len" in message
+        # past the length bound, refused untokenized; under it, counted by the tokenizer
+        assert ("has at least" in message) == (len(body["messages"][0]["content"]) > 2**20)
     assert max(health) < HEALTH_S, f"/health took {max(health):.2f} s"
     assert during, "no token streamed while the prompt was processed"
     assert max(during) < HEALTH_S, f"a running stream stalled {max(during):.2f} s"

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inhouse.engine.prompt_bound import max_token_bytes, refuse_surely_too_long
+
 if TYPE_CHECKING:
     from inhouse.engine.kv_budget import KVBudget
     from inhouse.engine.models.loader import LoadedModel
@@ -36,6 +38,12 @@ class EngineInfo:
     chat_template: str | None
     budget: KVBudget
     speculative: SpeculativeConfig | None = None  # None: no speculative decoding
+    max_token_bytes: int | None = None  # the longest token's bytes, where that bounds a count
+
+    def refuse_surely_too_long(self, text: str) -> None:
+        """Raise :class:`EngineInputError` for a prompt text that cannot fit
+        ``max_model_len`` by its length alone, before anyone tokenizes it."""
+        refuse_surely_too_long(text, self.max_token_bytes, self.max_model_len)
 
     @property
     def max_model_len(self) -> int:
@@ -61,4 +69,5 @@ class EngineInfo:
             chat_template=loaded.chat_template,
             budget=budget,
             speculative=speculative,
+            max_token_bytes=max_token_bytes(loaded.tokenizer),
         )

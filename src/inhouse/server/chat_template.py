@@ -8,10 +8,14 @@ calls and tool results are written in the Hermes convention of ``tools.py``.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from inhouse.api.chat import ChatMessage, ToolDefinition
 from inhouse.api.errors import APIError, invalid_request
+from inhouse.engine.errors import EngineInputError
+from inhouse.engine.fast_encode import encode
+from inhouse.server.request_params import engine_input_error
 from inhouse.server.tools import tool_call_text, tool_response_text, tools_system_prompt
 
 
@@ -23,8 +27,15 @@ def template_sha256(template: str | None) -> str | None:
 class ChatRenderer:
     """Renders OpenAI messages with one chat template and one tokenizer."""
 
-    def __init__(self, tokenizer: Any, template: str | None, model_name: str) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        template: str | None,
+        model_name: str,
+        refuse_surely_too_long: Callable[[str], None],
+    ) -> None:
         self._tokenizer = tokenizer
+        self._refuse_surely_too_long = refuse_surely_too_long  # EngineInfo's, before tokenizing
         self.template = template
         self._model_name = model_name
         self.supports_tools = bool(template) and "tools" in (template or "")
@@ -72,9 +83,13 @@ class ChatRenderer:
         template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """The prompt's token ids (:meth:`render`, then the tokenizer, no special tokens
-        added: the template writes them)."""
+        added: the template writes them); a 400 for a text too long by its length alone."""
         text = self.render(messages, tools, add_generation_prompt, template_kwargs)
-        return self._tokenizer.encode(text, add_special_tokens=False)
+        try:
+            self._refuse_surely_too_long(text)
+        except EngineInputError as exc:
+            raise engine_input_error(exc) from exc
+        return encode(self._tokenizer, text, add_special_tokens=False)
 
     def _message(self, message: ChatMessage, native_tools: bool) -> dict[str, Any]:
         text = self._text(message)

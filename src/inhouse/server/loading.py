@@ -47,7 +47,9 @@ class ContextLoader:
             engine = AsyncEngine(self.engine_config)
             info = engine.info
             template = read_chat_template(ctx.config.chat_template) or info.chat_template
-            renderer = ChatRenderer(info.tokenizer, template, ctx.model_name)
+            renderer = ChatRenderer(
+                info.tokenizer, template, ctx.model_name, info.refuse_surely_too_long
+            )
             grammars = GrammarCompiler(info.tokenizer, info.vocab_size, info.eos_token_ids)
             engine.start()
         except Exception as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import anyio
 from fastapi import APIRouter, Depends, Request
@@ -13,6 +12,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from inhouse.api.common import Usage
 from inhouse.api.completions import Completion, CompletionChoice, CompletionRequest
+from inhouse.engine.errors import EngineInputError
+from inhouse.engine.fast_encode import encode
+from inhouse.engine.info import EngineInfo
 from inhouse.engine.outputs import RequestOutput
 from inhouse.engine.request import EngineRequest
 from inhouse.engine.sampling_params import SamplingParams
@@ -25,7 +27,7 @@ from inhouse.server.generation import (
     unless_disconnected,
 )
 from inhouse.server.logprobs import completion_logprobs
-from inhouse.server.request_params import sampling_params
+from inhouse.server.request_params import engine_input_error, sampling_params
 from inhouse.server.routes.deps import context, require_api_key
 from inhouse.server.sse import sse_response
 
@@ -38,8 +40,9 @@ async def create_completion(
 ) -> JSONResponse | StreamingResponse:
     """OpenAI's legacy completions; a batch of prompts gives ``len(prompts) * n`` choices."""
     ctx.check_model(body.model)
-    tokenizer = ctx.require_engine().info.tokenizer
-    prompts = await ctx.prompt_workers.run(_token_ids, tokenizer, body.prompts())
+    info = ctx.require_engine().info
+    tokenizer = info.tokenizer
+    prompts = await ctx.prompt_workers.run(_token_ids, info, body.prompts())
     params = sampling_params(body, max_tokens=body.completion_limit, logprobs=body.logprobs)
     rid = request_id("cmpl")
     requests = [
@@ -86,11 +89,18 @@ async def create_completion(
     return JSONResponse(response.model_dump(exclude_none=True))
 
 
-def _token_ids(tokenizer: Any, prompts: list[str | list[int]]) -> list[list[int]]:
+def _token_ids(info: EngineInfo, prompts: list[str | list[int]]) -> list[list[int]]:
     """Each prompt's token ids: a text tokenized (with the model's special tokens), ids as
-    given."""
+    given; a 400 for a text too long by its length alone, before any is tokenized."""
+    texts = [p for p in prompts if isinstance(p, str)]
+    try:
+        for text in texts:
+            info.refuse_surely_too_long(text)
+    except EngineInputError as exc:
+        raise engine_input_error(exc) from exc
     return [
-        p if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=True) for p in prompts
+        p if isinstance(p, list) else encode(info.tokenizer, p, add_special_tokens=True)
+        for p in prompts
     ]
 
 

@@ -17,6 +17,7 @@ from inhouse.api.tokenize import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from inhouse.engine.fast_encode import encode
 from inhouse.engine.speculative.config import SpeculativeConfig
 from inhouse.server.chat_template import template_sha256
 from inhouse.server.context import ServerContext
@@ -123,7 +124,7 @@ def _tokenize_json(ctx: ServerContext, body: TokenizeRequest) -> bytes:
         tokens = loaded.renderer.token_ids(body.messages, None, body.add_generation_prompt)
     else:
         assert body.prompt is not None
-        tokens = info.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        tokens = encode(info.tokenizer, body.prompt, body.add_special_tokens)
     # TokenizeResponse's fields, with the ids written a slice at a time: one model_dump_json
     # of 1.5 M ids held the GIL (and so the event loop) for 0.5 s, slices for under 0.1 s
     slices = range(0, len(tokens), IDS_PER_SLICE)
