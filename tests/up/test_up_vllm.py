@@ -260,8 +260,8 @@ def test_interactive_ttft_beside_a_batch_flood_with_and_without_classes(up_vllm:
     each replica's 8 sequences (`gateway.seats`): between probes the gateway never has more
     than 7 in flight on one, so a probe finds a free sequence in either run (the FCFS
     probe waits in the gateway's queue instead of vLLM's).
-    Every probe is answered; the TTFTs are printed, not judged (docs/engines.md has them
-    against the issue's 2x idle)."""
+    Every probe is answered, and no replica holds more than its seats allow; the TTFTs
+    are printed, not judged (docs/engines.md has them against the issue's 2x idle)."""
     interactive = make_key(up_vllm, "probe-interactive", "interactive")
     batch = make_key(up_vllm, "flood-batch", "batch")
     default_probe = make_key(up_vllm, "probe-default")
@@ -281,7 +281,10 @@ def test_interactive_ttft_beside_a_batch_flood_with_and_without_classes(up_vllm:
         + f"; most in flight on a replica: {most_classes} with classes, {most_fcfs} FCFS"
     )
     assert all(len(ttfts) == PROBES for ttfts in figures.values()), figures
-    assert max(most_classes, most_fcfs) <= FLOOD_SEATS, (most_classes, most_fcfs)
+    # FCFS: probe and flood share a class and its 7 seats. With classes the last probe may
+    # still be in flight when the next reading is taken (its client left after the first
+    # token; the gateway settles it moments later): 7 seats for the flood, 1 kept.
+    assert most_fcfs <= FLOOD_SEATS and most_classes <= FLOOD_SEATS + 1, (most_classes, most_fcfs)
 
 
 HITS, DONE = "vllm:prefix_cache_hits_total", "vllm:request_success_total"

@@ -1,5 +1,6 @@
 // A decode step through every decoder layer in one call, over the other families' kernels.
 
+#include <torch/library.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -11,8 +12,6 @@ namespace inhouse {
 namespace {
 
 constexpr size_t kLayerWeights = 18;
-
-}  // namespace
 
 // A decode step (one new token for each of T sequences, or a few: a speculative draft's rows,
 // each row's sequence in `row_seq`) through every decoder layer, calling the other families'
@@ -60,4 +59,14 @@ torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::T
   return *added;
 }
 
+}  // namespace
 }  // namespace inhouse
+
+TORCH_LIBRARY_FRAGMENT(inhouse_cpu, m) {
+  m.def(
+      "decode_layers(Tensor(a!) residual, Tensor? delta, Tensor cos, Tensor sin, "
+      "Tensor(b!) kv_caches, Tensor slots, Tensor block_tables, Tensor? row_seq, "
+      "Tensor context_lens, int block_size, int heads, float scale, int[] windows, float eps, "
+      "Tensor?[] weights, Tensor? stop=None) -> Tensor",
+      &inhouse::decode_layers);
+}

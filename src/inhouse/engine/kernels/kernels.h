@@ -38,15 +38,4 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up);
 torch::Tensor add_rms_norm(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,
                            const torch::Tensor& weight, double eps);
 
-// decode_layers.cpp: a decode step through every layer.
-torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,
-                            const torch::Tensor& cos, const torch::Tensor& sin,
-                            torch::Tensor kv_caches, const torch::Tensor& slots,
-                            const torch::Tensor& block_tables,
-                            const c10::optional<torch::Tensor>& row_seq,
-                            const torch::Tensor& context_lens, int64_t block_size, int64_t heads,
-                            double scale, at::IntArrayRef windows, double eps,
-                            const c10::List<c10::optional<torch::Tensor>>& weights,
-                            const c10::optional<torch::Tensor>& stop);
-
 }  // namespace inhouse

@@ -1,4 +1,5 @@
-// The kernels as torch ops: torch.ops.inhouse_cpu (amx_linear.cpp adds use_amx).
+// The kernels as torch ops: torch.ops.inhouse_cpu (amx_linear.cpp adds use_amx, and
+// decode_layers.cpp the decode step over the others).
 
 #include <torch/library.h>
 
@@ -30,12 +31,6 @@ TORCH_LIBRARY(inhouse_cpu, m) {
       "Tensor slots, int heads) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
-  m.def(
-      "decode_layers(Tensor(a!) residual, Tensor? delta, Tensor cos, Tensor sin, "
-      "Tensor(b!) kv_caches, Tensor slots, Tensor block_tables, Tensor? row_seq, "
-      "Tensor context_lens, "
-      "int block_size, int heads, float scale, int[] windows, float eps, Tensor?[] weights, "
-      "Tensor? stop=None) -> Tensor");
   m.def("quantize_q8(Tensor weight) -> (Tensor, Tensor)");
   m.def("quantize_q4(Tensor weight) -> (Tensor, Tensor, Tensor)");
   m.def("set_pool_threads(int threads) -> ()", &set_pool_threads);
@@ -48,7 +43,6 @@ TORCH_LIBRARY_IMPL(inhouse_cpu, CPU, m) {
   m.impl("rope_write_kv", &inhouse::rope_write_kv);
   m.impl("silu_mul", &inhouse::silu_mul);
   m.impl("add_rms_norm", &inhouse::add_rms_norm);
-  m.impl("decode_layers", &inhouse::decode_layers);
   m.impl("quantize_q8", &inhouse::quantize_q8);
   m.impl("quantize_q4", &inhouse::quantize_q4);
 }
