@@ -51,6 +51,19 @@ def finished_requests(url: str) -> float:
     )
 
 
+# The AVX2 emulation's caps on torch and oneDNN (docs/serve.md) are for inhouse's own
+# paths. vLLM picks its build by the CPU's flags (`torch.cpu._is_avx512_supported`), which
+# no variable hides, and its AVX-512 build's engine fails to start under oneDNN capped at
+# AVX2; on a real AVX2 host it loads its AVX2 build.
+FOREIGN_CPU_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
+def vllm_environ(**extra: str) -> dict[str, str]:
+    """This process's environment for a process that starts vLLM, less the emulation caps."""
+    kept = {k: v for k, v in os.environ.items() if k not in FOREIGN_CPU_CAPS}
+    return {**kept, **extra}
+
+
 @contextmanager
 def running_up_vllm(home: Path) -> Iterator[dict]:
     """`inhouse up --engine vllm --replicas 2` on the bundled model, once both answer; then
@@ -60,7 +73,7 @@ def running_up_vllm(home: Path) -> Iterator[dict]:
     argv = [*inhouse_command(), "up", "--engine", "vllm", "--replicas", "2", "--port", str(port)]
     argv += ["--max-model-len", "2048", "--max-num-seqs", "8"]
     replica_key = secrets.token_urlsafe(24)  # so a test can reach one replica directly
-    env = {**os.environ, "INHOUSE_HOME": str(home / "home"), REPLICA_KEY_ENV: replica_key}
+    env = vllm_environ(INHOUSE_HOME=str(home / "home"), **{REPLICA_KEY_ENV: replica_key})
     with open(log, "wb") as out:
         up = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     gateway = f"http://127.0.0.1:{port}"

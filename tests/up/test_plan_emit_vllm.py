@@ -21,6 +21,7 @@ from inhouse.launch.hf_folder import safetensors_folder
 from inhouse.launch.vllm import find_vllm, installed_venv
 from inhouse.manifests.bundled import default_chat_model
 from serving import free_port, inhouse_command, log_tail, wait_healthy
+from vllm_stack import vllm_environ
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -45,7 +46,7 @@ def test_the_printed_vllm_command_starts_and_answers(tmp_path: Path) -> None:
     command = plan.stdout
     assert command.lstrip().startswith("VLLM_CPU_OMP_THREADS_BIND=0 ")
     # A user who ran `source <vLLM's venv>/bin/activate`: its bin directory first on PATH.
-    env = {**os.environ, "PATH": f"{vllm.parent}{os.pathsep}{os.environ['PATH']}"}
+    env = vllm_environ(PATH=f"{vllm.parent}{os.pathsep}{os.environ['PATH']}")
     log = tmp_path / "vllm.log"
     with open(log, "wb") as out:
         server = subprocess.Popen(
