@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from inhouse.engine.errors import EngineInputError
@@ -87,6 +87,19 @@ def test_no_bound_where_length_says_nothing() -> None:
     assert len(fused.encode("xxxxxxxxxx").ids) == 1  # ten bytes, one token: why
     word_piece = Tokenizer(models.WordPiece(vocab={"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     assert max_token_bytes(_wrapped(word_piece)) is None
+    stripping = _byte_level_bpe()
+    stripping.add_special_tokens([AddedToken("<m>", lstrip=True)])
+    assert len(stripping.encode(" " * 1000 + "<m>").ids) == 1  # 1,003 bytes, one token: why
+    assert max_token_bytes(_wrapped(stripping)) is None
+
+
+def test_an_added_token_counts_its_bytes_under_byte_level() -> None:
+    """Added tokens are matched in the raw text, so a multibyte one covers its UTF-8 bytes,
+    not one byte a character as the byte-level vocabulary's entries do."""
+    tok = _byte_level_bpe()
+    tok.add_special_tokens(["<｜begin▁of▁sentence｜>"])  # 21 characters, 29 bytes
+    assert max_token_bytes(_wrapped(tok)) == 29
+    assert len(tok.encode("<｜begin▁of▁sentence｜>").ids) == 1
 
 
 @pytest.mark.parametrize("which", ["bundled", "tiny"])

@@ -8,9 +8,9 @@ tokens, so a prompt past ``K * max_model_len`` bytes is refused before it is tok
 
 That holds only for a tokenizer without a normalizer (NFC and the like fold several
 characters into one), whose pre-tokenizer drops nothing (ByteLevel, Metaspace, Digits,
-Punctuation, a Split that keeps its matches) and whose BPE never folds a run of unknown
-characters into one token. Any other tokenizer gets no bound and every text is
-tokenized as before.
+Punctuation, a Split that keeps its matches), whose BPE never folds a run of unknown
+characters into one token, and none of whose added tokens takes the spaces around it.
+Any other tokenizer gets no bound and every text is tokenized as before.
 """
 
 from __future__ import annotations
@@ -39,12 +39,14 @@ def max_token_bytes(tokenizer: Any) -> int | None:
     folds_unknowns = model.get("unk_token") is not None and model.get("fuse_unk", False)
     if folds_unknowns and not model.get("byte_fallback", False):
         return None
-    texts = list(backend.get_vocab(with_added_tokens=True))
-    if not texts:
+    added = list(backend.get_added_tokens_decoder().values())
+    if any(token.lstrip or token.rstrip for token in added):  # absorbs a run of spaces
         return None
-    if _kinds(spec.get("pre_tokenizer")) & {"ByteLevel"}:  # one character per byte
-        return max(len(text) for text in texts)
-    return max(len(text.encode()) for text in texts)
+    vocab = list(backend.get_vocab(with_added_tokens=False))
+    byte_level = "ByteLevel" in _kinds(spec.get("pre_tokenizer"))  # one character a byte
+    lengths = [len(text) if byte_level else len(text.encode()) for text in vocab]
+    lengths += [len(token.content.encode()) for token in added]  # matched in the raw text
+    return max(lengths, default=None)
 
 
 def _kinds(pre_tokenizer: dict | None) -> set[str]:
