@@ -308,3 +308,23 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def session_niceness(leader: int) -> tuple[list[int], int | None]:
+    """How far below this process each process of the session `leader` leads runs (its
+    nice, less ours), and how far below ours its session's autogroup is (None: the kernel
+    groups no sessions)."""
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    steps = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[3]) == leader:  # field 6, the session, two after ")"'s state and ppid
+            steps.append(int(fields[16]) - ours)  # field 19, nice
+    autogroup = Path("/proc/self/autogroup")
+    if not autogroup.exists():
+        return steps, None
+    theirs = Path(f"/proc/{leader}/autogroup").read_text().split()[-1]
+    return steps, int(theirs) - int(autogroup.read_text().split()[-1])

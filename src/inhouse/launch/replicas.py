@@ -6,11 +6,19 @@ exits, an engine that says its load failed, or no answer within the engine's sta
 timeout is a failed start, reported with the last lines of its log. Replicas run in
 their own session (a terminal's Ctrl-C reaches only `inhouse up`, which stops them in
 order) and get SIGTERM from the kernel if `inhouse up` itself dies.
+
+On a CPU host the replicas' compute fills the cores, and the gateway's request path (a few
+per cent of one core) would wait behind it: a probe's TTFT beside a flood went from 0.3 s
+to 2-7 s, most of it before the gateway even read the request. So a replica there runs at
+a lower CPU priority (`CPU_HOST_NICE`), as a process and as a session: where the kernel
+groups sessions (autogroup), a process's nice counts only inside its own session.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import functools
 import os
 import signal
 import subprocess
@@ -27,15 +35,39 @@ from inhouse.launch.base import Command, Endpoint, Engine, Health
 
 TAIL_LINES = 40
 STOP_TIMEOUT_S = 15.0
+CPU_HOST_NICE = 10  # a CPU host's replicas yield their cores to the gateway (module doc)
+AUTOGROUP_TRIES = 5  # the kernel takes one autogroup change per 0.1 s from an unprivileged user
 _PR_SET_PDEATHSIG = 1
 # Looked up once here: the child may call only what needs no loader lock after fork.
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux for SIGTERM when the parent dies."""
+def _before_exec(nice: int) -> None:
+    """In the child, before exec: ask Linux for SIGTERM when the parent dies, and take the
+    replica's CPU priority (which the engine's own processes and threads inherit)."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if nice:
+        os.nice(nice)
+
+
+def _nice_session(pid: int, nice: int) -> None:
+    """Put the session led by `pid` `nice` steps below this process's session, where the
+    kernel groups sessions (its autogroup file: "/autogroup-7 nice 0")."""
+    try:
+        with open("/proc/self/autogroup") as ours:
+            base = int(ours.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return
+    for _ in range(AUTOGROUP_TRIES):
+        try:
+            with open(f"/proc/{pid}/autogroup", "w") as autogroup:
+                autogroup.write(str(min(base + nice, 19)))
+            return
+        except OSError as err:
+            if err.errno != errno.EAGAIN:
+                return  # no autogroup in this kernel, or the process is gone
+            time.sleep(0.1)
 
 
 @dataclass
@@ -85,9 +117,12 @@ class Replica:
 
 
 def start_replica(
-    engine: Engine, command: Command, endpoint: Endpoint, index: int, out: TextIO
-) -> Replica:
-    """Start one replica; its output goes to `out`, each line prefixed with its label."""
+    engine: Engine, command: Command, endpoint: Endpoint, index: int, out: TextIO,
+    cpu_host: bool = False,
+) -> Replica:  # fmt: skip
+    """Start one replica (on a CPU host, `CPU_HOST_NICE` steps below this process's CPU
+    priority); its output goes to `out`, each line prefixed with its label."""
+    nice = CPU_HOST_NICE if cpu_host else 0
     popen = subprocess.Popen(
         command.argv,
         stdout=subprocess.PIPE,
@@ -97,8 +132,10 @@ def start_replica(
         errors="replace",
         env={**os.environ, **command.env},
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=functools.partial(_before_exec, nice),
     )
+    if nice:
+        _nice_session(popen.pid, nice)
     replica = Replica(engine, index, endpoint, command, popen)
     replica.follower = threading.Thread(target=_follow, args=(replica, out), daemon=True)
     replica.follower.start()

@@ -59,7 +59,8 @@ def start_candidate(
     )
     endpoint = Endpoint("127.0.0.1", free_port(promised), pinned.name, secrets.token_urlsafe(32))
     promised.add(endpoint.port)
-    replica = start_replica(engine, engine.command(settings, endpoint), endpoint, index, sys.stdout)
+    command = engine.command(settings, endpoint)
+    replica = start_replica(engine, command, endpoint, index, sys.stdout, not settings.gpu)
     typer.echo(f"candidate {replica.label}: pid {replica.popen.pid} on {replica.url}")
     return Candidate(replica, pinned, manifest_path)
 

@@ -260,7 +260,8 @@ def start_replicas(
     promised: set[int],
 ) -> list[Replica]:
     """Start `count` replicas on free loopback ports outside `promised` (each port taken is
-    added to it), each with its own random key; on a CPU host each on its own cores."""
+    added to it), each with its own random key; on a CPU host each on its own cores, at a
+    lower CPU priority than the gateway (`replicas.CPU_HOST_NICE`)."""
     from inhouse.launch.cpu_host import split_cores, usable_cores
     from inhouse.launch.replicas import start_replica
 
@@ -277,7 +278,7 @@ def start_replicas(
         if index == 1:
             for note in command.notes:
                 typer.echo(f"note: {note}")
-        replica = start_replica(engine, command, endpoint, index, sys.stdout)
+        replica = start_replica(engine, command, endpoint, index, sys.stdout, not settings.gpu)
         typer.echo(f"replica {replica.label}: pid {replica.popen.pid} on {replica.url}")
         started.append(replica)
     return started
