@@ -122,3 +122,26 @@ def test_jsonl_errors_name_the_line(tmp_path: Path, text: str, message: str) -> 
         read_jsonl(path, 16)
     with pytest.raises(DatasetError, match="cannot read"):
         read_jsonl(tmp_path / "missing.jsonl", 16)
+
+
+def test_several_prefixes_ask_each_question_of_each_document_once_per_round(
+    counter: LocalTokenizerCounter,
+) -> None:
+    import asyncio
+
+    requests = asyncio.run(
+        shared_prefix_dataset(
+            24, 3, 60, LengthSpec(8), LengthSpec(4), seed=5, counter=counter, num_prefixes=4
+        )
+    )
+    pairs = [(r.messages[0]["content"], r.messages[1]["content"]) for r in requests]
+    assert len(set(pairs[:12])) == 12 and pairs[12:] == pairs[:12]  # each pair once a round
+    documents = [document for document, _ in pairs[:12]]
+    assert len(set(documents)) == 4 and all(documents.count(d) == 3 for d in documents)
+    assert documents != sorted(documents, key=documents.index)  # shuffled, not doc by doc
+    single = asyncio.run(
+        shared_prefix_dataset(8, 4, 60, LengthSpec(8), LengthSpec(4), seed=5, counter=counter)
+    )  # one prefix: as before, its questions in turn
+    assert [r.messages[1]["content"] for r in single[:4]] == [
+        r.messages[1]["content"] for r in single[4:]
+    ]

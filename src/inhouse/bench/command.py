@@ -57,6 +57,13 @@ OutputLen = Annotated[int, typer.Option(help="Mean max_tokens per request.")]
 LenSpread = Annotated[float, typer.Option(help="Lengths uniform in mean·(1±spread).")]
 PrefixLen = Annotated[int, typer.Option(help="shared-prefix: tokens of the common system prompt.")]
 NumQuestions = Annotated[int, typer.Option(help="shared-prefix: distinct questions behind it.")]
+NumPrefixes = Annotated[
+    int, typer.Option(help="shared-prefix: distinct prompts (documents), each asked them all.")
+]
+MetricsUrl = Annotated[
+    list[str] | None,
+    typer.Option(help="A server whose /metrics to read (once per replica behind a gateway)."),
+]
 Warmup = Annotated[int, typer.Option(help="Unmeasured requests first (cold p99 TTFT misleads).")]
 Timeout = Annotated[float, typer.Option(help="Seconds one request may take before it fails.")]
 Seed = Annotated[int, typer.Option(help="Seed for prompts and arrivals, so runs repeat.")]
@@ -80,6 +87,8 @@ def _settings(
     len_spread: float,
     prefix_len: int,
     num_questions: int,
+    num_prefixes: int,
+    metrics_url: list[str] | None,
     warmup: int,
     timeout: float,
     seed: int,
@@ -117,11 +126,13 @@ def _settings(
                 len_spread=len_spread,
                 prefix_len=prefix_len,
                 num_questions=num_questions,
+                num_prefixes=num_prefixes,
             ),
             slo=parse_slo(slo or ""),
             seed=seed,
             warmup=warmup,
             out=out,
+            metrics_urls=tuple(metrics_url or ()),
         )
     except (SettingsError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
@@ -152,6 +163,8 @@ def run(
     len_spread: LenSpread = 0.0,
     prefix_len: PrefixLen = 1024,
     num_questions: NumQuestions = 16,
+    num_prefixes: NumPrefixes = 1,
+    metrics_url: MetricsUrl = None,
     num_prompts: Annotated[int | None, typer.Option(help="Requests to send (default 100).")] = None,
     max_concurrency: Annotated[
         int | None, typer.Option(help="Closed loop: this many in flight (caps --request-rate).")
@@ -257,6 +270,8 @@ def sweep(
     len_spread: LenSpread = 0.0,
     prefix_len: PrefixLen = 1024,
     num_questions: NumQuestions = 16,
+    num_prefixes: NumPrefixes = 1,
+    metrics_url: MetricsUrl = None,
     steps: Annotated[str | None, typer.Option(help="Concurrency steps, e.g. 1,2,4,8.")] = None,
     max_concurrency: Annotated[
         int | None, typer.Option(help="Double from 1 until at least this (and 2× the plan).")

@@ -133,29 +133,39 @@ async def shared_prefix_dataset(
     seed: int,
     endpoint: Endpoint = "chat",
     counter: TokenCounter | None = None,
+    num_prefixes: int = 1,
 ) -> list[BenchRequest]:
-    """`num_questions` distinct questions behind one long common system prompt, cycled.
+    """`num_questions` distinct questions behind each of `num_prefixes` long system prompts
+    (vLLM's prefix-repetition dataset: documents each asked several questions).
 
-    Every request shares the same first `prefix_len` tokens, which is what prefix caching
-    saves; the questions differ so the tail of every prompt is computed afresh.
+    Requests share a prefix's first `prefix_len` tokens, which is what prefix caching saves;
+    the questions differ so the tail of every prompt is computed afresh. One prefix: its
+    questions in turn; several: every (prefix, question) pair once in a shuffled order, then
+    again, so a replica that computed a document is not the obvious next one to ask.
     """
     rng = random.Random(seed)
     system = await text_of_tokens(rng, prefix_len, counter)
     questions = [
         await text_of_tokens(rng, question_len.draw(rng), counter) for _ in range(num_questions)
     ]
+    documents = [system] + [
+        await text_of_tokens(rng, prefix_len, counter) for _ in range(num_prefixes - 1)
+    ]
+    pairs = [(document, question) for document in documents for question in questions]
+    if num_prefixes > 1:
+        rng.shuffle(pairs)
     requests = []
     for index in range(num_prompts):
-        question = questions[index % num_questions]
+        document, question = pairs[index % len(pairs)]
         max_tokens = output_len.draw(rng)
         if endpoint == "chat":
             messages = (
-                {"role": "system", "content": system},
+                {"role": "system", "content": document},
                 {"role": "user", "content": question},
             )
             requests.append(BenchRequest(index=index, max_tokens=max_tokens, messages=messages))
         else:
-            prompt = f"{system}\n\n{question}"
+            prompt = f"{document}\n\n{question}"
             requests.append(BenchRequest(index=index, max_tokens=max_tokens, prompt=prompt))
     return requests
 

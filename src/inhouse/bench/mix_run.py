@@ -126,7 +126,8 @@ async def execute_mix(
         lanes = await _lanes(session, settings, classes, stack)
         for lane in lanes:
             await warm_up(context, lane.client.send, lane.warmup, lane.spec.name)
-        async with MetricsScraper(context.http, context.scrape_interval) as scraper:
+        scraping = MetricsScraper(context.http, context.scrape_interval, context.metrics_urls)
+        async with scraping as scraper:
             loads = await _drive(lanes, context)
     results = []
     for lane, load in zip(lanes, loads, strict=True):

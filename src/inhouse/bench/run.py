@@ -74,6 +74,7 @@ class RunContext:
     counter: ServerTokenCounter | None = None
     progress: Progress = field(default_factory=NoProgress)
     scrape_interval: float = 0.5
+    metrics_urls: tuple[str, ...] = ()  # servers to read /metrics of, else the base URL
 
 
 async def warm_up(
@@ -101,7 +102,8 @@ async def execute_run(
     """
     await warm_up(context, context.client.send, warmup, label)
     context.progress.begin(label, shape.num_prompts)
-    async with MetricsScraper(context.http, context.scrape_interval) as scraper:
+    scraping = MetricsScraper(context.http, context.scrape_interval, context.metrics_urls)
+    async with scraping as scraper:
         load = await generate_load(requests, context.client.send, shape, context.progress.advance)
     notes = []
     note = await fill_missing_token_counts(load.records, context.counter)

@@ -1,11 +1,13 @@
 """Scrape the server's Prometheus `/metrics` while a run goes: KV-cache usage and queue peaks,
-prefix-cache hit rate and preemptions over the run, and speculative decoding's counters."""
+prefix-cache hit rate and preemptions over the run, and speculative decoding's counters.
+Behind a gateway, whose `/metrics` has no engine's series, the replicas' own pages
+(`--metrics-url`, once per replica) are read instead and added up."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import httpx
@@ -57,6 +59,19 @@ def read_gauges(text: str) -> ServerReading:
         first("spec_draft_tokens"),
         first("spec_accepted_tokens"),
     )
+
+
+def combined(readings: list[ServerReading]) -> ServerReading:
+    """Several replicas' readings as one server's: counters and queues added up, the
+    fullest KV cache for KV-cache usage; None where no replica has the series."""
+
+    def total(name: str) -> float | None:
+        values = [v for v in (getattr(r, name) for r in readings) if v is not None]
+        if not values:
+            return None
+        return max(values) if name == "kv_cache_usage" else sum(values)
+
+    return ServerReading(**{f.name: total(f.name) for f in fields(ServerReading)})
 
 
 def _peak(current: float | None, value: float | None) -> float | None:
@@ -117,33 +132,41 @@ class ServerReadings:
 
 class MetricsScraper:
     """Polls `GET /metrics` every `interval` seconds inside an `async with` block, and once
-    more on leaving it so counters cover the whole run.
+    more on leaving it so counters cover the whole run: the base URL's, or each of `urls`
+    (servers' roots) added up (`combined`).
 
-    A server without `/metrics` is noted once and left alone; a failed connection is retried.
+    A server without `/metrics` is noted once and left alone; a failed connection is retried
+    (a round where one of `urls` fails is skipped: its counters would drop out of the sum).
     """
 
-    def __init__(self, http: httpx.AsyncClient, interval: float = 0.5) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, interval: float = 0.5, urls: tuple[str, ...] = ()
+    ) -> None:
         self._http = http
         self._interval = interval
+        self._pages = [f"{u.rstrip('/').removesuffix('/metrics')}/metrics" for u in urls]
         self._task: asyncio.Task[None] | None = None
         self._missing = False
         self.readings = ServerReadings()
 
     async def scrape_once(self) -> None:
-        """Take one reading (unless the server has no `/metrics`)."""
+        """Take one reading (unless a server has no `/metrics`)."""
         if self._missing:
             return
         try:
-            response = await self._http.get("/metrics", timeout=5.0)
+            responses = await asyncio.gather(
+                *(self._http.get(page, timeout=5.0) for page in self._pages or ["/metrics"])
+            )
         except httpx.HTTPError as exc:
             self.readings.error = f"/metrics unreachable: {type(exc).__name__}"
             return
-        if response.status_code != 200:
-            self.readings.error = f"/metrics answered HTTP {response.status_code}"
+        refused = next((r for r in responses if r.status_code != 200), None)
+        if refused is not None:
+            self.readings.error = f"{refused.url} answered HTTP {refused.status_code}"
             self._missing = True
             return
         try:
-            self.readings.add(read_gauges(response.text))
+            self.readings.add(combined([read_gauges(r.text) for r in responses]))
         except ValueError:
             self.readings.error = "/metrics is not a Prometheus text exposition"
             return

@@ -51,6 +51,7 @@ async def build_dataset(
             seed=seed,
             endpoint=settings.endpoint,
             counter=counter,
+            num_prefixes=settings.num_prefixes,
         )
     overhead = 0
     if settings.endpoint == "chat" and isinstance(counter, ServerTokenCounter):
@@ -104,6 +105,7 @@ async def open_session(settings: SessionSettings, console: Console) -> AsyncIter
                     counter=counter,
                     progress=progress,
                     scrape_interval=settings.scrape_interval,
+                    metrics_urls=settings.metrics_urls,
                 )
                 yield Session(context, notes)
 

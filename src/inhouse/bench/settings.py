@@ -28,6 +28,7 @@ class DatasetSettings:
     len_spread: float = 0.0
     prefix_len: int = 1024
     num_questions: int = 16
+    num_prefixes: int = 1  # shared-prefix: distinct prefixes (documents), each asked every question
 
     def __post_init__(self) -> None:
         if self.kind == "jsonl" and self.path is None:
@@ -36,8 +37,11 @@ class DatasetSettings:
             raise SettingsError("--dataset-path is only for --dataset jsonl")
         if self.path is not None and not self.path.is_file():
             raise SettingsError(f"--dataset-path {self.path} is not a file")
-        if min(self.input_len, self.output_len, self.prefix_len, self.num_questions) < 1:
-            raise SettingsError("token lengths and --num-questions must be at least 1")
+        lengths = (self.input_len, self.output_len, self.prefix_len)
+        if min(*lengths, self.num_questions, self.num_prefixes) < 1:
+            raise SettingsError(
+                "token lengths, --num-questions and --num-prefixes must be at least 1"
+            )
         if not 0 <= self.len_spread < 1:
             raise SettingsError("--len-spread must lie in [0, 1)")
 
@@ -80,10 +84,14 @@ class SessionSettings:
     warmup: int = 2
     out: Path | None = None
     scrape_interval: float = 0.5
+    metrics_urls: tuple[str, ...] = ()  # servers whose /metrics to read, else the base URL's
 
     def __post_init__(self) -> None:
         if self.warmup < 0:
             raise SettingsError("--warmup must be 0 or more")
+        for url in self.metrics_urls:
+            if not url.startswith(("http://", "https://")):
+                raise SettingsError(f"--metrics-url {url!r} must start with http:// or https://")
 
     def config_json(self) -> dict[str, Any]:
         """The settings as recorded in the results file; the API key is never written."""
@@ -98,4 +106,5 @@ class SessionSettings:
             "slo": asdict(self.slo),
             "seed": self.seed,
             "warmup": self.warmup,
+            "metrics_urls": list(self.metrics_urls),
         }
