@@ -150,8 +150,10 @@ def test_a_missing_engine_is_one_sentence_and_exit_2(engine: str) -> None:
     assert f"pip install {engine}" in result.output and "Traceback" not in result.output
 
 
-def test_unknown_engine_and_tp_without_a_gpu_are_refused() -> None:
+def test_unknown_engine_routing_and_tp_without_a_gpu_are_refused() -> None:
     unknown = CliRunner().invoke(app, ["up", "--engine", "tgi"])
     assert unknown.exit_code == 2 and "--engine takes one of" in unknown.output
     tp = CliRunner().invoke(app, ["up", "--engine", "inhouse", "--tp", "2"])
     assert tp.exit_code == 2 and "--tp needs --gpu or --vram" in tp.output
+    routing = CliRunner().invoke(app, ["up", "--routing", "random"])
+    assert routing.exit_code == 2 and "--routing takes one of prefix, least-loaded" in routing.output

@@ -328,33 +328,38 @@ def test_a_tenant_salt_keeps_identical_prompts_out_of_each_others_prefix_cache(
     up_vllm: dict,
 ) -> None:
     """vLLM's own prefix-cache counters on the replica that served each request: a
-    tenant's first request on a replica hits nothing even where the other tenant sent the
-    same prompt there; its repeats there hit."""
+    tenant's first request on a replica hits nothing even where another tenant sent the
+    same prompt there; its repeat, which the gateway sends back to the same replica by its
+    prefix (`gateway.affinity`), hits. Tenant a's repeats all stay on its replica; each
+    new tenant b's first goes by load alone, so new b tenants come until one's first meets
+    a's prompt cached there (at most 6)."""
     prompt = f"{uuid.uuid4()} " + "The quick brown fox jumps over the lazy dog. " * 60
     ask = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
-    seen: dict[str, set[str]] = {}
     hits: dict[str, list[tuple[str, bool, float, bool]]] = {}
-    for tenant in ("tenant-a", "tenant-b"):
+    tenants = ["tenant-a", *(f"tenant-b{i}" for i in range(1, 7))]
+    for tenant in tenants:
         sdk = openai.OpenAI(
             base_url=f"{up_vllm['gateway']}/v1", api_key=make_key(up_vllm, tenant), max_retries=0
         )
-        seen[tenant], hits[tenant] = set(), []
-        for sent in range(1, 9):  # b goes on until a first of its met a's prompt (at most 8)
+        seen: set[str] = set()
+        hits[tenant] = []
+        for sent in range(1, 5 if tenant == "tenant-a" else 3):
             before = replica_totals(up_vllm)
             sdk.chat.completions.create(**ask)
             served, hit, alone = served_once(up_vllm, tenant, sent, before)
-            hits[tenant].append((served, served in seen[tenant], hit, alone))
-            seen[tenant].add(served)
-            if sent >= 4 and (
-                tenant == "tenant-a" or conclusive_firsts(hits[tenant]) & seen["tenant-a"]
-            ):
-                break
+            hits[tenant].append((served, served in seen, hit, alone))
+            seen.add(served)
+        home = {served for served, *_ in hits["tenant-a"]}
+        if tenant != "tenant-a" and conclusive_firsts(hits[tenant]) & home:
+            break
     print(f"prefix-cache hit tokens (replica, repeat there, hits, window alone): {hits}")
     for requests in hits.values():
+        assert len({served for served, *_ in requests}) == 1, hits  # repeats kept by prefix
         assert all(hit == 0 for _, repeat, hit, alone in requests if alone and not repeat), hits
         assert all(hit > 0 for _, repeat, hit, _ in requests if repeat), hits
-    # Tenant b's first on a replica met tenant a's prompt cached there, and hit none of it.
-    assert conclusive_firsts(hits["tenant-b"]) & seen["tenant-a"], hits
+    # A b tenant's first met tenant a's prompt cached on a's replica, and hit none of it.
+    (home,) = {served for served, *_ in hits["tenant-a"]}
+    assert any(home in conclusive_firsts(r) for t, r in hits.items() if t != "tenant-a"), hits
 
 
 def test_usage_rows_equal_the_clients_counts_over_100_mixed_requests(up_vllm: dict) -> None:

@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import httpx
 
 from inhouse.api.auth import auth_headers
+from inhouse.gateway.affinity import PrefixMemory
 from inhouse.gateway.config import HealthSettings, Upstream
 from inhouse.http.prometheus import sample_totals
 from inhouse.launch import BACKENDS
@@ -49,6 +50,7 @@ class Backend:
     last_error: str | None = None
     last_check: float | None = None
     picked: int = 0  # when the router last chose it: ties go to the longest unchosen
+    prefixes: PrefixMemory = field(default_factory=PrefixMemory)  # prompts sent (`affinity`)
 
     @property
     def routable(self) -> bool:
@@ -72,6 +74,7 @@ class Backend:
         self.failures, self.successes, self.last_error = self.failures + 1, 0, error
         if self.state is not BackendState.DOWN and self.failures >= settings.failures_to_down:
             self.state = BackendState.DOWN
+            self.prefixes.forget()  # it may come back with an empty cache
             return True
         return False
 
@@ -87,6 +90,8 @@ class Backend:
         self.successes, self.last_error = 0, "loading"
         changed = self.state is not BackendState.STARTING
         self.state = BackendState.STARTING
+        if changed:
+            self.prefixes.forget()  # a replica that loads again holds no prefix
         return changed
 
     def describe(self) -> dict[str, object]:

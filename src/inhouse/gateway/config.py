@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from inhouse.cost.settings import CostConfigError, CostSettings, parse_cost
 from inhouse.gateway.config_values import (
     DEFAULT_INTERACTIVE_SEATS,
+    DEFAULT_PREFIX_SLACK,
     DEFAULT_QUEUE_WAIT_S,
     KEEP_ALIVE_S,
     ConfigError,
@@ -30,6 +31,7 @@ from inhouse.launch import BACKENDS
 DEFAULT_HOLD_TTL_S = 30.0  # see `holds`
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})
 POLICIES = ("queue", "fallback", "degrade")
+ROUTINGS = ("prefix", "least-loaded")  # how a replica is picked (`affinity`, `routing`)
 
 
 def default_state_dir() -> Path:
@@ -104,6 +106,8 @@ class ModelRoute:
     degrade_to: str | None = None  # policy "degrade": the smaller model interactive work takes
     degrade_after_s: float = 1.0  # ... when the expected wait here exceeds this
     interactive_seats: int = DEFAULT_INTERACTIVE_SEATS  # of each replica's max_num_seqs
+    routing: Literal["prefix", "least-loaded"] = "prefix"
+    prefix_slack: int = DEFAULT_PREFIX_SLACK  # requests above the least-loaded (`affinity`)
 
     def max_wait(self, priority: str) -> float:
         """How long a request of class `priority` may wait in this model's queue."""
@@ -272,6 +276,8 @@ MODEL_KEYS = {
     "degrade_to",
     "degrade_after_s",
     "interactive_seats",
+    "routing",
+    "prefix_slack",
 }
 UPSTREAM_KEYS = {
     "name",
@@ -340,6 +346,10 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
         raise ConfigError(f"{where}: queue_max_depth must be >= 0")
     wait, by_class = queue_waits(raw.get("queue_max_wait_s", DEFAULT_QUEUE_WAIT_S), where)
     seats = raw.get("interactive_seats", DEFAULT_INTERACTIVE_SEATS)
+    routing = raw.get("routing", "prefix")
+    if routing not in ROUTINGS:
+        raise ConfigError(f"{where}.routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+    slack = raw.get("prefix_slack", DEFAULT_PREFIX_SLACK)
     return ModelRoute(
         name=name,
         backends=backends,
@@ -353,6 +363,8 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
         degrade_to=degrade_to,
         degrade_after_s=seconds(raw.get("degrade_after_s", 1.0), f"{where}.degrade_after_s"),
         interactive_seats=non_negative_int(seats, f"{where}.interactive_seats"),
+        routing=routing,
+        prefix_slack=non_negative_int(slack, f"{where}.prefix_slack"),
     )
 
 

@@ -10,6 +10,10 @@ from inhouse.gateway.priority import CLASSES
 
 DEFAULT_QUEUE_WAIT_S = 30.0
 DEFAULT_INTERACTIVE_SEATS = 1  # seats of each replica kept for interactive work (`seats`)
+# A replica holding a request's prefix takes it while it carries at most this many requests
+# more than the least-loaded one (`affinity`): a cached prefix saves a whole prefill, a
+# request or four queued ahead of it cost less.
+DEFAULT_PREFIX_SLACK = 4
 # An idle client connection stays open this long. Longer than the idle time of every common
 # client pool (httpx and the openai SDKs 5 s, aiohttp 15 s, a load balancer's 60 s), so the
 # client closes first: a server that closes at the same moment races the client's next request

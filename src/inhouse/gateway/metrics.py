@@ -72,6 +72,13 @@ class GatewayMetrics:
         self.fallbacks = Counter(
             "inhouse:gateway_fallbacks", "Requests sent to a fallback.", ["model_name"], registry=r
         )
+        self.prefix_routed = Counter(
+            "inhouse:gateway_prefix_routed",
+            "Requests sent to the replica that was sent their prompt's prefix before "
+            "(within the load slack), not the least-loaded one's pick.",
+            ["model_name"],
+            registry=r,
+        )
         self.degraded = Counter(
             "inhouse:gateway_degraded",
             "Interactive requests answered by the model's smaller `degrade_to` model.",

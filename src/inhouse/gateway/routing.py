@@ -1,5 +1,6 @@
-"""Routing: pick the least-loaded healthy replica that can serve a request, else queue
-(bounded in depth and wait) or send to the fallback, per the model's policy.
+"""Routing: pick the healthy replica that can serve a request, the one most likely to hold
+its prompt's prefix within the model's load slack (`affinity`) or else the least-loaded,
+or queue (bounded in depth and wait) or send to the fallback, per the model's policy.
 
 The queue is ordered by priority class (`priority`), then arrival; a new request does not
 take a free slot that a request waiting (or woken) ahead of it could take, so a freed slot
@@ -39,6 +40,7 @@ class Lease:
     fallback: bool
     queued_s: float
     acquired_at: float = 0.0  # on the router's clock: how long the call held its slot
+    prefix_blocks: int = 0  # leading prompt blocks the replica was sent before, when they chose it
 
 
 class Overloaded(APIError):
@@ -109,10 +111,12 @@ class Router:
         exclude: frozenset[int] = frozenset(),
         pool: list[Backend] | None = None,
         priority: str = DEFAULT_CLASS,
+        prefix: tuple[bytes, ...] = (),
     ) -> Lease:
-        """A slot on the least-loaded capable replica (of `pool`, default the model's
-        configured ones), the fallback, or Overloaded; a request of class `priority` waits
-        behind the sooner classes and at most its class's wait."""
+        """A slot on a capable replica (of `pool`, default the model's configured ones):
+        the one sent most of `prefix` (`affinity.prefix_chain`) within the route's slack,
+        else the least-loaded; the fallback, or Overloaded. A request of class `priority`
+        waits behind the sooner classes and at most its class's wait."""
         start = self._clock()
         deadline = start + route.max_wait(priority)
         place = (rank(priority), next(self._arrivals))
@@ -134,13 +138,14 @@ class Router:
                 ready = [b for b in capable if takes(b, priority, route.interactive_seats)]
                 behind = waiter is None and self._waits_behind(route.name, place[0], ready)
                 if ready and not behind:
-                    chosen = min(ready, key=Backend.load)
+                    chosen, shared = _pick(route, ready, prefix)
+                    chosen.prefixes.remember(prefix)
                     chosen.in_flight += 1
                     chosen.picked = next(self._picks)
                     now = self._clock()
                     held = self._holding.setdefault(chosen.model, {})
                     held[now] = held.get(now, 0) + 1
-                    return Lease(chosen.upstream, chosen, False, now - start, now)
+                    return Lease(chosen.upstream, chosen, False, now - start, now, shared)
                 if not ready and may_fallback and (route.policy == "fallback" or not capable):
                     assert fallback is not None
                     return Lease(fallback, None, True, self._clock() - start)
@@ -252,3 +257,22 @@ class Router:
             f"no healthy backend for model {route.name!r} ({why})",
             self._health_interval,
         )
+
+
+def _pick(
+    route: ModelRoute, ready: list[Backend], prefix: tuple[bytes, ...]
+) -> tuple[Backend, int]:
+    """The replica sent the longest run of `prefix`'s leading blocks, while it carries at
+    most the route's slack above the least-loaded (the blocks shared, which chose it), else
+    the least-loaded (0)."""
+    least = min(ready, key=Backend.load)
+    if route.routing != "prefix" or not prefix:
+        return least, 0
+    sent = {id(b): b.prefixes.shared(prefix) for b in ready}
+    most = max(sent.values())
+    if not most:
+        return least, 0
+    holder = min((b for b in ready if sent[id(b)] == most), key=Backend.load)
+    if holder.load()[0] - least.load()[0] <= route.prefix_slack:
+        return holder, most
+    return least, 0

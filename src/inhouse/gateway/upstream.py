@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from inhouse.api.errors import CLIENT_CLOSED, APIError, service_unavailable
+from inhouse.gateway.affinity import prefix_chain, prompt_text
 from inhouse.gateway.backends import Backend
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.exchange import Forward, prepare, read_answer, relay_events
@@ -134,6 +135,9 @@ class Forwarder:
         counts as a failed check; a canaried request then goes to the stable release, any
         other is answered 502 (a client whose own key is good never reads a 401)."""
         tried: set[int] = set()
+        salt = self.state.keys.cache_salt(call.key)
+        routes_by_prefix = call.route.routing == "prefix"
+        prefix = prefix_chain(salt, prompt_text(call.endpoint, body)) if routes_by_prefix else ()
         while True:
             pick = call.release = None if call.release is None else call.release.routable()
             pool = None if pick is None else pick.answering.pool
@@ -141,8 +145,9 @@ class Forwarder:
             may_fall_back = call.key.allow_fallback and canaried is None  # the stable's, not ours
             try:
                 call.lease = await self.state.router.acquire(
-                    call.route, call.needs, may_fall_back, frozenset(tried), pool, call.priority
-                )
+                    call.route, call.needs, may_fall_back, frozenset(tried), pool, call.priority,
+                    prefix,
+                )  # fmt: skip
             except Overloaded as err:
                 if canaried is not None:  # the candidate's replicas are busy: the stable answers
                     call.release, tried = canaried.on_stable(), set()
@@ -151,7 +156,8 @@ class Forwarder:
             lease = call.lease
             if lease.fallback:
                 self.ledger.fell_back(call.route.name)
-            salt = self.state.keys.cache_salt(call.key)
+            if lease.prefix_blocks:
+                self.state.metrics.prefix_routed.labels(call.route.name).inc()
             cap, sent = call.output_cap, body
             if pick is not None:
                 cap, sent = capped(cap, pick.answering), apply_release(body, pick.answering)

@@ -75,6 +75,9 @@ def up_command(
     kv_dtype: Annotated[str, typer.Option(help="KV cache dtype, as inhouse plan.")] = "auto",
     max_model_len: Annotated[int | None, typer.Option(help="Cap on one request.")] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Sequences at once per replica.")] = None,
+    routing: Annotated[
+        str, typer.Option(help="prefix (a prompt's prefix back to its replica) or least-loaded.")
+    ] = "prefix",
     manifest: Annotated[
         Path | None,
         typer.Option(help="Model manifest: verified before any replica starts; names the model."),
@@ -91,7 +94,7 @@ def up_command(
     ] = None,
 ) -> None:
     """Start engine replicas and the gateway in front of them on http://127.0.0.1:8000."""
-    from inhouse.gateway.config import default_database_url
+    from inhouse.gateway.config import ROUTINGS, default_database_url
     from inhouse.gateway.run import gateway_server, run_gateway
     from inhouse.launch.replicas import stop_replicas
     from inhouse.up.canary import CanaryWatch, start_candidate
@@ -106,6 +109,8 @@ def up_command(
         chosen.executable()
     except EngineMissing as missing:
         _fail(str(missing))
+    if routing not in ROUTINGS:
+        _fail(f"--routing takes one of {', '.join(ROUTINGS)}, not {routing!r}")
     if tp > 1 and gpu is None and vram is None:
         _fail("--tp needs --gpu or --vram: tensor parallelism is planned per GPU")
     chat_name = served_name(model)
@@ -150,6 +155,7 @@ def up_command(
             with_embeddings,
             cost_table,
             settings.max_num_seqs,
+            routing,
         )
         secret = ensure_admin_key(config)
         if secret is not None:
@@ -344,10 +350,12 @@ def up_config(
     embeddings: bool,
     cost: dict[str, Any] | None = None,
     max_num_seqs: int | None = None,
+    routing: str = "prefix",
 ) -> GatewayConfig:
     """The gateway config `inhouse up` runs with: one backend per replica, queue policy,
-    each chat backend with the `max_num_seqs` its replica was started with (where set), so
-    the gateway keeps seats of each for interactive requests (`gateway.seats`)."""
+    the chat model's `routing` (`gateway.affinity`), each chat backend with the
+    `max_num_seqs` its replica was started with (where set), so the gateway keeps seats of
+    each for interactive requests (`gateway.seats`)."""
     from inhouse.gateway.config import parse_config
 
     def backend(replica: Replica, features: list[str]) -> dict[str, object]:
@@ -363,7 +371,7 @@ def up_config(
     chat = [backend(r, list(engine.features)) for r in replicas]
     if max_num_seqs:
         chat = [{**b, "max_num_seqs": max_num_seqs} for b in chat]
-    models = [{"name": chat_name, "backends": chat}]
+    models = [{"name": chat_name, "backends": chat, "routing": routing}]
     if embeddings:
         embedders = [backend(r, ["embeddings"]) for r in replicas]
         models.append({"name": EMBEDDING_MODEL_NAME, "backends": embedders})
