@@ -40,6 +40,10 @@ from inhouse.engine.kernels.build import cpu_flags
 from inhouse.gateway.backends import sample_totals
 from inhouse.launch.ports import free_port
 from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME
+from inhouse.up.command import REPLICA_KEY_ENV
+
+REPLICA_KEY = "prefix-routing-bench"  # every replica's key: llama.cpp's /metrics asks for it
+REPLICA_AUTH = {"Authorization": f"Bearer {REPLICA_KEY}"}
 
 WORDS = (  # noqa: SIM905 (a sentence of words reads better than a list of 57 strings)
     "tenant landlord premises repair deposit notice clause term rent payment schedule party "
@@ -83,10 +87,10 @@ class Up:
     def __init__(self, engine: str, replicas: int, routing: str, home: Path) -> None:
         self.port = free_port()
         self.log = home / "up.log"
-        argv = [sys.executable, "-m", "inhouse.cli", "up", "--engine", engine, "--replicas",
+        argv = [sys.executable, "-m", "inhouse", "up", "--engine", engine, "--replicas",
                 str(replicas), "--routing", routing, "--port", str(self.port),
                 "--no-embeddings", "--max-model-len", "4096"]  # fmt: skip
-        env = {**os.environ, "INHOUSE_HOME": str(home / "home")}
+        env = {**os.environ, "INHOUSE_HOME": str(home / "home"), REPLICA_KEY_ENV: REPLICA_KEY}
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.gateway = f"http://127.0.0.1:{self.port}"
@@ -102,7 +106,8 @@ class Up:
     def counters(self) -> dict[str, float]:
         totals: dict[str, float] = {}
         for url in self.replicas:
-            for name, value in sample_totals(httpx.get(f"{url}/metrics", timeout=30).text).items():
+            page = httpx.get(f"{url}/metrics", headers=REPLICA_AUTH, timeout=30).text
+            for name, value in sample_totals(page).items():
                 totals[name] = totals.get(name, 0.0) + value
         return totals
 
@@ -159,6 +164,8 @@ def measure(engine: str, replicas: int, routing: str, args: argparse.Namespace) 
         up = Up(engine, replicas, routing, Path(home))
         try:
             mix = shared_prefix_mix(args.docs, args.questions, args.doc_tokens, args.seed)
+            warm = unique_prompts(4 * replicas, 100, args.seed + 2)  # unmeasured
+            asyncio.run(run_mix(up, warm, args.concurrency, 4))
             before = up.counters()
             results = asyncio.run(run_mix(up, mix, args.concurrency, args.max_tokens))
             after = up.counters()

@@ -156,4 +156,5 @@ def test_unknown_engine_routing_and_tp_without_a_gpu_are_refused() -> None:
     tp = CliRunner().invoke(app, ["up", "--engine", "inhouse", "--tp", "2"])
     assert tp.exit_code == 2 and "--tp needs --gpu or --vram" in tp.output
     routing = CliRunner().invoke(app, ["up", "--routing", "random"])
-    assert routing.exit_code == 2 and "--routing takes one of prefix, least-loaded" in routing.output
+    assert routing.exit_code == 2
+    assert "--routing takes one of prefix, least-loaded" in routing.output

@@ -28,6 +28,8 @@ from inhouse.gateway.config import HealthSettings, Upstream
 from inhouse.http.prometheus import sample_totals
 from inhouse.launch import BACKENDS
 
+KV_TENTHS = 10  # KV usage decides between replicas in steps of a tenth (`Backend.load`)
+
 
 class BackendState(StrEnum):
     UP = "up"
@@ -56,10 +58,13 @@ class Backend:
     def routable(self) -> bool:
         return self.state is BackendState.UP and self.in_flight < self.upstream.max_in_flight
 
-    def load(self) -> tuple[float, float, int]:
-        """Sort key: requests in flight or waiting per unit of weight, then KV usage, then
-        the least recently chosen (equal replicas take turns)."""
-        return ((self.in_flight + self.waiting) / self.upstream.weight, self.kv_usage, self.picked)
+    def load(self) -> tuple[float, int, int]:
+        """Sort key: requests in flight or waiting per unit of weight, then KV usage in
+        tenths (a last scrape's sliver of a cache in use, up to a health interval old, must
+        not send every request to the other replica), then the least recently chosen
+        (equal replicas take turns)."""
+        load = (self.in_flight + self.waiting) / self.upstream.weight
+        return (load, int(self.kv_usage * KV_TENTHS), self.picked)
 
     def record_success(self, settings: HealthSettings) -> bool:
         """Count a good call; returns True if the state changed."""
