@@ -38,6 +38,7 @@ import httpx
 
 from inhouse.engine.kernels.build import cpu_flags
 from inhouse.gateway.backends import sample_totals
+from inhouse.launch import BACKENDS
 from inhouse.launch.ports import free_port
 from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME
 from inhouse.up.command import REPLICA_KEY_ENV
@@ -153,10 +154,12 @@ def hit_rate(engine: str, before: dict, after: dict, results: list[dict]) -> flo
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
-    if engine == "llama.cpp":
+    if engine == "llama.cpp":  # no prefix-cache counters: the prompt tokens it computed
         prompt = sum(r["prompt_tokens"] for r in results)
         return 1 - delta("llamacpp:prompt_tokens_total") / prompt
-    return delta("inhouse:prefix_cache_hits_total") / delta("inhouse:prefix_cache_queries_total")
+    names = BACKENDS[engine].metrics
+    assert names is not None
+    return delta(f"{names.prefix_hits[0]}_total") / delta(f"{names.prefix_queries[0]}_total")
 
 
 def measure(engine: str, replicas: int, routing: str, args: argparse.Namespace) -> dict:

@@ -9,7 +9,13 @@ import dataclasses
 
 import pytest
 
-from inhouse.gateway.affinity import BLOCK_CHARS, PrefixMemory, prefix_chain, prompt_text
+from inhouse.gateway.affinity import (
+    BLOCK_CHARS,
+    HASHED_CHARS,
+    PrefixMemory,
+    prefix_chain,
+    prompt_text,
+)
 from inhouse.gateway.backends import BackendState
 from inhouse.gateway.config import HealthSettings, ModelRoute, Upstream, load_config
 from inhouse.gateway.config_values import ConfigError
@@ -60,6 +66,11 @@ def test_the_prompt_is_read_in_the_order_an_engine_renders_it() -> None:
     assert prompt_text("completions", {"prompt": [1, 2, 3]}) == ""  # token ids: no text
     assert prompt_text("embeddings", {"input": DOCUMENT}) == ""
     assert prompt_text("chat/completions", {"messages": "not a list"}) == ""
+    long = chat(*(DOCUMENT for _ in range(60)))  # ~200k characters, more than is hashed
+    text = prompt_text("chat/completions", long)
+    assert HASHED_CHARS <= len(text) < HASHED_CHARS + 2 * len(DOCUMENT)  # not built further
+    assert prefix_chain("a", text) == chain("a", *(DOCUMENT for _ in range(60)))
+    assert len(prefix_chain("a", text)) == HASHED_CHARS // BLOCK_CHARS
 
 
 def test_a_replica_remembers_the_most_recent_blocks_it_was_sent() -> None:

@@ -28,21 +28,27 @@ BLOCK_CHARS = 256  # about 64 tokens: a few of the engines' KV blocks
 MAX_BLOCKS = 512  # blocks hashed per prompt: its first ~128k characters
 REMEMBERED_BLOCKS = 65_536  # per replica: ~16M characters, ~4M tokens of prompts
 DIGEST_BYTES = 16
+HASHED_CHARS = BLOCK_CHARS * MAX_BLOCKS
 
 
 def prompt_text(endpoint: str, body: dict[str, Any]) -> str:
     """The request's prompt in the order an engine renders it (tools first, then each
-    message's role and content); "" where the request has no prompt to cache."""
+    message's role and content), as far as `prefix_chain` reads it; "" where the request
+    has no prompt to cache."""
     if endpoint == "chat/completions":
         messages = body.get("messages")
         if not isinstance(messages, list):
             return ""
         parts = [json.dumps(body["tools"], sort_keys=True)] if body.get("tools") else []
+        length = sum(map(len, parts))
         for message in messages:
+            if length >= HASHED_CHARS:
+                break  # the rest of a long conversation is never hashed
             if isinstance(message, dict):
                 content = message.get("content")
                 text = content if isinstance(content, str) else json.dumps(content)
                 parts.append(f"{message.get('role')}\x1f{text}")
+                length += len(parts[-1]) + 1
         return "\x1e".join(parts)
     if endpoint == "completions":
         prompt = body.get("prompt")

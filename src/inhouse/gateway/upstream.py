@@ -136,8 +136,9 @@ class Forwarder:
         other is answered 502 (a client whose own key is good never reads a 401)."""
         tried: set[int] = set()
         salt = self.state.keys.cache_salt(call.key)
-        routes_by_prefix = call.route.routing == "prefix"
-        prefix = prefix_chain(salt, prompt_text(call.endpoint, body)) if routes_by_prefix else ()
+        choice = len(call.route.backends) > 1 or call.release is not None  # of replicas
+        by_prefix = call.route.routing == "prefix" and choice
+        prefix = prefix_chain(salt, prompt_text(call.endpoint, body)) if by_prefix else ()
         while True:
             pick = call.release = None if call.release is None else call.release.routable()
             pool = None if pick is None else pick.answering.pool
