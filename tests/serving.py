@@ -313,7 +313,7 @@ def pid_alive(pid: int) -> bool:
 def session_niceness(leader: int) -> tuple[list[int], int | None]:
     """How far below this process each process of the session `leader` leads runs (its
     nice, less ours), and how far below ours its session's autogroup is (None: the kernel
-    groups no sessions)."""
+    groups no sessions here)."""
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     steps = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -323,8 +323,17 @@ def session_niceness(leader: int) -> tuple[list[int], int | None]:
             continue  # gone meanwhile
         if int(fields[3]) == leader:  # field 6, the session, two after ")"'s state and ppid
             steps.append(int(fields[16]) - ours)  # field 19, nice
-    autogroup = Path("/proc/self/autogroup")
-    if not autogroup.exists():
+    groups = [_autogroup_nice("self"), _autogroup_nice(str(leader))]
+    if None in groups:
         return steps, None
-    theirs = Path(f"/proc/{leader}/autogroup").read_text().split()[-1]
-    return steps, int(theirs) - int(autogroup.read_text().split()[-1])
+    return steps, groups[1] - groups[0]
+
+
+def _autogroup_nice(pid: str) -> int | None:
+    """The nice of `pid`'s session autogroup; None where the kernel has no autogroups or the
+    process sits in a cgroup's task group instead (the file is then empty), as in a container."""
+    try:
+        words = Path(f"/proc/{pid}/autogroup").read_text().split()
+    except OSError:
+        return None
+    return int(words[-1]) if words else None
