@@ -1,7 +1,8 @@
 """The pieces that make a request's bits independent of its batch, checked bit for bit.
 
-bf16 projections run their rows in the block sizes :func:`invariant_row_blocks` keeps (oneDNN's
-bf16 kernels change summation order with the row count), and on a CPU with the kernels
+bf16 projections run on AMX bf16 tiles, one order at any row count (``test_bf16_tiles.py``),
+or where a host has none their rows in the block sizes :func:`invariant_row_blocks` keeps
+(oneDNN's bf16 kernels change summation order with the row count), and on a CPU with the kernels
 built every query row is attended by the C++ kernel on its own, so a prefill chunked
 beside other sequences sums each query exactly as the whole prompt alone does (torch's
 SDPA does not: where its flash split falls moves with the padding and, under AVX2, with
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from engine_helpers import needs_kernels
 
 from inhouse.engine.attention import build_attention_metadata, paged_attention
+from inhouse.engine.kernels.build import load_kernels
 from inhouse.engine.models.llama import Linear
 from inhouse.engine.models.row_blocks import BLOCK_SIZES, invariant_row_blocks, split_rows
 
@@ -42,9 +44,14 @@ def test_bf16_projection_rows_equal_each_row_alone_in_the_probed_blocks():
             assert torch.equal(got, alone[start : start + rows]), (rows, start)
 
 
-def test_bundled_bf16_model_blocks_every_projection(bundled_model_bf16):
-    projections = [m for m in bundled_model_bf16.model.modules() if isinstance(m, Linear)]
-    assert projections and all(p.row_blocks and p.row_blocks[-1] == 1 for p in projections)
+def test_bundled_bf16_model_puts_every_projection_on_tiles_or_in_blocks(bundled_model_bf16):
+    """On bf16 tiles where the host has them (``test_bf16_tiles.py``), else in blocks."""
+    model = bundled_model_bf16.model
+    projections = [m for m in model.modules() if isinstance(m, Linear)]  # the LM head tied
+    tiles = load_kernels() is not None and torch.ops.inhouse_cpu.bf16_linear_ready()
+    assert projections and model.bf16_tiles == tiles
+    for p in projections:
+        assert p.tiles is not None if tiles else p.row_blocks[-1] == 1
 
 
 def test_rows_split_into_the_checked_sizes_only():

@@ -40,7 +40,7 @@ class ModelRunner:
         self.attention_kernel = loaded.attention_kernel
         # q8/q4 steps run on the kernels' pool alone: OpenMP's threads, still spinning after
         # an attention call, would take the cores from the pool's next linear
-        self.kernel_pool = loaded.quantization in ("q8", "q4")
+        self.kernel_pool = loaded.quantization in ("q8", "q4") or loaded.model.bf16_tiles
         row = loaded.kv_row_width
         shape = (args.num_layers, 2, num_blocks * block_size, args.num_kv_heads, row)
         self.kv_cache = _zeroed(shape, loaded.kv_dtype, loaded.device)

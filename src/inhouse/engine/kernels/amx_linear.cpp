@@ -55,10 +55,6 @@ constexpr int64_t kColumns = 2 * kTile;               // outputs a tile product 
 constexpr int64_t kPackedGroupBytes = kGroup * kColumns;  // one group's B tile: 8 rows of 64
 constexpr int64_t kPrefetchGroups = 4;  // groups ahead: 2 a line (32 codes), so 2 lines ahead
 
-bool granted() {
-  static const bool ok = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  return ok;
-}
 
 // Palette 1: tiles 0-1 are products C (16 rows of 16 int32), 2-3 activations A (16 rows of
 // one group's 32 codes), 4-5 weights B (8 rows of 16 outputs' 4 codes).
@@ -249,6 +245,15 @@ bool use_amx(bool enable) {
 }
 
 }  // namespace
+
+bool granted() {
+#ifdef INHOUSE_AMX
+  static const bool ok = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return ok;
+#else
+  return false;
+#endif
+}
 
 bool enabled() {
 #ifdef INHOUSE_AMX

@@ -25,6 +25,9 @@ struct LinearArgs {
   float* out;
 };
 
+// Whether this process may use the tiles: compiled for AMX and granted by Linux (asked once).
+bool granted();
+
 // Whether the tiles run the passes: compiled for AMX, granted by Linux, and not turned off.
 bool enabled();
 

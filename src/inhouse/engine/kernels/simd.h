@@ -102,6 +102,29 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(poly, _mm256_castsi256_ps(two_k));
 }
 
+// x rounded to bfloat16 as c10::BFloat16 rounds it (nearest even; NaN: the quiet NaN),
+// still a float: the value a bf16 tensor op stores.
+inline __m256 round_bf16(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i up = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+  const __m256 rounded = _mm256_castsi256_ps(_mm256_and_si256(up, _mm256_set1_epi32(~0xffff)));
+  const __m256 quiet_nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+  return _mm256_blendv_ps(rounded, quiet_nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+// Stores 8 floats: float32 as they are, float16 rounded to nearest, bfloat16 already
+// rounded by round_bf16 (its upper halves).
+inline void store8(float* p, __m256 x) { _mm256_storeu_ps(p, x); }
+inline void store8(c10::Half* p, __m256 x) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+}
+inline void store8(c10::BFloat16* p, __m256 rounded) {
+  const __m256i high = _mm256_srli_epi32(_mm256_castps_si256(rounded), 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1)));
+}
+
 inline __m256 fma8(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
 #ifdef INHOUSE_AVX512
 inline __m512 fma16(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }

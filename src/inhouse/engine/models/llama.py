@@ -117,9 +117,11 @@ class Linear(nn.Module):
     product runs in float32 on it: half the bytes per weight of float32, with AVX2
     kernels. After :meth:`quantize` it lives in 32-weight blocks of int8 or 4-bit codes
     (see :mod:`inhouse.engine.kernels.quant`) multiplied by our C++ kernels. The bytes a
-    decode step streams are what decide its speed on a CPU. With ``row_blocks`` set (bf16
-    on CPU, see :mod:`inhouse.engine.models.row_blocks`) rows are multiplied in blocks of
-    those checked sizes only, so each row's bits do not depend on the batch.
+    decode step streams are what decide its speed on a CPU. After :meth:`pack_bf16_tiles`
+    (bf16 on an AMX CPU) it lives in the AMX tiles' layout and every row count runs on the
+    tiles the same way (``bf16_linear.cpp``). Elsewhere, with ``row_blocks`` set (bf16 on
+    CPU, see :mod:`inhouse.engine.models.row_blocks`) rows are multiplied in blocks of
+    those checked sizes only. Either way each row's bits do not depend on the batch.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, like: dict) -> None:
@@ -128,6 +130,7 @@ class Linear(nn.Module):
         self.bias = _empty(out_features, like=like) if bias else None
         self.packed: torch.ScriptObject | None = None
         self.quantized: quant.QuantizedWeight | None = None
+        self.tiles: torch.Tensor | None = None  # bf16, packed for the AMX tiles
         self.row_blocks: tuple[int, ...] = ()  # (): all rows in one product
 
     def pack_fp16(self, keep_weight: bool = False) -> None:
@@ -144,9 +147,17 @@ class Linear(nn.Module):
             self.bias = nn.Parameter(self.bias.data.float(), requires_grad=False)
         self.weight = None
 
+    def pack_bf16_tiles(self, keep_weight: bool = False) -> None:
+        """Hold the bf16 weight in the AMX tiles' layout (``pack_bf16``)."""
+        self.tiles = torch.ops.inhouse_cpu.pack_bf16(self.weight.data)
+        if not keep_weight:
+            self.weight = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
             return quant.linear(x, self.quantized, self.bias)
+        if self.tiles is not None:
+            return torch.ops.inhouse_cpu.linear_bf16(x, self.tiles, self.bias)
         if self.packed is not None:
             return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
         if self.row_blocks:
@@ -173,7 +184,8 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), self.shape, None, self.eps).to(x.dtype)
 
     def add_and_norm(self, residual: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
-        """``residual += delta`` in place, then this norm of it, in one C++ pass (float32)."""
+        """``residual += delta`` in place, then this norm of it, in one C++ pass (float32 or
+        bfloat16, rounded as :meth:`forward` rounds)."""
         return torch.ops.inhouse_cpu.add_rms_norm(residual, delta, self.weight, self.eps)
 
 
@@ -303,6 +315,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, like)
         self.fused_norms = False  # residual adds fused into the norms (see fuse_cpu_ops)
         self.decode_weights: list[torch.Tensor | None] | None = None  # see fuse_cpu_ops
+        self.bf16_tiles = False  # projections on the AMX tiles (see pack_bf16_tiles)
         self.lm_head = (
             self.embed_tokens
             if args.tie_word_embeddings
@@ -420,12 +433,37 @@ class LlamaForCausalLM(nn.Module):
         self.fused_norms = True
         self.decode_weights = _decode_weights(self.layers)
 
+    def fuse_bf16_ops(self) -> None:
+        """Run rotary + K/V write and each residual add + RMSNorm through the C++ kernels in
+        bfloat16, rounded where the eager modules round (kernels loaded; Qwen3's per-head q/k
+        norm keeps its attention eager, as in :meth:`fuse_cpu_ops`). SwiGLU stays eager:
+        torch's bf16 silu is faster than the float kernel's exact e^x."""
+        for layer in self.layers:
+            layer.self_attn.fused = layer.self_attn.q_norm is None
+        self.fused_norms = True
+
+    def pack_bf16_tiles(self) -> int:
+        """Put every bf16 projection whose shape fits the tiles (out a multiple of 16, in of
+        32) in their layout, the embedding keeping its table for lookups; returns how many."""
+        packed = 0
+        for module in self.modules():
+            if module is self.embed_tokens and module is not self.lm_head:
+                continue  # looked up only
+            if isinstance(module, Linear) and module.weight is not None:
+                out_features, in_features = module.weight.shape
+                if out_features % 16 == 0 and in_features % 32 == 0:
+                    module.pack_bf16_tiles(keep_weight=module is self.embed_tokens)
+                    packed += 1
+        self.bf16_tiles = packed > 0
+        return packed
+
     def block_rows(self) -> dict[tuple[int, ...], tuple[int, ...]]:
-        """Give every float projection the row counts this CPU keeps invariant for its shape
-        (probed once per shape, see :func:`invariant_row_blocks`); returns them by shape."""
+        """Give every float projection off the tiles the row counts this CPU keeps invariant
+        for its shape (probed once per shape, see :func:`invariant_row_blocks`); returns them
+        by shape."""
         blocks: dict[tuple[int, ...], tuple[int, ...]] = {}
         for module in self.modules():
-            if isinstance(module, Linear) and module.weight is not None:
+            if isinstance(module, Linear) and module.weight is not None and module.tiles is None:
                 shape = (*module.weight.shape, module.bias is not None)
                 if shape not in blocks:
                     blocks[shape] = invariant_row_blocks(module.weight, module.bias)

@@ -310,7 +310,7 @@ def load_model(
     if quant in ("q8", "q4"):
         model.fuse_cpu_ops()
     elif dev.type == "cpu" and torch_dtype == torch.bfloat16:
-        reason += f"; {describe_blocks(model.block_rows())}"
+        reason += f"; {_bf16_products(model)}"
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return LoadedModel(
         model=model,
@@ -329,6 +329,20 @@ def load_model(
         path_reason=reason,
         attention_kernel=_attention_kernel(dev, torch_dtype, quant),
     )
+
+
+def _bf16_products(model: LlamaForCausalLM) -> str:
+    """Run a bf16 model's products on the AMX tiles where this process has them, the rest
+    (all, elsewhere) in checked row blocks, and rotary and the norms in C++ where the
+    kernels are built; one clause saying which."""
+    tiled = 0
+    if load_kernels() is not None:
+        model.fuse_bf16_ops()
+        if torch.ops.inhouse_cpu.bf16_linear_ready():
+            tiled = model.pack_bf16_tiles()
+    blocks = model.block_rows()
+    said = [f"{tiled} bf16 projections on AMX tiles, one order at any row count"] if tiled else []
+    return "; ".join(said + ([describe_blocks(blocks)] if blocks else []))
 
 
 def _attention_kernel(device: torch.device, dtype: torch.dtype, quantization: str) -> bool:
