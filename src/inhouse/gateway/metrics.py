@@ -109,6 +109,24 @@ class GatewayMetrics:
             ["model_name"],
             registry=r,
         )
+        self.replicas = Gauge(
+            "inhouse:replicas",
+            "Replicas of each model the gateway routes to (not counting those draining).",
+            ["model_name"],
+            registry=r,
+        )
+        self.replicas_max = Gauge(
+            "inhouse:replicas_max",
+            "The most replicas `inhouse up --replicas MIN:MAX` may run of a model (its MAX).",
+            ["model_name"],
+            registry=r,
+        )
+        self.scale_events = Counter(
+            "inhouse:scale_events",
+            "Replicas started (up) or drained (down) by the autoscaler, by the signal why.",
+            ["model_name", "direction", "reason"],
+            registry=r,
+        )
         self.team_budget = Gauge(
             "inhouse:gateway_team_budget_used_ratio",
             "Share of each team's token quota or money budget its period has used (1 = spent).",
@@ -178,6 +196,15 @@ class GatewayMetrics:
                     state is b.state
                 )
             self.backend_in_flight.labels(b.model, b.upstream.name).set(b.in_flight)
+
+    def ttft_buckets(self, model: str) -> list[tuple[float, float]]:
+        """The model's time-to-first-token histogram as (upper bound, cumulative count)."""
+        return [
+            (float(sample.labels["le"]), sample.value)
+            for family in self.ttft.collect()
+            for sample in family.samples
+            if sample.name.endswith("_bucket") and sample.labels["model_name"] == model
+        ]
 
     def observe_teams(self, teams: Iterable[Team], now: float) -> None:
         """Set each team's used share of its quota ("tokens") and budget ("money")."""
