@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from inhouse.gateway import metric_names as names
 from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.keys import valid_key_name
 from inhouse.gateway.usage.teams import Team
@@ -86,7 +87,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.queue_depth = Gauge(
-            "inhouse:gateway_queue_depth",
+            names.QUEUE_DEPTH,
             "Requests waiting for a replica.",
             ["model_name"],
             registry=r,
@@ -110,19 +111,19 @@ class GatewayMetrics:
             registry=r,
         )
         self.replicas = Gauge(
-            "inhouse:replicas",
+            names.REPLICAS,
             "Replicas of each model the gateway routes to (not counting those draining).",
             ["model_name"],
             registry=r,
         )
         self.replicas_max = Gauge(
-            "inhouse:replicas_max",
+            names.REPLICAS_MAX,
             "The most replicas `inhouse up --replicas MIN:MAX` may run of a model (its MAX).",
             ["model_name"],
             registry=r,
         )
         self.scale_events = Counter(
-            "inhouse:scale_events",
+            names.SCALE_EVENTS,
             "Replicas started (up) or drained (down) by the autoscaler, by the signal why.",
             ["model_name", "direction", "reason"],
             registry=r,
