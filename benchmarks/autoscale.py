@@ -46,7 +46,7 @@ class Stack:
         self.port, self.home, self.lines = free_port(), home, []
         argv = [sys.executable, "-m", "inhouse", "up", *args, "--port", str(self.port),
                 "--no-embeddings"]  # fmt: skip
-        env = {**os.environ, "INHOUSE_HOME": str(home)}
+        env = {**os.environ, "INHOUSE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, env=env)  # fmt: skip
         threading.Thread(target=self._follow, daemon=True).start()
@@ -207,14 +207,15 @@ def main() -> None:
     if scaled["decided"] is None:
         print("  1:3: never scaled up")
         return
-    at = {k: scaled[k] - scaled["step"] for k in ("decided", "started", "ready") if scaled[k]}
+    nan = float("nan")
+    at = {k: (scaled[k] or nan) - scaled["step"] for k in ("decided", "started", "ready")}
     startup = at["ready"] - at["started"]
-    served = scaled["served"] - scaled["step"] if scaled["served"] else float("nan")
+    served = (scaled["served"] or nan) - scaled["step"]
     window = float(args.up_after.rstrip("s"))
     print(f"  1:3: second replica decided at +{at['decided']:.1f} s, started +"
           f"{at['started']:.1f} s, ready +{at['ready']:.1f} s (start-up {startup:.1f} s), "
           f"first served +{served:.1f} s; start-up + one window = {startup + window:.1f} s: "
-          f"{'within' if served <= startup + window + 1 else 'LATE'}")  # fmt: skip
+          f"{'within' if served <= startup + window + 1 else 'LATE or unknown'}")  # fmt: skip
     print(
         f"  1:3: back to 1 replica {scaled['back'] - scaled['step'] - args.step_s:.0f} s "
         "after the step ended"
