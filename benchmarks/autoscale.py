@@ -212,10 +212,12 @@ def main() -> None:
     startup = at["ready"] - at["started"]
     served = (scaled["served"] or nan) - scaled["step"]
     window = float(args.up_after.rstrip("s"))
+    on_time = served <= startup + window + 1  # + the autoscaler's one-second tick
+    verdict = "within (+1 s tick)" if on_time else "LATE or unknown"
     print(f"  1:3: second replica decided at +{at['decided']:.1f} s, started +"
           f"{at['started']:.1f} s, ready +{at['ready']:.1f} s (start-up {startup:.1f} s), "
           f"first served +{served:.1f} s; start-up + one window = {startup + window:.1f} s: "
-          f"{'within' if served <= startup + window + 1 else 'LATE or unknown'}")  # fmt: skip
+          f"{verdict}")  # fmt: skip
     print(
         f"  1:3: back to 1 replica {scaled['back'] - scaled['step'] - args.step_s:.0f} s "
         "after the step ended"
