@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,6 +213,37 @@ def start_serve(
         raise
     served.model = models["data"][0]["id"]
     return served
+
+
+@contextmanager
+def up_stack(tmp_path: Path, name: str, *args: str, ready: int = 1) -> Iterator[dict]:
+    """`inhouse up ARGS --no-embeddings` in its own `$INHOUSE_HOME`, once the gateway is
+    healthy and `ready` replicas said so: its URL, admin secret, replicas by label, env,
+    database and log. Ctrl-C at the end."""
+    port, log = free_port(), tmp_path / f"up-{name}.log"
+    home = tmp_path / f"home-{name}"
+    env = {**os.environ, "INHOUSE_HOME": str(home)}
+    argv = [*inhouse_command(), "up", *args, "--port", str(port), "--no-embeddings"]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", process, log, 300)
+        deadline = time.monotonic() + 300
+        while log.read_text().count(" is ready on ") < ready:
+            assert process.poll() is None and time.monotonic() < deadline, log_tail(log)
+            time.sleep(0.5)
+        text = log.read_text()
+        yield {
+            "gateway": f"http://127.0.0.1:{port}",
+            "admin": re.findall(r"^ih-\S+$", text, re.MULTILINE)[0],
+            "replicas": dict(re.findall(r"^replica (\S+): pid \d+ on (\S+)$", text, re.MULTILINE)),
+            "env": env,
+            "database": f"sqlite:///{home / 'gateway.db'}",
+            "log": log,
+        }
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
 
 
 def audit_rows(

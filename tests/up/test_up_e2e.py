@@ -158,3 +158,25 @@ def test_unknown_engine_routing_and_tp_without_a_gpu_are_refused() -> None:
     routing = CliRunner().invoke(app, ["up", "--routing", "random"])
     assert routing.exit_code == 2
     assert "--routing takes one of prefix, least-loaded" in routing.output
+
+
+@pytest.mark.parametrize(
+    ("replicas", "says"),
+    [
+        ("3:1", "MAX (1) is below MIN (3)"),
+        ("0:2", "at least one replica must run"),
+        ("0", "at least one replica must run"),
+        ("a:b", "--replicas takes N or MIN:MAX"),
+        ("1:2:3", "--replicas takes N or MIN:MAX"),
+    ],
+)
+def test_a_bad_replica_range_is_refused_before_anything_starts(replicas: str, says: str) -> None:
+    result = CliRunner().invoke(app, ["up", "--replicas", replicas])
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert "replica inhouse:1" not in result.output and "Traceback" not in result.output
+
+
+def test_scale_marks_that_would_flap_are_refused() -> None:
+    args = ["up", "--replicas", "1:2", "--scale-down-below", "1.5", "--scale-up-above", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "no flapping" in result.output, result.output

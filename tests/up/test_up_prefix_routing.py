@@ -6,13 +6,7 @@ were); with `--routing least-loaded` equal replicas take turns whatever the prom
 
 from __future__ import annotations
 
-import os
-import re
-import signal
 import subprocess
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -20,7 +14,7 @@ import openai
 import pytest
 
 from inhouse.gateway.backends import sample_totals
-from serving import audit_rows, free_port, inhouse_command, log_tail, wait_healthy
+from serving import audit_rows, inhouse_command, up_stack
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -31,34 +25,6 @@ DOCUMENTS = [
 ]
 ROUTED = "inhouse:gateway_prefix_routed_total"
 HITS = "inhouse:prefix_cache_hits_total"
-
-
-@contextmanager
-def up(tmp_path: Path, routing: str) -> Iterator[dict]:
-    port, log = free_port(), tmp_path / f"up-{routing}.log"
-    env = {**os.environ, "INHOUSE_HOME": str(tmp_path / f"home-{routing}")}
-    argv = [*inhouse_command(), "up", "--replicas", "2", "--routing", routing, "--port", str(port)]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [*argv, "--no-embeddings"], stdout=out, stderr=subprocess.STDOUT, env=env
-        )
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", process, log, 300)
-        deadline = time.monotonic() + 300
-        while log.read_text().count(" is ready on ") < 2:
-            assert process.poll() is None and time.monotonic() < deadline, log_tail(log)
-            time.sleep(0.5)
-        text = log.read_text()
-        yield {
-            "gateway": f"http://127.0.0.1:{port}",
-            "admin": re.findall(r"^ih-\S+$", text, re.MULTILINE)[0],
-            "replicas": dict(re.findall(r"^replica (\S+): pid \d+ on (\S+)$", text, re.MULTILINE)),
-            "env": env,
-            "database": f"sqlite:///{tmp_path / f'home-{routing}' / 'gateway.db'}",
-        }
-    finally:
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=60)
 
 
 def key(stack: dict, name: str) -> str:
@@ -83,7 +49,7 @@ def totals(url: str) -> dict[str, float]:
 def test_a_documents_questions_go_back_to_its_replica_and_not_across_tenants(
     tmp_path: Path,
 ) -> None:
-    with up(tmp_path, "prefix") as stack:
+    with up_stack(tmp_path, "prefix", "--replicas", "2", "--routing", "prefix", ready=2) as stack:
         tenant_a, tenant_b = key(stack, "tenant-a"), key(stack, "tenant-b")
         for document in DOCUMENTS:
             for question in ("Who meets?", "On which day?", "What is article 3?"):
@@ -106,7 +72,9 @@ def test_a_documents_questions_go_back_to_its_replica_and_not_across_tenants(
 
 
 def test_least_loaded_routing_takes_turns_whatever_the_prompt(tmp_path: Path) -> None:
-    with up(tmp_path, "least-loaded") as stack:
+    with up_stack(
+        tmp_path, "least-loaded", "--replicas", "2", "--routing", "least-loaded", ready=2
+    ) as stack:
         for question in ("Who meets?", "On which day?", "What is article 3?", "Who chairs?"):
             ask(stack, stack["admin"], DOCUMENTS[0], question)
         rows = audit_rows(stack["database"], "admin", expect=4)

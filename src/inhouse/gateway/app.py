@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -70,8 +71,14 @@ def journal_dir(config: GatewayConfig) -> Path:
     return db_file.with_name(db_file.name + ".audit")
 
 
-def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySizeLimit:
-    """The ASGI app over a built Gateway; background tasks run for the app's lifetime.
+Background = Callable[[Gateway], Coroutine[Any, Any, None]]  # a loop run beside the gateway
+
+
+def create_app(
+    gateway: Gateway, access_log: AccessLog | None = None, background: Sequence[Background] = ()
+) -> BodySizeLimit:
+    """The ASGI app over a built Gateway; background tasks run for the app's lifetime,
+    with each of `background` (`inhouse up`'s autoscaler) on the gateway's event loop.
 
     Bodies over `max_request_body` get 413 before anything reads or authenticates them
     (so they are not in the access log)."""
@@ -89,7 +96,8 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
             gateway.releases.store, gateway.release_metrics, gateway.releases.candidates,
             gateway.config.releases.guard_interval_s,
         )  # fmt: skip
-        loops = (checker.run(), gateway.audit.run(), guardrail.run(), gateway.state.holds.run())
+        loops = (checker.run(), gateway.audit.run(), guardrail.run(), gateway.state.holds.run(),
+                 *(loop(gateway) for loop in background))  # fmt: skip
         tasks = [asyncio.create_task(loop) for loop in loops]
         try:
             yield
@@ -134,6 +142,7 @@ def create_app(gateway: Gateway, access_log: AccessLog | None = None) -> BodySiz
         gateway.metrics.observe_backends(gateway.router.all_backends())
         for name in gateway.router.routes:
             gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
+            gateway.metrics.replicas.labels(name).set(gateway.router.replicas(name))
         gateway.metrics.observe_teams(await asyncio.to_thread(gateway.teams.list), time.time())
         return Response(gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")
 

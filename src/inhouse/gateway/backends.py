@@ -52,11 +52,16 @@ class Backend:
     last_error: str | None = None
     last_check: float | None = None
     picked: int = 0  # when the router last chose it: ties go to the longest unchosen
+    draining: bool = False  # sent no new request; its running ones finish (`Router.drain`)
     prefixes: PrefixMemory = field(default_factory=PrefixMemory)  # prompts sent (`affinity`)
 
     @property
     def routable(self) -> bool:
-        return self.state is BackendState.UP and self.in_flight < self.upstream.max_in_flight
+        return (
+            self.state is BackendState.UP
+            and not self.draining
+            and self.in_flight < self.upstream.max_in_flight
+        )
 
     def load(self) -> tuple[float, int, int]:
         """Sort key: requests in flight or waiting per unit of weight, then KV usage in
@@ -105,6 +110,7 @@ class Backend:
             "name": self.upstream.name,
             "state": self.state.value,
             "in_flight": self.in_flight,
+            "draining": self.draining,
             "max_num_seqs": self.upstream.max_num_seqs,
             "waiting": self.waiting,
             "url": self.upstream.url,

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from inhouse.gateway import metric_names as names
 from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.keys import valid_key_name
 from inhouse.gateway.usage.teams import Team
@@ -86,7 +87,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.queue_depth = Gauge(
-            "inhouse:gateway_queue_depth",
+            names.QUEUE_DEPTH,
             "Requests waiting for a replica.",
             ["model_name"],
             registry=r,
@@ -107,6 +108,24 @@ class GatewayMetrics:
             "inhouse:gateway_mean_prompt_tokens",
             "Mean prompt tokens the backends reported over the last N requests (context creep).",
             ["model_name"],
+            registry=r,
+        )
+        self.replicas = Gauge(
+            names.REPLICAS,
+            "Replicas of each model the gateway routes to (not counting those draining).",
+            ["model_name"],
+            registry=r,
+        )
+        self.replicas_max = Gauge(
+            names.REPLICAS_MAX,
+            "The most replicas `inhouse up --replicas MIN:MAX` may run of a model (its MAX).",
+            ["model_name"],
+            registry=r,
+        )
+        self.scale_events = Counter(
+            names.SCALE_EVENTS,
+            "Replicas started (up) or drained (down) by the autoscaler, by the signal why.",
+            ["model_name", "direction", "reason"],
             registry=r,
         )
         self.team_budget = Gauge(
@@ -178,6 +197,15 @@ class GatewayMetrics:
                     state is b.state
                 )
             self.backend_in_flight.labels(b.model, b.upstream.name).set(b.in_flight)
+
+    def ttft_buckets(self, model: str) -> list[tuple[float, float]]:
+        """The model's time-to-first-token histogram as (upper bound, cumulative count)."""
+        return [
+            (float(sample.labels["le"]), sample.value)
+            for family in self.ttft.collect()
+            for sample in family.samples
+            if sample.name.endswith("_bucket") and sample.labels["model_name"] == model
+        ]
 
     def observe_teams(self, teams: Iterable[Team], now: float) -> None:
         """Set each team's used share of its quota ("tokens") and budget ("money")."""

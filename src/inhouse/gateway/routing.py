@@ -84,9 +84,27 @@ class Router:
         self.service_s: dict[str, float] = {}  # per model: recent seconds a call holds a slot
         self._holding: dict[str, dict[float, int]] = {}  # per model: slots held since when
         self.extra: list[Backend] = []  # replicas only a release names (see `canary`)
+        self.generation = 0  # counts replicas added and removed at run time (`add`, `remove`)
 
     def all_backends(self) -> list[Backend]:
         return [b for group in self.backends.values() for b in group] + self.extra
+
+    def add(self, backend: Backend) -> None:
+        """Route to a replica started at run time (`inhouse up --replicas MIN:MAX`) from now
+        on, and let its model's waiters try it."""
+        self.backends[backend.model].append(backend)
+        self.generation += 1
+        self.wake(backend.model)
+
+    def remove(self, backend: Backend) -> None:
+        """Forget a replica (drained first: `Backend.draining`, then no request in flight)."""
+        backend.draining = True  # a release's pool may hold it until its view is resolved again
+        self.backends[backend.model].remove(backend)
+        self.generation += 1
+
+    def replicas(self, model: str) -> int:
+        """The model's replicas not being drained."""
+        return sum(1 for b in self.backends[model] if not b.draining)
 
     def queue_depth(self, model: str, up_to_rank: int | None = None) -> int:
         """Requests waiting for `model` (of classes ranked `up_to_rank` or sooner)."""

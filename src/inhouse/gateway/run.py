@@ -9,18 +9,23 @@ from typing import TYPE_CHECKING
 from inhouse.gateway.config import GatewayConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import uvicorn
 
+    from inhouse.gateway.app import Background
 
-def gateway_server(config: GatewayConfig) -> uvicorn.Server:
-    """The gateway as a uvicorn server (`inhouse up` stops it when no replica starts)."""
+
+def gateway_server(config: GatewayConfig, background: Sequence[Background] = ()) -> uvicorn.Server:
+    """The gateway as a uvicorn server (`inhouse up` stops it when no replica starts), with
+    `background` loops on its event loop (`app.create_app`)."""
     import uvicorn
 
     from inhouse.gateway.access_log import AccessLog
     from inhouse.gateway.app import build_gateway, create_app
 
     access_log = AccessLog() if config.access_log else None
-    app = create_app(build_gateway(config), access_log)
+    app = create_app(build_gateway(config), access_log, background)
     # What start-up built (imports, config, routes: ~80k objects) lives as long as the
     # process; frozen, it stays out of every later collection a request's garbage triggers.
     gc.freeze()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from inhouse.gateway import metric_names as gateway_names
 from inhouse.launch import metric_names as names
 from inhouse.observe.rules import ENGINE_PREFIX, ITL
 
@@ -188,6 +189,26 @@ def rows() -> list[Row]:
                             "{{backend}}",
                         )
                     ],
+                ),
+                Panel(
+                    "Replicas and scale events",
+                    [
+                        (
+                            f"max by (model_name) ({gateway_names.REPLICAS}{{{MODEL}}})",
+                            "replicas {{model_name}}",
+                        ),
+                        (
+                            f"max by (model_name) ({gateway_names.REPLICAS_MAX}{{{MODEL}}})",
+                            "max {{model_name}}",
+                        ),
+                        (
+                            "sum by (model_name, direction, reason) "
+                            f"(increase({gateway_names.SCALE_EVENTS}_total{{{MODEL}}}[{RATE}]))",
+                            "{{direction}} ({{reason}}) {{model_name}}",
+                        ),
+                    ],
+                    description="`inhouse up --replicas MIN:MAX`: replicas routed to, the MAX, "
+                    "and each replica started (up) or drained (down) with the signal why.",
                 ),
                 Panel(
                     "Queue depth and fallbacks",

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from inhouse.gateway import metric_names as gateway_names
 from inhouse.launch import BACKENDS
 from inhouse.launch import metric_names as names
 
@@ -75,6 +76,7 @@ class AlertThresholds:
     creep_window: str = "1h"
     creep_baseline: str = "7d"
     creep_for: str = "1h"
+    at_max_for: str = "30m"  # `inhouse up --replicas MIN:MAX` held at MAX this long
 
     def with_slo(self, ttft_s: float | None, tpot_s: float | None) -> AlertThresholds:
         """These thresholds with the SLO's objectives where it sets them."""
@@ -297,6 +299,19 @@ def alerting_rules(t: AlertThresholds) -> list[dict[str, Any]]:
             "Team {{ $labels.team }} has spent its {{ $labels.budget }} budget for this period.",
             "A hard-stop team's keys now get 429 insufficient_quota until the period resets; "
             "a warn-only team keeps being served. Raise the budget or wait for the reset.",
+        ),
+        _alert(
+            "InhouseReplicasAtMax",
+            f"max by (model_name) ({gateway_names.REPLICAS})\n"
+            f">= max by (model_name) ({gateway_names.REPLICAS_MAX})",
+            t.at_max_for,
+            "warning",
+            "{{ $labels.model_name }} has run its most replicas ({{ $value }}) for "
+            f"{t.at_max_for}: the autoscaler can add no more.",
+            "The load needs more than MAX replicas, or a replica is too small for it. Check "
+            "model:time_to_first_token_seconds:p99 and queueing against the SLO; raise MAX "
+            "where the hardware has room (`inhouse up --replicas MIN:MAX`), add a host, or "
+            "re-plan (`inhouse plan`) for more sequences per replica.",
         ),
     ]
     if t.max_num_seqs is not None:

@@ -1,4 +1,5 @@
-"""`inhouse up`: N replicas of an engine on private loopback ports behind the gateway.
+"""`inhouse up`: N replicas of an engine on private loopback ports behind the gateway, or
+MIN to MAX of them started and drained on load (`up.autoscale`).
 
 With `--gpu`/`--vram` the plan decides every engine flag; without, each engine sizes
 itself for this machine (`--max-model-len` and `--max-num-seqs` still apply). Each
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -44,7 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["ensure_admin_key", "up_command"]
 
 ADMIN_KEY = "admin"
-EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"  # the name `inhouse serve` gives its bundled embedder
 EXIT_BAD_INPUT = 2
 EXIT_NO_REPLICA = 1
 WATCH_INTERVAL_S = 1.0
@@ -57,7 +58,9 @@ def up_command(
         typer.Argument(help="GGUF file, HF folder or catalogue name; omit for bundled SmolLM2."),
     ] = None,
     engine: Annotated[str, typer.Option(help="inhouse, llama.cpp, vllm or sglang.")] = "inhouse",
-    replicas: Annotated[int, typer.Option(min=1, help="Engine processes behind the gateway.")] = 1,
+    replicas: Annotated[
+        str, typer.Option(help="Engine processes behind the gateway: N, or MIN:MAX to scale.")
+    ] = "1",
     host: Annotated[str, typer.Option(help="Gateway address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Gateway port.")] = 8000,
     database: Annotated[
@@ -92,15 +95,33 @@ def up_command(
         Path | None,
         typer.Option(help="TOML file whose \\[cost] section prices team budgets (inhouse cost)."),
     ] = None,
+    scale_up_after: Annotated[str, typer.Option(help="MIN:MAX: load high this long.")] = "30s",
+    scale_down_after: Annotated[str, typer.Option(help="MIN:MAX: load low this long.")] = "5m",
+    scale_cooldown: Annotated[str, typer.Option(help="MIN:MAX: quiet after an event.")] = "60s",
+    scale_up_above: Annotated[float, typer.Option(help="Demand per seat that is high.")] = 1.0,
+    scale_down_below: Annotated[
+        float, typer.Option(help="Demand per seat of one replica fewer that is low.")
+    ] = 0.5,
+    slo: Annotated[
+        str | None, typer.Option(help="ttft=2s: MIN:MAX also scales up on p99 TTFT above it.")
+    ] = None,
 ) -> None:
     """Start engine replicas and the gateway in front of them on http://127.0.0.1:8000."""
     from inhouse.gateway.config import ROUTINGS, default_database_url
     from inhouse.gateway.run import gateway_server, run_gateway
     from inhouse.launch.replicas import stop_replicas
+    from inhouse.up.autoscale import Autoscaler, parse_replicas, scale_settings
     from inhouse.up.canary import CanaryWatch, start_candidate
+    from inhouse.up.gateway_config import up_config
     from inhouse.up.releases import ensure_stable_releases
 
     cost_table = _cost_table(cost)  # checked before any replica starts
+    try:
+        span = parse_replicas(replicas)
+        scaling = scale_settings(scale_up_after, scale_down_after, scale_cooldown,
+                                 scale_up_above, scale_down_below, slo)  # fmt: skip
+    except ValueError as error:
+        _fail(str(error))
     chosen = ENGINES.get(engine)
     if chosen is None:
         _fail(f"--engine takes one of {', '.join(ENGINES)}, not {engine!r}")
@@ -135,14 +156,16 @@ def up_command(
     if embeddings and not with_embeddings:
         typer.echo(f"{chosen.name} replicas serve the chat model only (no embedding model)")
     promised = {port}  # the gateway binds its port after the replicas start
-    started = start_replicas(chosen, settings, chat_name, replicas, with_embeddings, promised)
+    start = replica_starter(chosen, settings, chat_name, with_embeddings, promised, span.high)
+    started = [start(index) for index in range(1, span.low + 1)]
+    scaler = Autoscaler(chat_name, span, scaling, start, started) if span.scales else None
     candidate = None
     if canary is not None:
 
         def candidate_settings(source: str) -> LaunchSettings:
             return launch_settings(source, inputs, max_model_len, max_num_seqs)
 
-        candidate = start_candidate(chosen, canary, candidate_settings, replicas + 1, promised)
+        candidate = start_candidate(chosen, canary, candidate_settings, span.high + 1, promised)
     stop_watch = threading.Event()
     try:
         config = up_config(
@@ -160,23 +183,25 @@ def up_command(
         secret = ensure_admin_key(config)
         if secret is not None:
             typer.echo(f"Created the '{ADMIN_KEY}' key; its secret is shown only now:\n{secret}")
+        slots = tuple(f"{chosen.name}:{i}" for i in range(1, span.high + 1))
         stable = ensure_stable_releases(config, chat_name, None if pinned is None
-                                        else (manifest, pinned))  # fmt: skip
+                                        else (manifest, pinned), slots)  # fmt: skip
         typer.echo(f"Stable release {stable[chat_name]} of {chat_name!r} is these replicas"
                    " (`inhouse release status`)")  # fmt: skip
         typer.echo(
             f"Gateway on http://{host}:{port}/v1 in front of model {chat_name!r}"
-            f" ({replicas} × {chosen.name}, loading; /health shows progress)"
+            f" ({span.low} × {chosen.name}, loading; /health shows progress)"
         )
-        server = gateway_server(config)
-        outcome = StartWatch(started, server)
+        server = gateway_server(config, [] if scaler is None else [scaler.run])
+        outcome = StartWatch(list(started), server)
         outcome.start()
         if candidate is not None:
             CanaryWatch(candidate, config, chat_name, percent, shadow, stop_watch).start()
         run_gateway(config, server)
     finally:
         stop_watch.set()
-        stop_replicas(started + ([] if candidate is None else [candidate.replica]))
+        running = started if scaler is None else scaler.running
+        stop_replicas(running + ([] if candidate is None else [candidate.replica]))
     if outcome.all_failed:
         raise typer.Exit(EXIT_NO_REPLICA)
 
@@ -257,23 +282,23 @@ def safetensors_settings(engine: Engine, settings: LaunchSettings) -> LaunchSett
     return dataclasses.replace(settings, model=str(folder), gguf=False, dtype="bfloat16")
 
 
-def start_replicas(
+def replica_starter(
     engine: Engine,
     settings: LaunchSettings,
     name: str,
-    count: int,
     embeddings: bool,
     promised: set[int],
-) -> list[Replica]:
-    """Start `count` replicas on free loopback ports outside `promised` (each port taken is
-    added to it), each with its own random key; on a CPU host each on its own cores, at a
-    lower CPU priority than the gateway (`replicas.CPU_HOST_NICE`)."""
+    slots: int,
+) -> Callable[[int], Replica]:
+    """What starts replica `index` (1 to `slots`) on a free loopback port outside `promised`
+    (each port taken is added to it), with its own random key; on a CPU host on its slot's
+    share of the cores, at a lower CPU priority than the gateway (`replicas.CPU_HOST_NICE`)."""
     from inhouse.launch.cpu_host import split_cores, usable_cores
     from inhouse.launch.replicas import start_replica
 
-    started = []
-    cores = [()] * count if settings.gpu else split_cores(usable_cores(), count)
-    for index in range(1, count + 1):
+    cores = [()] * slots if settings.gpu else split_cores(usable_cores(), slots)
+
+    def start(index: int) -> Replica:
         endpoint = Endpoint(
             "127.0.0.1", free_port(promised), name, replica_key(), embeddings=embeddings
         )
@@ -286,8 +311,9 @@ def start_replicas(
                 typer.echo(f"note: {note}")
         replica = start_replica(engine, command, endpoint, index, sys.stdout, not settings.gpu)
         typer.echo(f"replica {replica.label}: pid {replica.popen.pid} on {replica.url}")
-        started.append(replica)
-    return started
+        return replica
+
+    return start
 
 
 def replica_key() -> str:
@@ -338,45 +364,6 @@ def served_name(model: str | None) -> str:
         return DEFAULT_CHAT_MODEL_NAME
     path = Path(model)
     return path.stem if path.suffix == ".gguf" else path.name
-
-
-def up_config(
-    chat_name: str,
-    engine: Engine,
-    replicas: list[Replica],
-    host: str,
-    port: int,
-    database: str,
-    embeddings: bool,
-    cost: dict[str, Any] | None = None,
-    max_num_seqs: int | None = None,
-    routing: str = "prefix",
-) -> GatewayConfig:
-    """The gateway config `inhouse up` runs with: one backend per replica, queue policy,
-    the chat model's `routing` (`gateway.affinity`), each chat backend with the
-    `max_num_seqs` its replica was started with (where set), so the gateway keeps seats of
-    each for interactive requests (`gateway.seats`)."""
-    from inhouse.gateway.config import parse_config
-
-    def backend(replica: Replica, features: list[str]) -> dict[str, object]:
-        key = replica.endpoint.api_key
-        return {
-            "name": replica.label,
-            "url": replica.url,
-            "api_key": key,
-            "kind": engine.kind,
-            "capabilities": features,
-        }
-
-    chat = [backend(r, list(engine.features)) for r in replicas]
-    if max_num_seqs:
-        chat = [{**b, "max_num_seqs": max_num_seqs} for b in chat]
-    models = [{"name": chat_name, "backends": chat, "routing": routing}]
-    if embeddings:
-        embedders = [backend(r, ["embeddings"]) for r in replicas]
-        models.append({"name": EMBEDDING_MODEL_NAME, "backends": embedders})
-    gateway = {"host": host, "port": port, "database": database}
-    return parse_config({"gateway": gateway, "models": models, "cost": cost or {}})
 
 
 def _cost_table(path: Path | None) -> dict[str, Any]:

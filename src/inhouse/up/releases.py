@@ -16,10 +16,12 @@ ACTOR = "inhouse up"
 
 
 def ensure_stable_releases(
-    config: GatewayConfig, chat: str, manifest: tuple[Path, Manifest] | None
-) -> dict[str, int]:
-    """Each model's stable release number, made of the backends `config` names; the `chat`
-    model's pins `manifest` (its file and what it pins, already verified), when given."""
+    config: GatewayConfig, chat: str, manifest: tuple[Path, Manifest] | None,
+    slots: tuple[str, ...] = (),
+) -> dict[str, int]:  # fmt: skip
+    """Each model's stable release number, made of the backends `config` names and the
+    replica `slots` the autoscaler may fill (`up.autoscale`); the `chat` model's pins
+    `manifest` (its file and what it pins, already verified), when given."""
     # SQLAlchemy: loaded when `up` runs, not with the CLI.
     from inhouse.gateway.db_open import open_database
     from inhouse.gateway.release_tools.command import pinned_manifest
@@ -31,8 +33,9 @@ def ensure_stable_releases(
         store, numbers = ReleaseStore(db), {}
         for route in config.models:
             digest, summary = pinned if route.name == chat else (None, None)
-            new = NewRelease(tuple(BackendRef(name=b.name) for b in route.backends), digest,
-                             summary)  # fmt: skip
+            names = [b.name for b in route.backends]
+            names += [name for name in slots if name not in names]
+            new = NewRelease(tuple(BackendRef(name=n) for n in names), digest, summary)
             state = store.ensure_stable(route.name, new, ACTOR, "the replicas `inhouse up` runs")
             numbers[route.name] = state.stable
         return numbers

@@ -74,6 +74,7 @@ class _View:
     stable: Answering
     candidate: Answering | None
     candidate_id: int
+    generation: int  # the router's, when resolved: replicas added or removed since resolve again
 
 
 def bucket(key_id: int, release_id: int) -> int:
@@ -113,7 +114,11 @@ class ReleaseRouter:
         if state is None:
             return None
         view = self._views.get(route.name)
-        if view is None or view.state.version != state.version:
+        if (
+            view is None
+            or view.state.version != state.version
+            or view.generation != self._router.generation
+        ):
             loaded = await asyncio.to_thread(self.store.releases, route.name)
             view = self._views[route.name] = self._resolve(route, state, loaded)
             self._forget_unused()
@@ -137,9 +142,10 @@ class ReleaseRouter:
     def _resolve(self, route: ModelRoute, state: ReleaseState, loaded: dict[int, Release]) -> _View:
         stable = self._answering(route, loaded[state.stable], candidate=False)
         if state.candidate is None:
-            return _View(state, stable, None, 0)
+            return _View(state, stable, None, 0, self._router.generation)
         release = loaded[state.candidate]
-        return _View(state, stable, self._answering(route, release, True), release.id)
+        candidate = self._answering(route, release, True)
+        return _View(state, stable, candidate, release.id, self._router.generation)
 
     def _answering(self, route: ModelRoute, release: Release, candidate: bool) -> Answering:
         pool = [self._backend(route, ref) for ref in release.backends]
