@@ -142,7 +142,7 @@ def create_app(
         gateway.metrics.observe_backends(gateway.router.all_backends())
         for name in gateway.router.routes:
             gateway.metrics.queue_depth.labels(name).set(gateway.router.queue_depth(name))
-            gateway.metrics.replicas.labels(name).set(gateway.router.replicas(name))
+            gateway.metrics.observe_replicas(name, gateway.router.replicas(name))
         gateway.metrics.observe_teams(await asyncio.to_thread(gateway.teams.list), time.time())
         return Response(gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")
 

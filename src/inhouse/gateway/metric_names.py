@@ -7,3 +7,7 @@ QUEUE_DEPTH = "inhouse:gateway_queue_depth"  # requests waiting for a replica (g
 REPLICAS = "inhouse:replicas"  # replicas routed to, not draining (gauge)
 REPLICAS_MAX = "inhouse:replicas_max"  # `inhouse up --replicas MIN:MAX`'s MAX (gauge)
 SCALE_EVENTS = "inhouse:scale_events"  # replicas started or drained (counter: `_total`)
+# (direction, reason) of a scale event: the signal that held for its window (up: in
+# scale_policy.high_reason's order)
+SCALE_REASONS = (("up", "queue"), ("up", "waiting"), ("up", "kv_cache"), ("up", "ttft"),
+                 ("down", "low_load"))  # fmt: skip

@@ -37,6 +37,7 @@ class GatewayMetrics:
 
     def __init__(self, creep_window: int, models: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry()
+        self._most_replicas: dict[str, int] = {}  # MAX by autoscaled model
         r = self.registry
         self.requests = Counter(
             "inhouse:gateway_requests",
@@ -189,6 +190,18 @@ class GatewayMetrics:
             gauge = self.mean_prompt_tokens.labels(model)
             creep = self._creep[model] = _Window(self._creep_window, gauge)
         creep.add(prompt_tokens)
+
+    def autoscaling(self, model: str, most: int) -> None:
+        """`model`'s replicas are scaled between a MIN and `most`."""
+        self._most_replicas[model] = most
+
+    def observe_replicas(self, model: str, replicas: int) -> None:
+        """The replica count routed to, its MAX (a fixed count is its own), and a 0 for every
+        scale event not seen yet (a panel shows 0, not "no data")."""
+        self.replicas.labels(model).set(replicas)
+        self.replicas_max.labels(model).set(self._most_replicas.get(model, replicas))
+        for direction, reason in names.SCALE_REASONS:
+            self.scale_events.labels(model, direction, reason)
 
     def observe_backends(self, backends: list[Backend]) -> None:
         for b in backends:

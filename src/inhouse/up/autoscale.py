@@ -29,7 +29,6 @@ from inhouse.gateway.handler import Gateway
 from inhouse.launch.base import Health
 from inhouse.launch.replicas import Replica, stop_replicas, wait_started
 from inhouse.up.scale_policy import (
-    REASONS,
     Decision,
     Hysteresis,
     ScaleSettings,
@@ -101,9 +100,7 @@ class Autoscaler:
     async def run(self, gateway: Gateway) -> None:
         """Read the signals each tick and act on the policy's decisions, until cancelled."""
         metrics = gateway.metrics
-        metrics.replicas_max.labels(self.model).set(self.span.high)
-        for direction, reason in REASONS:  # 0, not "no data", before the first event
-            metrics.scale_events.labels(self.model, direction, reason)
+        metrics.autoscaling(self.model, self.span.high)
         typer.echo(f"autoscale: {self.model!r} between {self.span.low} and {self.span.high} "
                    f"replicas ({_describe(self.settings)})")  # fmt: skip
         try:

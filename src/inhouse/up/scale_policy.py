@@ -30,9 +30,6 @@ from inhouse.gateway.backends import Backend
 
 WAITING_ABOVE = 1.0  # requests an engine holds unscheduled, per replica: it is full
 TTFT_QUANTILE = 0.99
-# (direction, reason): the labels of `inhouse:scale_events_total`, in `high_reason`'s order
-REASONS = (("up", "queue"), ("up", "waiting"), ("up", "kv_cache"), ("up", "ttft"),
-           ("down", "low_load"))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
