@@ -1,6 +1,6 @@
 """A --cpu plan recommends the path `inhouse serve` takes by itself: no --dtype (an explicit
-one runs the checkpoint's weights in torch matmuls, ~6x slower), and it says which path;
-serve's own rule (plan.serve_path) says what an explicit bf16 costs."""
+one runs the checkpoint's weights in torch matmuls, ~6x slower, or ~2x on AMX bf16 tiles),
+and it says which path; serve's own rule (plan.serve_path) says what an explicit bf16 costs."""
 
 from __future__ import annotations
 
@@ -68,5 +68,8 @@ def test_an_explicit_bf16_says_what_it_costs_where_the_kernels_run() -> None:
     assert "the default (q4 weights" in gguf.reason
     fp32 = choose_path("float32", "auto", with_kernels)
     assert "slower than the default (q8" in fp32.reason and "~6x" not in fp32.reason
+    tiles = choose_path("bfloat16", "auto", Host(kernels_isa="avx512-amx", native_bf16=True))
+    assert (tiles.dtype, tiles.quantization) == ("bfloat16", "none")
+    assert "AMX bf16 tiles; ~2x slower a token at one stream than the default" in tiles.reason
     without = choose_path("bfloat16", "auto", Host(native_bf16=True, fbgemm=True))
     assert "slower" not in without.reason  # nothing faster to compare it with

@@ -9,10 +9,11 @@ speed. The default is int8 block weights (q8, 1.125 bytes a weight) on the C++ k
 wherever they build, AMX CPUs included; a GGUF whose projections are Q4_1 runs them as q4
 (0.75 bytes a weight, the file's own blocks). Without the kernels: bf16 where the CPU has
 it natively, else fbgemm's float16 weights with float32 activations. An explicit
-``--dtype`` keeps the checkpoint's exact weights in that dtype's torch matmuls, run in
-batch-invariant row blocks: on a 2-core AMX Xeon ``--dtype bfloat16`` decodes one stream
-~6x slower than the default q8 (docs/benchmarks.md, "The plan's serve command"), which the
-start-up table's "why" line says. On CUDA weights stay in the (bf16/fp16) dtype.
+``--dtype`` keeps the checkpoint's exact weights in that dtype: bf16 on an AMX CPU runs on
+the C++ kernels' bf16 tiles, ~2x slower a token at one stream than the default q8 (it
+streams 2 bytes a weight, not 1.125); elsewhere in torch matmuls in batch-invariant row
+blocks, ~6x slower (docs/benchmarks.md, "The plan's serve command"). The start-up table's
+"why" line says which. On CUDA weights stay in the (bf16/fp16) dtype.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ QUANTIZATIONS = ("auto", "none", "fp16", "q8", "q4")
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 # One stream's decode, explicit --dtype bfloat16 against the default q8, bf16 safetensors of
-# the bundled model on a 2-core AMX Xeon (docs/benchmarks.md, "The plan's serve command").
+# the bundled model on a 2-core AMX Xeon: torch's bf16 matmuls in row blocks (the kernels
+# without bf16 tiles), and the kernels' bf16 tiles (docs/benchmarks.md, "The plan's serve
+# command" and "The explicit bf16 path").
 EXPLICIT_BF16_SLOWDOWN = 6
+EXPLICIT_BF16_TILES_SLOWDOWN = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +120,10 @@ def _explicit_dtype_reason(dtype: str, host: Host, source_blocks: str | None) ->
     if host.kernels_isa is None:
         return why
     default = choose_path("auto", "auto", host, source_blocks).quantization
-    if dtype == "bfloat16":
+    if dtype == "bfloat16" and host.kernels_isa == "avx512-amx":
+        why = f"--dtype {dtype} asked: the checkpoint's exact weights on the kernels' AMX bf16 tiles"
+        cost = f"~{EXPLICIT_BF16_TILES_SLOWDOWN}x slower a token at one stream than"
+    elif dtype == "bfloat16":
         why += " (batch-invariant row blocks)"
         cost = f"~{EXPLICIT_BF16_SLOWDOWN}x slower a token at one stream than"
     else:

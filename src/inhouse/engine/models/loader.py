@@ -341,7 +341,7 @@ def _bf16_products(model: LlamaForCausalLM) -> str:
         if torch.ops.inhouse_cpu.bf16_linear_ready():
             tiled = model.pack_bf16_tiles()
     blocks = model.block_rows()
-    said = [f"{tiled} bf16 projections on AMX tiles, one order at any row count"] if tiled else []
+    said = [f"{tiled} projections on the tiles, one order at any row count"] if tiled else []
     return "; ".join(said + ([describe_blocks(blocks)] if blocks else []))
 
 
