@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "amx_linear.h"
+#include "simd.h"
 #include "work_pool.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -38,6 +39,7 @@ namespace {
 constexpr int64_t kBf16Block = 16;  // outputs a B tile gives
 constexpr int64_t kBf16Depth = 32;  // inputs a product sums
 constexpr int64_t kBf16Rows = 16;   // rows an A tile holds
+constexpr int64_t kBf16Ahead = 4;   // groups of weights prefetched ahead
 
 bool bf16_tiles() {
 #ifdef INHOUSE_AMX_BF16
@@ -100,6 +102,10 @@ void tile_pass(const Bf16Pass& pass, const uint16_t* x, int64_t stride, int64_t 
   if constexpr (kRowTiles == 2 && kBlocks == 2) _tile_zero(3);
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t b_at = g * kBf16Depth * kBf16Block;
+    if (g + kBf16Ahead < groups) {  // the weights' stream, asked for ahead of its tile loads
+      prefetch(w0 + b_at + kBf16Ahead * kBf16Depth * kBf16Block, 1024);
+      if constexpr (kBlocks == 2) prefetch(w1 + b_at + kBf16Ahead * kBf16Depth * kBf16Block, 1024);
+    }
     _tile_loadd(4, x + g * kBf16Depth, stride * 2);
     _tile_loadd(6, w0 + b_at, 64);
     _tile_dpbf16ps(0, 4, 6);
