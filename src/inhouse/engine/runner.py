@@ -38,7 +38,7 @@ class ModelRunner:
         self.sliding_window = args.sliding_window
         self.max_positions = loaded.model.rope_cos.shape[0]
         self.attention_kernel = loaded.attention_kernel
-        # q8/q4 steps run on the kernels' pool alone: OpenMP's threads, still spinning after
+        # q8/q4 (and bf16-tile) steps run on the kernels' pool alone: OpenMP's threads, still spinning after
         # an attention call, would take the cores from the pool's next linear
         self.kernel_pool = loaded.quantization in ("q8", "q4") or loaded.model.bf16_tiles
         row = loaded.kv_row_width

@@ -5,12 +5,13 @@ step loop on a thread of its own, with the setting made on the thread that loade
 model, ran its decode steps measurably slower, though ``torch.get_num_threads()`` read
 the same there. So each step sets it on the thread that runs it.
 
-A q8/q4 step (``kernel_pool``) runs its heavy work on the C++ kernels' own pool, and
-torch's remaining ops (the embedding lookup, picking logits rows, the sampler's argmax)
-on the step's thread alone: an OpenMP team woken for a few microseconds of work keeps
-polling for more afterwards, on the very cores the pool's next linear needs, and on a
-busy 2-core host waiting for a team member that lost its core took a whole scheduler
-slice (~8 ms for a 5-row ``argmax`` or a copy of 9 logits rows, against ~0.01 ms alone).
+A q8/q4 step, or a bf16 one on AMX tiles (``kernel_pool``), runs its heavy work on the
+C++ kernels' own pool, and torch's remaining ops (the embedding lookup, picking logits
+rows, the sampler's argmax) on the step's thread alone: an OpenMP team woken for a few
+microseconds of work keeps polling for more afterwards, on the very cores the pool's next
+linear needs, and on a busy 2-core host waiting for a team member that lost its core
+took a whole scheduler slice (~8 ms for a 5-row ``argmax`` or a copy of 9 logits rows,
+against ~0.01 ms alone).
 
 A step on an accelerator leaves torch only its host-side bookkeeping (the attention
 metadata, the sampler's small tensors): one thread. With torch's default of every CPU
