@@ -1,7 +1,7 @@
 """A step's CPU threads: a q8/q4 step (or a bf16 one on AMX tiles) runs torch's own ops (the
-sampler's among them) on its thread alone, its heavy work on the kernels' pool; a CUDA step's host-side ops run on
-its thread alone too; a step of any other CPU path gives torch every CPU; either way the
-thread's torch setting is back as it was after the step."""
+sampler's among them) on its thread alone, its heavy work on the kernels' pool; a CUDA
+step's host-side ops run on its thread alone too; a step of any other CPU path gives torch
+every CPU; either way the thread's torch setting is back as it was after the step."""
 
 from __future__ import annotations
 

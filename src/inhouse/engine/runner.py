@@ -38,8 +38,8 @@ class ModelRunner:
         self.sliding_window = args.sliding_window
         self.max_positions = loaded.model.rope_cos.shape[0]
         self.attention_kernel = loaded.attention_kernel
-        # q8/q4 (and bf16-tile) steps run on the kernels' pool alone: OpenMP's threads, still spinning after
-        # an attention call, would take the cores from the pool's next linear
+        # q8/q4 (and bf16-tile) steps run on the kernels' pool alone: OpenMP's threads,
+        # still spinning after an attention call, would take the cores from the next linear
         self.kernel_pool = loaded.quantization in ("q8", "q4") or loaded.model.bf16_tiles
         row = loaded.kv_row_width
         shape = (args.num_layers, 2, num_blocks * block_size, args.num_kv_heads, row)

@@ -121,7 +121,8 @@ def _explicit_dtype_reason(dtype: str, host: Host, source_blocks: str | None) ->
         return why
     default = choose_path("auto", "auto", host, source_blocks).quantization
     if dtype == "bfloat16" and host.kernels_isa == "avx512-amx":
-        why = f"--dtype {dtype} asked: the checkpoint's exact weights on the kernels' AMX bf16 tiles"
+        why = f"--dtype {dtype} asked: the checkpoint's exact weights on the kernels' AMX"
+        why += " bf16 tiles"
         cost = f"~{EXPLICIT_BF16_TILES_SLOWDOWN}x slower a token at one stream than"
     elif dtype == "bfloat16":
         why += " (batch-invariant row blocks)"
