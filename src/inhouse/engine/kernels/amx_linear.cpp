@@ -32,6 +32,10 @@
 #include "quant_layout.h"
 #include "work_pool.h"
 
+#ifdef __AMX_TILE__
+#include <immintrin.h>
+#endif
+
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -55,17 +59,8 @@ constexpr int64_t kColumns = 2 * kTile;               // outputs a tile product 
 constexpr int64_t kPackedGroupBytes = kGroup * kColumns;  // one group's B tile: 8 rows of 64
 constexpr int64_t kPrefetchGroups = 4;  // groups ahead: 2 a line (32 codes), so 2 lines ahead
 
-
-// Palette 1: tiles 0-1 are products C (16 rows of 16 int32), 2-3 activations A (16 rows of
-// one group's 32 codes), 4-5 weights B (8 rows of 16 outputs' 4 codes).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
+// Tiles 0-1 are products C (16 rows of 16 int32), 2-3 activations A (16 rows of one group's
+// 32 codes), 4-5 weights B (8 rows of 16 outputs' 4 codes).
 void configure_tiles() {
   TileConfig config;
   for (int t = 0; t < 2; ++t) {
@@ -76,9 +71,7 @@ void configure_tiles() {
     config.rows[4 + t] = kGroup / 4;
     config.bytes_per_row[4 + t] = kColumns * 4;
   }
-  // GCC 12 does not see ldtilecfg read the 64 bytes: without this it may drop their stores.
-  __asm__ volatile("" : : "r"(&config) : "memory");
-  _tile_loadconfig(&config);
+  load_tiles(config);
 }
 
 // 8 floats of tile t and 8 of tile t + 1 (a group's scales or mins) in one register.
@@ -245,6 +238,14 @@ bool use_amx(bool enable) {
 }
 
 }  // namespace
+
+#ifdef __AMX_TILE__
+void load_tiles(const TileConfig& config) {
+  // GCC 12 does not see ldtilecfg read the 64 bytes: without this it may drop their stores.
+  __asm__ volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+}
+#endif
 
 bool granted() {
 #ifdef INHOUSE_AMX

@@ -25,6 +25,20 @@ struct LinearArgs {
   float* out;
 };
 
+// Palette 1's configuration: each of the 8 tiles' rows and bytes a row.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+#ifdef __AMX_TILE__
+// Configures the calling thread's tiles (ldtilecfg).
+void load_tiles(const TileConfig& config);
+#endif
+
 // Whether this process may use the tiles: compiled for AMX and granted by Linux (asked once).
 bool granted();
 

@@ -50,24 +50,15 @@ bool bf16_tiles() {
 }
 
 #ifdef INHOUSE_AMX_BF16
-// Palette 1: C tiles 0-3 (16 rows of 16 float32: row tile a x block b at 2a + b), A tiles
-// 4-5 (16 rows of 32 bf16), B tiles 6-7 (16 rows of 16 pairs).
-struct alignas(64) Bf16TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
+// C tiles 0-3 (16 rows of 16 float32: row tile a x block b at 2a + b), A tiles 4-5 (16 rows
+// of 32 bf16), B tiles 6-7 (16 rows of 16 pairs): every tile 16 rows of 64 bytes.
 void configure_bf16_tiles() {
-  Bf16TileConfig config;
+  amx::TileConfig config;
   for (int t = 0; t < 8; ++t) {
     config.rows[t] = kBf16Rows;
     config.bytes_per_row[t] = 64;
   }
-  __asm__ volatile("" : : "r"(&config) : "memory");  // see amx_linear.cpp's configure_tiles
-  _tile_loadconfig(&config);
+  amx::load_tiles(config);
 }
 
 // Where a pass reads and writes: x [rows, k] and out [rows, n] (bf16, rows contiguous),
