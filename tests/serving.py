@@ -343,23 +343,24 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def session_niceness(leader: int) -> tuple[list[int], int | None]:
-    """How far below this process each process of the session `leader` leads runs (its
-    nice, less ours), and how far below ours its session's autogroup is (None: the kernel
-    groups no sessions here)."""
+def nice_shortfall(leader: int, nice: int) -> tuple[list[int], int | None]:
+    """How far each process of the session `leader` leads, and that session's autogroup,
+    fall short of running `nice` steps below this process and its session (0: as asked;
+    a nice caps at 19, so a caller already at 15 is owed only 4). The session's is None
+    where the kernel groups no sessions here."""
     ours = os.getpriority(os.PRIO_PROCESS, 0)
-    steps = []
+    shortfalls = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # gone meanwhile
         if int(fields[3]) == leader:  # field 6, the session, two after ")"'s state and ppid
-            steps.append(int(fields[16]) - ours)  # field 19, nice
-    groups = [_autogroup_nice("self"), _autogroup_nice(str(leader))]
-    if None in groups:
-        return steps, None
-    return steps, groups[1] - groups[0]
+            shortfalls.append(min(ours + nice, 19) - int(fields[16]))  # field 19, nice
+    group, theirs = _autogroup_nice("self"), _autogroup_nice(str(leader))
+    if group is None or theirs is None:
+        return shortfalls, None
+    return shortfalls, min(group + nice, 19) - theirs
 
 
 def _autogroup_nice(pid: str) -> int | None:

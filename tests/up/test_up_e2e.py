@@ -17,7 +17,7 @@ from inhouse.cli import app
 from inhouse.gateway.config import GatewayConfig
 from inhouse.launch.replicas import CPU_HOST_NICE
 from inhouse.up.command import ensure_admin_key
-from serving import free_port, inhouse_command, session_niceness, wait_healthy
+from serving import free_port, inhouse_command, nice_shortfall, wait_healthy
 
 pytest.importorskip("inhouse.server.app", reason="inhouse serve (issue 4) is not importable yet")
 
@@ -80,9 +80,9 @@ def test_up_serves_the_bundled_model_behind_the_gateway(tmp_path: Path) -> None:
             line for line in serve_args.splitlines() if f"--port {port}" in line
         )
         (pid,) = re.findall(r"^replica inhouse:1: pid (\d+) ", log.read_text(), re.M)
-        steps, session_steps = session_niceness(int(pid))  # it yields the CPU to the gateway
-        assert steps and set(steps) == {CPU_HOST_NICE}, steps
-        assert session_steps in (None, CPU_HOST_NICE)
+        short, session_short = nice_shortfall(int(pid), CPU_HOST_NICE)  # it yields the CPU
+        assert short and set(short) == {0}, short  # to the gateway
+        assert session_short in (None, 0)
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(timeout=60)

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inhouse.gateway.backends import sample_totals
 from inhouse.launch.replicas import CPU_HOST_NICE
-from serving import audit_rows, session_niceness
+from serving import audit_rows, nice_shortfall
 from vllm_stack import MODEL, client, finished_requests, make_key, replicas
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -40,9 +40,9 @@ def test_no_variable_by_hand_each_replica_on_its_core_with_its_kv_bytes(up_vllm:
     assert [b["max_num_seqs"] for b in model["backends"]] == [8, 8]  # seats kept: `seats`
     assert "due to a load failure" not in text  # VLLM_USE_AOT_COMPILE=0: no AOT recompile
     for pid, _ in replicas(up_vllm["log"]).values():  # server, engine core, worker: all yield
-        steps, session_steps = session_niceness(pid)  # the CPU to the gateway (`replicas`)
-        assert len(steps) >= 3 and set(steps) == {CPU_HOST_NICE}, steps
-        assert session_steps in (None, CPU_HOST_NICE)
+        short, session_short = nice_shortfall(pid, CPU_HOST_NICE)  # the CPU to the gateway
+        assert len(short) >= 3 and set(short) == {0}, short  # (`replicas`)
+        assert session_short in (None, 0)
 
 
 def test_chat_stream_usage_json_schema_and_tools(up_vllm: dict) -> None:
