@@ -376,7 +376,7 @@ def test_calibrate_then_sweep_draws_the_prediction_beside_the_measurement(
     from inhouse.bench.calibrate import Probes, Target, calibrate, describe
 
     probes = Probes(
-        prefill_prompts=(64, 320), prefill_repeats=2, decode_batches=(1, 2), decode_output=8,
+        prefill_prompts=(64, 320), prefill_repeats=3, decode_batches=(1, 2), decode_output=8,
         long_prompts=(2048,), long_batches=(),
     )  # fmt: skip
     target = Target(served.url, served.model, API_KEY, max_num_seqs=2)
@@ -400,7 +400,7 @@ def test_calibrate_then_sweep_draws_the_prediction_beside_the_measurement(
     out = tmp_path / "sweep"
     result = bench(
         "sweep", *endpoint(served), "--steps", "1,2", "--input-len", "64", "--output-len", "16",
-        "--ignore-eos", "--prompts-per-slot", "2", "--min-prompts", "2", "--slo", "ttft=60s",
+        "--ignore-eos", "--prompts-per-slot", "2", "--min-prompts", "3", "--slo", "ttft=60s",
         "--profile", str(profile_file), "--out", str(out),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
