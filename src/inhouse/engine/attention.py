@@ -53,6 +53,8 @@ class RowTables:
     row_seq: torch.Tensor | None = None  # [T] each row's sequence; None: row i is sequence i
     decode: bool = False  # every entry decodes: one token, or one and a speculative draft
     pool: bool = False  # on the kernels' own pool: the step's other ops are ours too (q8/q4)
+    prompt_rows: torch.Tensor | None = None  # [T] bool: a prompt's own positions, which
+    # the kernel attends on AMX bf16 tiles where it has them; None: no such row
 
 
 @dataclass(slots=True)
@@ -129,6 +131,7 @@ def _attend_rows(
         scale,
         window,
         not rows.pool,
+        rows.prompt_rows,
     )
     return out.to(q.dtype)
 
@@ -172,6 +175,7 @@ def build_attention_metadata(
     sliding_window: int | None = None,
     row_kernel: bool = False,
     decode: bool = False,
+    prompt_lens: list[int] | None = None,
 ) -> tuple[AttentionMetadata, torch.Tensor]:
     """Metadata and token positions for one step.
 
@@ -182,7 +186,9 @@ def build_attention_metadata(
     ``sliding_window`` w, sliding layers let position p see keys p-w+1 .. p (HF's rule).
     With ``row_kernel``, every token is described for the C++ kernel instead
     (:class:`RowTables`): each row takes the same arithmetic whatever runs beside it;
-    ``decode`` says every entry is a decode (perhaps with a draft after its token).
+    ``decode`` says every entry is a decode (perhaps with a draft after its token);
+    ``prompt_lens`` (per entry), given where the kernel attends a prompt's rows on tiles,
+    marks the rows at a prompt's own positions.
     """
     starts = [0]
     for n in counts[:-1]:
@@ -198,6 +204,9 @@ def build_attention_metadata(
     if row_kernel:
         row_seq = None if num_tokens == len(counts) else seq_of_token.to(device)
         rows = RowTables(tables.to(device), (positions + 1).to(device), block_size, row_seq, decode)
+        if prompt_lens is not None:
+            own = positions < torch.tensor(prompt_lens)[seq_of_token]
+            rows.prompt_rows = own.to(device) if bool(own.any()) else None
         return AttentionMetadata(slot_mapping.to(device), [], rows, window), positions.to(device)
     decode = [i for i, n in enumerate(counts) if n == 1]
     prefill = [i for i, n in enumerate(counts) if n > 1]

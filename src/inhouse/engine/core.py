@@ -45,7 +45,10 @@ class EngineCore:
         self.info = EngineInfo.describe(self.loaded, self.budget, config.speculative)
         self.runner = ModelRunner(self.loaded, self.budget.num_blocks, config.block_size)
         self.kv_cache = KVCacheManager(
-            self.budget.num_blocks, config.block_size, config.enable_prefix_caching
+            self.budget.num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            generated_apart=self.runner.prompt_tiles,
         )
         self.scheduler = Scheduler(
             self.kv_cache,

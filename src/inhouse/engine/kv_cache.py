@@ -1,7 +1,11 @@
 """Per-sequence KV bookkeeping on top of the block pool: prefix lookup, slots, caching, freeing.
 
 With prefix caching off, blocks are still hashed, but under a per-request salt, so
-only the ``n`` siblings of one request share their prompt's blocks.
+only the ``n`` siblings of one request share their prompt's blocks. Where a prompt's rows
+are attended on AMX tiles and a generated token's are not (``generated_apart``), a block
+that holds a generated token is hashed apart: a later prompt of the same tokens (the next
+turn of a chat) computes them as a prompt and finds only what a prompt computed, so its
+bits never depend on what the cache held.
 """
 
 from __future__ import annotations
@@ -23,10 +27,17 @@ class PrefixCacheCounters:
 class KVCacheManager:
     """Gives sequences KV slots, shares cached prefix blocks, returns blocks when done."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        generated_apart: bool = False,
+    ) -> None:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.generated_apart = generated_apart
         self.counters = PrefixCacheCounters()
         self._num_registered: dict[int, int] = {}
 
@@ -107,6 +118,8 @@ class KVCacheManager:
         size = self.block_size
         parent = seq.block_hashes[index - 1] if index else b""
         extra = self._first_block_extra(seq) if index == 0 else b""
+        if self.generated_apart and (index + 1) * size > seq.num_prompt_tokens:
+            extra += b"generated"
         return block_key(parent, seq.token_ids[index * size : (index + 1) * size], extra)
 
     def _first_block_extra(self, seq: Sequence) -> bytes:

@@ -38,6 +38,10 @@ class ModelRunner:
         self.sliding_window = args.sliding_window
         self.max_positions = loaded.model.rope_cos.shape[0]
         self.attention_kernel = loaded.attention_kernel
+        # a prompt's own rows attended on AMX bf16 tiles (a generated token's never)
+        self.prompt_tiles = self.attention_kernel and bool(
+            torch.ops.inhouse_cpu.prompt_attention_tiles(args.head_dim)
+        )
         # q8/q4 (and bf16-tile) steps run on the kernels' pool alone: OpenMP's threads,
         # still spinning after an attention call, would take the cores from the next linear
         self.kernel_pool = loaded.quantization in ("q8", "q4") or loaded.model.bf16_tiles
@@ -107,6 +111,7 @@ class ModelRunner:
             self.sliding_window,
             self.attention_kernel,
             decode=all(n == 1 or i in drafts for i, (_, n) in enumerate(batch)),
+            prompt_lens=[seq.num_prompt_tokens for seq, _ in batch] if self.prompt_tiles else None,
         )
         if meta.rows is not None:
             meta.rows.pool = self.kernel_pool

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attention_blocks.h"
+#include "attention_tiles.h"
 #include "kernels.h"
 #include "kv_rows.h"
 #include "simd.h"
@@ -380,6 +381,66 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
 
 }  // namespace
 
+namespace {
+
+// The rows `index` of a step (all of them when index is null) by the float32 loops.
+template <typename T>
+void attend_loops(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                  const torch::Tensor& tables, const torch::Tensor& seqs, const torch::Tensor& lens,
+                  const torch::Tensor& index, int64_t block_size, float scale, int64_t window,
+                  bool torch_threads, torch::Tensor& out) {
+  if (!index.defined()) {
+    attention_rows_impl<T>(q, k_cache, v_cache, tables,
+                           seqs.defined() ? seqs.data_ptr<int64_t>() : nullptr,
+                           lens.data_ptr<int64_t>(), block_size, scale, window, torch_threads, out);
+    return;
+  }
+  const auto own_seqs = seqs.defined() ? seqs.index_select(0, index) : index;
+  const auto own_lens = lens.index_select(0, index);
+  auto own_out = torch::empty({index.numel(), out.size(1)}, out.options());
+  attention_rows_impl<T>(q.index_select(0, index), k_cache, v_cache, tables,
+                         own_seqs.data_ptr<int64_t>(), own_lens.data_ptr<int64_t>(), block_size,
+                         scale, window, torch_threads, own_out);
+  out.index_copy_(0, index, own_out);
+}
+
+// Every row: `prompt`'s on the tiles where this process has them (the rest, or all without
+// them, by the float32 loops).
+template <typename T>
+void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                 const torch::Tensor& tables, const torch::Tensor& seqs, const torch::Tensor& lens,
+                 const torch::Tensor& prompt, int64_t block_size, float scale, int64_t window,
+                 bool torch_threads, torch::Tensor& out) {
+  const int64_t rows = q.size(0), dim = q.size(2);
+  if (!prompt.defined() || !tile_attention::ready(dim)) {
+    attend_loops<T>(q, k_cache, v_cache, tables, seqs, lens, torch::Tensor(), block_size, scale,
+                    window, torch_threads, out);
+    return;
+  }
+  const bool* marked = prompt.data_ptr<bool>();
+  std::vector<int64_t> identity, rest;
+  if (!seqs.defined()) {
+    identity.resize(rows);
+    for (int64_t i = 0; i < rows; ++i) identity[i] = i;
+  }
+  tile_attention::PromptRows tiles{q.data_ptr<float>(), out.data_ptr<float>(), {},
+                                   seqs.defined() ? seqs.data_ptr<int64_t>() : identity.data(),
+                                   lens.data_ptr<int64_t>(), tables.data_ptr<int64_t>(),
+                                   tables.size(1), block_size, q.size(1), k_cache.size(1), dim,
+                                   window, scale, torch_threads};
+  for (int64_t i = 0; i < rows; ++i) (marked[i] ? tiles.index : rest).push_back(i);
+  if (!tiles.index.empty()) {
+    tile_attention::attend<T>(tiles, k_cache.data_ptr<T>(), v_cache.data_ptr<T>());
+  }
+  if (!rest.empty()) {
+    const auto index = torch::tensor(rest, torch::dtype(torch::kInt64));
+    attend_loops<T>(q, k_cache, v_cache, tables, seqs, lens, index, block_size, scale, window,
+                    torch_threads, out);
+  }
+}
+
+}  // namespace
+
 // Attention of query rows straight from the paged cache, for decodes and prefills alike.
 // q [R, H, D] float32; caches [slots, KVH, D] float32, float16 or bfloat16, or [slots, KVH,
 // D + 4] int8 (codes and scale, see kQ8Scale); block_tables
@@ -387,15 +448,18 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
 // or None when row i is sequence i (a step of decodes); context_lens int64 [R], the keys
 // each row attends to, itself included: its positions max(0, len - window) .. len - 1
 // (window 0 = all). Every row and head sums its keys in position order on its own, so a
-// row's bits are the same alone, batched, in a whole prompt or in a chunk of it. Between
-// torch ops (`torch_threads`) it runs on torch's threads: two pools polling for work on a
-// 2-core host take each other's cores (a float16-weight decode step took 20-30% longer);
-// inside decode_layers, where every op is ours, on the pool.
+// row's bits are the same alone, batched, in a whole prompt or in a chunk of it. Rows that
+// prompt_rows (bool [R]) marks, a prompt's own positions, run on AMX bf16 tiles where the
+// process has them (attention_tiles.cpp), each on its own there too. Between torch ops
+// (`torch_threads`) it runs on torch's threads: two pools polling for work on a 2-core host
+// take each other's cores (a float16-weight decode step took 20-30% longer); inside
+// decode_layers, where every op is ours, on the pool.
 torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& k_cache,
                                    const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                                    const c10::optional<torch::Tensor>& row_seq,
                                    const torch::Tensor& context_lens, int64_t block_size,
-                                   double scale, int64_t window, bool torch_threads) {
+                                   double scale, int64_t window, bool torch_threads,
+                                   const c10::optional<torch::Tensor>& prompt_rows) {
   const auto cache_type = k_cache.scalar_type();
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && v_cache.scalar_type() == cache_type &&
                   (cache_type == torch::kFloat32 || cache_type == torch::kHalf ||
@@ -409,9 +473,12 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
   torch::Tensor seqs = row_seq.has_value() ? row_seq->contiguous() : torch::Tensor();
+  torch::Tensor prompt = prompt_rows.has_value() ? prompt_rows->contiguous() : torch::Tensor();
   const int64_t rows = q.size(0);
   TORCH_CHECK(lens.numel() == rows && (!seqs.defined() || seqs.numel() == rows),
               "one context length (and sequence) per query row");
+  TORCH_CHECK(!prompt.defined() || (prompt.scalar_type() == torch::kBool && prompt.numel() == rows),
+              "prompt_rows: one bool per query row");
   const int64_t* lp = lens.data_ptr<int64_t>();
   const int64_t* sp = seqs.defined() ? seqs.data_ptr<int64_t>() : nullptr;
   for (int64_t i = 0; i < rows; ++i) {
@@ -423,17 +490,17 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
   auto out = torch::empty({rows, q.size(1) * q.size(2)}, q.options());
   const float scale_f = static_cast<float>(scale);
   if (cache_type == torch::kChar) {
-    attention_rows_impl<int8_t>(q, k_cache, v_cache, tables, sp, lp, block_size, scale_f, window,
-                                torch_threads, out);
+    attend_rows<int8_t>(q, k_cache, v_cache, tables, seqs, lens, prompt, block_size, scale_f,
+                        window, torch_threads, out);
   } else if (cache_type == torch::kHalf) {
-    attention_rows_impl<c10::Half>(q, k_cache, v_cache, tables, sp, lp, block_size, scale_f,
-                                   window, torch_threads, out);
+    attend_rows<c10::Half>(q, k_cache, v_cache, tables, seqs, lens, prompt, block_size, scale_f,
+                           window, torch_threads, out);
   } else if (cache_type == torch::kBFloat16) {
-    attention_rows_impl<c10::BFloat16>(q, k_cache, v_cache, tables, sp, lp, block_size, scale_f,
-                                       window, torch_threads, out);
+    attend_rows<c10::BFloat16>(q, k_cache, v_cache, tables, seqs, lens, prompt, block_size,
+                               scale_f, window, torch_threads, out);
   } else {
-    attention_rows_impl<float>(q, k_cache, v_cache, tables, sp, lp, block_size, scale_f, window,
-                               torch_threads, out);
+    attend_rows<float>(q, k_cache, v_cache, tables, seqs, lens, prompt, block_size, scale_f,
+                       window, torch_threads, out);
   }
   return out;
 }

@@ -51,7 +51,7 @@ torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::T
     const torch::Tensor q = rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads);
     const torch::Tensor attended = paged_attention_rows(q, k_cache, v_cache, block_tables,
                                                         row_seq, context_lens, block_size, scale,
-                                                        windows[l], false);
+                                                        windows[l], false, c10::nullopt);
     const torch::Tensor o = linear_any(attended, weights, at + 5);
     const torch::Tensor h = add_rms_norm(residual, o, *weights.get(at + 9), eps);
     added = linear_any(silu_mul(linear_any(h, weights, at + 10)), weights, at + 14);

@@ -24,7 +24,8 @@ torch::Tensor paged_attention_rows(const torch::Tensor& q, const torch::Tensor& 
                                    const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                                    const c10::optional<torch::Tensor>& row_seq,
                                    const torch::Tensor& context_lens, int64_t block_size,
-                                   double scale, int64_t window, bool torch_threads);
+                                   double scale, int64_t window, bool torch_threads,
+                                   const c10::optional<torch::Tensor>& prompt_rows);
 
 // rotary.cpp: rotary embedding and the K/V cache writes.
 torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& cos,

@@ -25,7 +25,7 @@ TORCH_LIBRARY(inhouse_cpu, m) {
   m.def(
       "paged_attention_rows(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor? row_seq, Tensor context_lens, int block_size, float scale, int window, "
-      "bool torch_threads=True) -> Tensor");
+      "bool torch_threads=True, Tensor? prompt_rows=None) -> Tensor");
   m.def(
       "rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor slots, int heads) -> Tensor");

@@ -517,9 +517,10 @@ def _check(interrupt: StepInterrupt | None) -> None:
 
 
 def _plain_decode(meta: AttentionMetadata) -> bool:
-    """Whether every entry of the step is one new token (or one and a speculative draft)
-    for the C++ decode kernel."""
-    return meta.rows is not None and (meta.rows.row_seq is None or meta.rows.decode)
+    """Whether every entry of the step is one new token (or one and a speculative draft),
+    none of them a prompt's, for the C++ decode kernel."""
+    rows = meta.rows
+    return rows is not None and (rows.row_seq is None or rows.decode) and rows.prompt_rows is None
 
 
 def _decode_weights(layers: nn.ModuleList) -> list[torch.Tensor | None] | None:

@@ -1,0 +1,349 @@
+// A prompt's attention on AMX bf16 tiles (Sapphire Rapids and later), for the rows the
+// caller marks as prompt rows (see paged_attention_rows).
+//
+// A query row's scores against a block of 32 keys are one tile product per 32 features
+// (tdpbf16ps: the row's bf16 query by the keys' bf16 features, summed in float32 in the
+// hardware's order), times the scale; its softmax runs over blocks aligned to absolute
+// positions (0, 32, 64, ...) in position order, flash-attention's way: the block's top, the
+// running top, e^(s - top) rounded to bf16 (0 where a key is not the row's), then the
+// block's weights by the values as a tile product (32 keys deep) and acc = acc * alpha + that.
+// A block that holds none of the row's keys leaves its state alone. Every step is the row's
+// own: which other rows share its tile, how the prompt is chunked and which thread runs it
+// change nothing, so batch and chunking invariance hold among prompt rows. A generated
+// token's row (a decode, a draft, a preempted sequence's recompute) keeps attention.cpp's
+// float32 loops, so its bits do not depend on the step it runs in either.
+//
+// Each (sequence, KV head)'s keys and values the step reads are packed once into the tiles'
+// B layouts (bf16, 8 KiB a block of 32 keys at 64 features), shared by every row tile.
+
+#include "attention_tiles.h"
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "amx_linear.h"
+#include "kv_rows.h"
+#include "simd.h"
+#include "work_pool.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define INHOUSE_TILE_ATTENTION 1
+#endif
+
+namespace inhouse::tile_attention {
+namespace {
+
+#ifdef INHOUSE_TILE_ATTENTION
+constexpr int64_t kKeys = 32;     // keys a block: the weights-by-values product's depth
+constexpr int64_t kRows = 16;     // query rows a tile
+constexpr int64_t kOutputs = 16;  // keys (scores) or features (values) a B tile gives
+constexpr int64_t kDepth = 32;    // features a scores product sums
+constexpr int64_t kTileElems = 512;  // 16 rows of 16 bf16 pairs
+
+// Every tile 16 rows of 64 bytes: C tiles 0-1, A tile 2, B tiles 3-4.
+void configure() {
+  amx::TileConfig config;
+  for (int t = 0; t < 5; ++t) {
+    config.rows[t] = kRows;
+    config.bytes_per_row[t] = 64;
+  }
+  amx::load_tiles(config);
+}
+
+inline uint16_t bf16_bits(float x) { return c10::BFloat16(x).x; }
+
+// One block of 32 keys packed: keys for the scores, [dim / 32 groups][2 halves of 16 keys]
+// B tiles, element (j, n, i) = key[16 half + n][32 group + 2j + i]; then values, [dim / 16]
+// B tiles, element (j, n, i) = value[2j + i][16 tile + n]. Keys past the context are 0.
+struct Packed {
+  int64_t dim, first_block;
+  std::vector<uint16_t> data;
+  int64_t block_elems() const { return 2 * kKeys * dim; }
+  const uint16_t* keys(int64_t block, int64_t group, int64_t half) const {
+    return data.data() + (block - first_block) * block_elems() + (2 * group + half) * kTileElems;
+  }
+  const uint16_t* values(int64_t block, int64_t tile) const {
+    return data.data() + (block - first_block) * block_elems() + kKeys * dim + tile * kTileElems;
+  }
+};
+
+// A cache row (one token, one KV head) as float32 features.
+template <typename T>
+inline void row_floats(const T* row, int64_t dim, float* out) {
+  const float d = kQ8Cache<T> ? row_scale(reinterpret_cast<const int8_t*>(row), dim) : 1.f;
+  for (int64_t f = 0; f < dim; f += 16) {
+    __m512 x = load16(row + f);
+    if constexpr (kQ8Cache<T>) x = _mm512_mul_ps(x, _mm512_set1_ps(d));
+    _mm512_storeu_ps(out + f, x);
+  }
+}
+
+template <typename T>
+void pack(const T* k_cache, const T* v_cache, const int64_t* table, int64_t block_size,
+          int64_t slot_values, int64_t head_at, int64_t keys_end, Packed& packed) {
+  const int64_t dim = packed.dim;
+  std::vector<float> key(dim), value(dim);
+  const int64_t blocks = static_cast<int64_t>(packed.data.size()) / packed.block_elems();
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint16_t* at = packed.data.data() + b * packed.block_elems();
+    uint16_t* v_at = at + kKeys * dim;
+    for (int64_t t = 0; t < kKeys; ++t) {
+      const int64_t pos = (packed.first_block + b) * kKeys + t;
+      if (pos < keys_end) {
+        const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
+        row_floats(k_cache + slot * slot_values + head_at, dim, key.data());
+        row_floats(v_cache + slot * slot_values + head_at, dim, value.data());
+      } else {
+        std::fill(key.begin(), key.end(), 0.f);
+        std::fill(value.begin(), value.end(), 0.f);
+      }
+      const int64_t half = t / kOutputs, n = t % kOutputs;
+      for (int64_t f = 0; f < dim; ++f) {
+        at[(2 * (f / kDepth) + half) * kTileElems + (f % kDepth) / 2 * 32 + n * 2 + f % 2] =
+            bf16_bits(key[f]);
+        v_at[(f / kOutputs) * kTileElems + t / 2 * 32 + (f % kOutputs) * 2 + t % 2] =
+            bf16_bits(value[f]);
+      }
+    }
+  }
+}
+
+// e^x for 16 lanes of x <= 0: x = k ln2 + r, e^r by its Taylor polynomial to r^4 (|r| <=
+// ln2 / 2: within 4e-5, a tenth of what rounding the weights to bf16 loses), 2^k by vscalefps.
+// e^0 is exactly 1; far below -87 it gives ~1e-38 (masked to 0 where that matters).
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 24);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, k);
+}
+
+// One row tile (rows[0 .. count - 1], one query head) over its keys: out rows of dim floats.
+struct RowTile {
+  const uint16_t* q;  // [16, dim] bf16, rows past count zero
+  const int64_t* lo;  // each row's first key
+  const int64_t* hi;  // each row's keys end (its position + 1)
+  int count;
+};
+
+void attend_tile(const RowTile& rt, const Packed& kv, float scale, float* const* out) {
+  const int64_t dim = kv.dim;
+  int64_t lo = rt.lo[0], hi = rt.hi[0];
+  for (int r = 1; r < rt.count; ++r) {
+    lo = std::min(lo, rt.lo[r]);
+    hi = std::max(hi, rt.hi[r]);
+  }
+  alignas(64) float scores[kRows * kKeys];
+  alignas(64) uint16_t weights[kRows * kKeys];
+  std::vector<float> o(kRows * dim), acc(kRows * dim, 0.f);
+  alignas(64) float top[kRows], total[kRows], alpha[kRows];
+  bool active[kRows];
+  std::fill(top, top + kRows, -INFINITY);
+  std::fill(total, total + kRows, 0.f);
+  for (int64_t b = lo / kKeys; b * kKeys < hi; ++b) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t g = 0; g < dim / kDepth; ++g) {
+      _tile_loadd(2, rt.q + g * kDepth, dim * 2);
+      _tile_loadd(3, kv.keys(b, g, 0), 64);
+      _tile_loadd(4, kv.keys(b, g, 1), 64);
+      _tile_dpbf16ps(0, 2, 3);
+      _tile_dpbf16ps(1, 2, 4);
+    }
+    _tile_stored(0, scores, kKeys * 4);
+    _tile_stored(1, scores + kOutputs, kKeys * 4);
+    std::memset(weights, 0, sizeof weights);
+    // The scores of each row's own keys (the rest -inf), and each row's new top.
+    alignas(64) float old_top[kRows], new_top[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t from = r < rt.count ? std::max(rt.lo[r], b * kKeys) : 0;
+      const int64_t to = r < rt.count ? std::min(rt.hi[r], (b + 1) * kKeys) : 0;
+      active[r] = from < to;
+      old_top[r] = new_top[r] = top[r];
+      if (!active[r]) continue;  // none of the row's keys: its state stays as it is
+      const uint64_t upto = (uint64_t{1} << (to - b * kKeys)) - 1;
+      const uint32_t own = static_cast<uint32_t>(upto & ~((uint64_t{1} << (from - b * kKeys)) - 1));
+      const __m512 scaled = _mm512_set1_ps(scale), none = _mm512_set1_ps(-INFINITY);
+      float* row = scores + r * kKeys;
+      const __m512 s0 = _mm512_mask_mul_ps(none, static_cast<__mmask16>(own), _mm512_load_ps(row), scaled);
+      const __m512 s1 = _mm512_mask_mul_ps(none, static_cast<__mmask16>(own >> 16), _mm512_load_ps(row + 16), scaled);
+      _mm512_store_ps(row, s0);
+      _mm512_store_ps(row + 16, s1);
+      new_top[r] = std::max(top[r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
+    }
+    _mm512_store_ps(alpha, exp16(_mm512_sub_ps(_mm512_load_ps(old_top), _mm512_load_ps(new_top))));
+    for (int r = 0; r < rt.count; ++r) {
+      if (!active[r]) continue;
+      top[r] = new_top[r];
+      const __m512 h = _mm512_set1_ps(top[r]);
+      const float* row = scores + r * kKeys;
+      // a key not the row's: e^-inf would be ~1e-38 here, so it is set to 0
+      const __m512 s0 = _mm512_load_ps(row), s1 = _mm512_load_ps(row + 16);
+      const __m512 e0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s0, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
+                                            exp16(_mm512_sub_ps(s0, h)));
+      const __m512 e1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s1, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
+                                            exp16(_mm512_sub_ps(s1, h)));
+      const __m512i p = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);  // keys 0-15 low, 16-31 high
+      _mm512_store_si512(weights + r * kKeys, p);
+      // The total of the weights as rounded, so they sum to the divisor exactly as used.
+      const __m512 w0 = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(p)), 16));
+      const __m512 w1 = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(p, 1)), 16));
+      total[r] = std::fma(total[r], alpha[r], _mm512_reduce_add_ps(_mm512_add_ps(w0, w1)));
+    }
+    _tile_loadd(2, weights, kKeys * 2);
+    for (int64_t t = 0; t < dim / kOutputs; t += 2) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_loadd(3, kv.values(b, t), 64);
+      _tile_loadd(4, kv.values(b, t + 1), 64);
+      _tile_dpbf16ps(0, 2, 3);
+      _tile_dpbf16ps(1, 2, 4);
+      _tile_stored(0, o.data() + t * kOutputs, dim * 4);
+      _tile_stored(1, o.data() + (t + 1) * kOutputs, dim * 4);
+    }
+    for (int r = 0; r < rt.count; ++r) {
+      if (!active[r]) continue;
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+      float* row = acc.data() + r * dim;
+      for (int64_t f = 0; f < dim; f += 16) {
+        _mm512_storeu_ps(row + f, _mm512_fmadd_ps(_mm512_loadu_ps(row + f), a,
+                                                  _mm512_loadu_ps(o.data() + r * dim + f)));
+      }
+    }
+  }
+  for (int r = 0; r < rt.count; ++r) {
+    const __m512 inv = _mm512_set1_ps(1.f / total[r]);
+    for (int64_t f = 0; f < dim; f += 16) {
+      _mm512_storeu_ps(out[r] + f, _mm512_mul_ps(_mm512_loadu_ps(acc.data() + r * dim + f), inv));
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+bool ready(int64_t dim) {
+#ifdef INHOUSE_TILE_ATTENTION
+  return dim % kDepth == 0 && amx::granted();
+#else
+  (void)dim;
+  return false;
+#endif
+}
+
+template <typename T>
+void attend(const PromptRows& rows, const T* k_cache, const T* v_cache) {
+#ifdef INHOUSE_TILE_ATTENTION
+  const int64_t dim = rows.dim, group = rows.heads / rows.kv_heads;
+  const int64_t row = row_width<T>(dim), slot_values = rows.kv_heads * row;
+  const auto first_key = [&](int64_t i) {
+    return rows.window > 0 ? std::max<int64_t>(0, rows.lens[i] - rows.window) : int64_t{0};
+  };
+  // Tiles: up to 16 consecutive listed rows of one sequence.
+  std::vector<int64_t> starts;
+  const int64_t listed = static_cast<int64_t>(rows.index.size());
+  for (int64_t j = 0; j < listed; ++j) {
+    if (j == 0 || rows.seq[rows.index[j]] != rows.seq[rows.index[j - 1]] ||
+        j - starts.back() == kRows) {
+      starts.push_back(j);
+    }
+  }
+  starts.push_back(listed);
+  const int64_t tiles = static_cast<int64_t>(starts.size()) - 1;
+  // Each sequence's keys, per KV head, packed once over the blocks its rows read.
+  std::vector<int64_t> seqs;  // distinct sequences, in row order
+  std::vector<int64_t> pack_of(tiles);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t s = rows.seq[rows.index[starts[t]]];
+    if (seqs.empty() || seqs.back() != s) seqs.push_back(s);
+    pack_of[t] = static_cast<int64_t>(seqs.size()) - 1;
+  }
+  std::vector<int64_t> keys_lo(seqs.size(), INT64_MAX), keys_hi(seqs.size(), 0);
+  for (int64_t t = 0; t < tiles; ++t) {
+    for (int64_t j = starts[t]; j < starts[t + 1]; ++j) {
+      const int64_t i = rows.index[j];
+      keys_lo[pack_of[t]] = std::min(keys_lo[pack_of[t]], first_key(i));
+      keys_hi[pack_of[t]] = std::max(keys_hi[pack_of[t]], rows.lens[i]);
+    }
+  }
+  const int64_t packs = static_cast<int64_t>(seqs.size()) * rows.kv_heads;
+  std::vector<Packed> packed(packs);
+  const auto pack_body = [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t s = p / rows.kv_heads, h = p % rows.kv_heads;
+      Packed& one = packed[p];
+      one.dim = dim;
+      one.first_block = keys_lo[s] / kKeys;
+      const int64_t blocks = (keys_hi[s] + kKeys - 1) / kKeys - one.first_block;
+      one.data.assign(blocks * one.block_elems(), 0);
+      pack(k_cache, v_cache, rows.tables + seqs[s] * rows.table_width, rows.block_size,
+           slot_values, h * row, keys_hi[s], one);
+    }
+  };
+  // Items (tile, KV head), dear and cheap ones alternating (a prompt's later tiles read more
+  // keys), so a static split over threads gets even shares.
+  const int64_t count = tiles * rows.kv_heads;
+  std::vector<int64_t> order(count);
+  for (int64_t j = 0; j < count; ++j) order[j] = j % 2 == 0 ? j / 2 : count - 1 - j / 2;
+  const auto body = [&](int64_t begin, int64_t end) {
+    configure();
+    std::vector<uint16_t> q(kRows * dim);
+    int64_t lo[kRows], hi[kRows];
+    float* outs[kRows];
+    for (int64_t at = begin; at < end; ++at) {
+      const int64_t item = order[at], t = item / rows.kv_heads, h = item % rows.kv_heads;
+      const int n = static_cast<int>(starts[t + 1] - starts[t]);
+      for (int64_t gi = 0; gi < group; ++gi) {
+        const int64_t head = h * group + gi;
+        std::fill(q.begin(), q.end(), 0);
+        for (int r = 0; r < n; ++r) {
+          const int64_t i = rows.index[starts[t] + r];
+          const float* src = rows.q + (i * rows.heads + head) * dim;
+          for (int64_t f = 0; f < dim; ++f) q[r * dim + f] = bf16_bits(src[f]);
+          lo[r] = first_key(i);
+          hi[r] = rows.lens[i];
+          outs[r] = rows.out + (i * rows.heads + head) * dim;
+        }
+        attend_tile({q.data(), lo, hi, n}, packed[pack_of[t] * rows.kv_heads + h], rows.scale, outs);
+      }
+    }
+    _tile_release();
+  };
+  if (rows.torch_threads) {
+    at::parallel_for(0, packs, 1, pack_body);
+    at::parallel_for(0, count, 1, body);
+  } else {
+    inhouse::parallel_for(0, packs, 1, pack_body);
+    inhouse::parallel_for(0, count, 1, body);
+  }
+#else
+  (void)rows, (void)k_cache, (void)v_cache;
+#endif
+}
+
+template void attend<float>(const PromptRows&, const float*, const float*);
+template void attend<c10::Half>(const PromptRows&, const c10::Half*, const c10::Half*);
+template void attend<c10::BFloat16>(const PromptRows&, const c10::BFloat16*, const c10::BFloat16*);
+template void attend<int8_t>(const PromptRows&, const int8_t*, const int8_t*);
+
+}  // namespace inhouse::tile_attention
+
+TORCH_LIBRARY_FRAGMENT(inhouse_cpu, m) {
+  m.def("prompt_attention_tiles(int head_dim) -> bool", &inhouse::tile_attention::ready);
+}
