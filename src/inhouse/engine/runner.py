@@ -38,9 +38,13 @@ class ModelRunner:
         self.sliding_window = args.sliding_window
         self.max_positions = loaded.model.rope_cos.shape[0]
         self.attention_kernel = loaded.attention_kernel
-        # a prompt's own rows attended on AMX bf16 tiles (a generated token's never)
-        self.prompt_tiles = self.attention_kernel and bool(
-            torch.ops.inhouse_cpu.prompt_attention_tiles(args.head_dim)
+        # a prompt's own rows attended on AMX bf16 tiles (a generated token's never), where
+        # the weights are int8/int4 or bf16 already: a float32 or float16 model keeps float32
+        lossy = loaded.quantization in ("q8", "q4") or loaded.model.dtype == torch.bfloat16
+        self.prompt_tiles = (
+            self.attention_kernel
+            and lossy
+            and bool(torch.ops.inhouse_cpu.prompt_attention_tiles(args.head_dim))
         )
         # q8/q4 (and bf16-tile) steps run on the kernels' pool alone: OpenMP's threads,
         # still spinning after an attention call, would take the cores from the next linear
