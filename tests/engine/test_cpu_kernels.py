@@ -367,26 +367,68 @@ def test_decode_steps_in_one_cpp_call_give_the_per_layer_path_bits(
         assert torch.equal(ours, reference)
 
 
-def _sdpa_over_fp16_kv(module, query, key, value, *args, **kwargs):
-    """HF's SDPA attention over keys and values rounded to float16, as our cache holds them
-    under the C++ kernels (after RoPE, like llama.cpp's default f16 cache)."""
+class PromptLength:
+    """The prompt of the sequence HF runs next: its rows are modelled as our kernels compute
+    a prompt's own rows on AMX bf16 tiles (0: none is)."""
+
+    value = 0
+
+    def set(self, prompt: list[int]) -> None:
+        self.value = len(prompt)
+
+
+def _attention(prompt: PromptLength | None, fp16_kv: bool):
+    """HF's SDPA over keys and values rounded to float16 where our cache holds them so (after
+    RoPE, like llama.cpp's default f16 cache); with `prompt`, its rows attend with queries,
+    keys and values rounded to bf16, as attention_tiles.cpp attends them."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    key, value = key.half().to(query.dtype), value.half().to(query.dtype)
-    return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+    def attend(module, query, key, value, attention_mask, **kwargs):
+        if fp16_kv:
+            key, value = key.half().to(query.dtype), value.half().to(query.dtype)
+        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        if prompt is None or not prompt.value:
+            return out, weights
+        n, group = prompt.value, query.shape[1] // key.shape[1]
+        q, k, v = (t[:, :, :n].bfloat16().to(query.dtype) for t in (query, key, value))
+        scores = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * kwargs["scaling"]
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        tiles = (scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v.repeat_interleave(group, 1))
+        out = out.clone()
+        out[:, :n] = tiles.transpose(1, 2)
+        return out, weights
+
+    return attend
 
 
-def hf_with_quantized_weights(folder, kind: str, kv_dtype: torch.dtype):
+def _linear(module: torch.nn.Linear, prompt: PromptLength | None):
+    """The kernels' linear: inputs rounded to int8 per 32 values; with `prompt`, its rows'
+    inputs and the weight rounded to bf16 instead (prompt_linear.cpp)."""
+    weight, bias = module.weight, module.bias
+    bf16_weight = weight.bfloat16().to(weight.dtype)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(_activation_roundtrip(x), weight, bias)
+        if prompt is not None and prompt.value:
+            n = prompt.value
+            out[..., :n, :] = F.linear(x[..., :n, :].bfloat16().to(x.dtype), bf16_weight, bias)
+        return out
+
+    return forward
+
+
+def hf_with_quantized_weights(
+    folder, kind: str, kv_dtype: torch.dtype, prompt: PromptLength | None = None
+):
     """HF's model in float64 (a reference that does not move with the host's float kernels)
     with every weight as our kernels hold it (LM head q8, a tied embedding too), the inputs
     of its linears rounded as the kernels round them and, when our cache is float16, its
-    keys and values rounded to float16 before attention."""
+    keys and values rounded to float16 before attention. With `prompt` (where our runner
+    takes a prompt's rows to the AMX tiles) those rows as the tiles compute them."""
     from transformers import AttentionInterface, AutoModelForCausalLM
 
-    attention = "sdpa"
-    if kv_dtype == torch.float16:
-        attention = "sdpa_over_fp16_kv"
-        AttentionInterface.register(attention, _sdpa_over_fp16_kv)
+    attention = f"modelled_{id(prompt)}_{kv_dtype}"
+    AttentionInterface.register(attention, _attention(prompt, kv_dtype == torch.float16))
     hf = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float64, attn_implementation=attention
     ).eval()
@@ -398,9 +440,10 @@ def hf_with_quantized_weights(folder, kind: str, kv_dtype: torch.dtype):
             if param.dim() == 2 and quantizable(*param.shape):
                 head = "embed_tokens" in name or "lm_head" in name
                 param.copy_(dequantize(quantize(param, "q8" if head else kind)))
-    for module in hf.modules():
+    for name, module in hf.named_modules():
         if isinstance(module, torch.nn.Linear) and quantizable(*module.weight.shape):
-            module.register_forward_pre_hook(lambda _, args: (_activation_roundtrip(args[0]),))
+            # the LM head runs the int8 path for every row
+            module.forward = _linear(module, None if "lm_head" in name else prompt)
     return hf
 
 
@@ -426,9 +469,12 @@ def test_tiny_models_with_quantized_weights_agree_with_hf(kind, folder_fixture, 
 def test_bundled_model_with_block_weights_agrees_with_hf(kind: str, request) -> None:
     loaded = request.getfixturevalue(f"bundled_model_{kind}")
     prompts = chat_prompt_ids(loaded.tokenizer)
-    ours = runner_greedy(ModelRunner(loaded, num_blocks=64, block_size=16), prompts, 48)
-    hf = hf_with_quantized_weights(loaded.hf_folder, kind, loaded.kv_dtype)
-    assert_greedy_consistent(hf, prompts, ours, TOLERANCE, BUNDLED_EXACT_SHARE)
+    runner = ModelRunner(loaded, num_blocks=64, block_size=16)
+    ours = runner_greedy(runner, prompts, 48)
+    prompt = PromptLength() if runner.prompt_tiles else None
+    hf = hf_with_quantized_weights(loaded.hf_folder, kind, loaded.kv_dtype, prompt)
+    before = prompt.set if prompt is not None else None
+    assert_greedy_consistent(hf, prompts, ours, TOLERANCE, BUNDLED_EXACT_SHARE, before)
 
 
 def _kernels(isa: str):

@@ -9,6 +9,8 @@ logits, and HF's argmax in at least 95% of the steps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import random
 
 import pytest
@@ -40,9 +42,14 @@ def assert_greedy_consistent(
     ours: list[list[int]],
     tolerance: float = TOLERANCE,
     exact_share: float = 0.95,
+    before: Callable[[list[int]], None] | None = None,
 ) -> None:
+    """Each token we picked within ``tolerance`` of HF's best logit, most of them HF's best
+    (``before`` is told each prompt before HF runs it)."""
     exact = total = 0
     for prompt, got in zip(prompts, ours, strict=True):
+        if before is not None:
+            before(prompt)
         logits = hf(input_ids=torch.tensor([prompt + got])).logits[0]
         steps = logits[len(prompt) - 1 : len(prompt) - 1 + len(got)]
         chosen = steps[torch.arange(len(got)), torch.tensor(got)]

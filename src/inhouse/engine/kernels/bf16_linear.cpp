@@ -10,147 +10,44 @@
 // row count, see row_blocks.py). The sum, plus the bias, rounds to bf16 once (nearest even),
 // as a float32-accumulating bf16 matmul rounds it.
 //
-// Weights are packed once (pack_bf16) in the tiles' B layout: blocks of 16 outputs, per
-// group of 32 inputs 16 rows of 64 bytes, row j holding each output's inputs 2j and 2j + 1,
-// so a product's B tile is 1 KiB read in one stream. A pass takes two blocks of outputs
-// at a time (a thread's unit of work) over every row, two row tiles at a time: four
-// products a group share two A and two B loads. For a decode the weights' bytes decide the
+// Weights are packed once (pack_bf16) in the tiles' B layout; the pass is bf16_tiles.h's,
+// two blocks of outputs a thread's unit of work. For a decode the weights' bytes decide the
 // speed (the products are ~2 ms of tile time a token for a 135M model on one core).
 
 #include <torch/library.h>
 #include <torch/types.h>
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
-#include "amx_linear.h"
-#include "simd.h"
+#include "bf16_tiles.h"
 #include "work_pool.h"
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
-#include <immintrin.h>
-#define INHOUSE_AMX_BF16 1
-#endif
 
 namespace inhouse {
 namespace {
 
-constexpr int64_t kBf16Block = 16;  // outputs a B tile gives
-constexpr int64_t kBf16Depth = 32;  // inputs a product sums
-constexpr int64_t kBf16Rows = 16;   // rows an A tile holds
-constexpr int64_t kBf16Ahead = 4;   // groups of weights prefetched ahead
-
-bool bf16_tiles() {
-#ifdef INHOUSE_AMX_BF16
-  return amx::granted();
-#else
-  return false;
-#endif
-}
+using bf16_tiles::kBlock;
+using bf16_tiles::kDepth;
 
 #ifdef INHOUSE_AMX_BF16
-// C tiles 0-3 (16 rows of 16 float32: row tile a x block b at 2a + b), A tiles 4-5 (16 rows
-// of 32 bf16), B tiles 6-7 (16 rows of 16 pairs): every tile 16 rows of 64 bytes.
-void configure_bf16_tiles() {
-  amx::TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = kBf16Rows;
-    config.bytes_per_row[t] = 64;
-  }
-  amx::load_tiles(config);
-}
-
-// Where a pass reads and writes: x [rows, k] and out [rows, n] (bf16, rows contiguous),
-// weights packed by pack_bf16.
-struct Bf16Pass {
-  const uint16_t* x;
-  int64_t k;
-  const uint16_t* w;
-  const float* bias;  // [n] or null
-  uint16_t* out;
-  int64_t n;
-};
-
-// Rounds 16 sums (+ bias) of one row to bf16 into `to`.
-inline void store_row(const float* sums, const float* bias, uint16_t* to) {
-  __m512 v = _mm512_load_ps(sums);
-  if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), (__m256i)_mm512_cvtneps_pbh(v));
-}
-
-// kRowTiles (1-2) row tiles from `x` (row stride `stride` elements; `rows` of them real) by
-// kBlocks (1-2) blocks of outputs from `block`, into `out` (row stride pass.n).
-template <int kRowTiles, int kBlocks>
-void tile_pass(const Bf16Pass& pass, const uint16_t* x, int64_t stride, int64_t rows,
-               int64_t block, uint16_t* out) {
-  const int64_t groups = pass.k / kBf16Depth, block_elems = groups * kBf16Depth * kBf16Block;
-  const uint16_t* w0 = pass.w + block * block_elems;
-  const uint16_t* w1 = w0 + block_elems;
-  _tile_zero(0);
-  if constexpr (kBlocks == 2) _tile_zero(1);
-  if constexpr (kRowTiles == 2) _tile_zero(2);
-  if constexpr (kRowTiles == 2 && kBlocks == 2) _tile_zero(3);
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t b_at = g * kBf16Depth * kBf16Block;
-    if (g + kBf16Ahead < groups) {  // the weights' stream, asked for ahead of its tile loads
-      prefetch(w0 + b_at + kBf16Ahead * kBf16Depth * kBf16Block, 1024);
-      if constexpr (kBlocks == 2) prefetch(w1 + b_at + kBf16Ahead * kBf16Depth * kBf16Block, 1024);
-    }
-    _tile_loadd(4, x + g * kBf16Depth, stride * 2);
-    _tile_loadd(6, w0 + b_at, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (kBlocks == 2) {
-      _tile_loadd(7, w1 + b_at, 64);
-      _tile_dpbf16ps(1, 4, 7);
-    }
-    if constexpr (kRowTiles == 2) {
-      _tile_loadd(5, x + kBf16Rows * stride + g * kBf16Depth, stride * 2);
-      _tile_dpbf16ps(2, 5, 6);
-      if constexpr (kBlocks == 2) _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  alignas(64) float sums[4][kBf16Rows * kBf16Block];
-  _tile_stored(0, sums[0], 64);
-  if constexpr (kBlocks == 2) _tile_stored(1, sums[1], 64);
-  if constexpr (kRowTiles == 2) _tile_stored(2, sums[2], 64);
-  if constexpr (kRowTiles == 2 && kBlocks == 2) _tile_stored(3, sums[3], 64);
-  for (int a = 0; a < kRowTiles; ++a) {
-    for (int b = 0; b < kBlocks; ++b) {
-      const float* bias = pass.bias ? pass.bias + (block + b) * kBf16Block : nullptr;
-      for (int64_t r = 0; r < kBf16Rows && a * kBf16Rows + r < rows; ++r) {
-        store_row(sums[2 * a + b] + r * kBf16Block, bias,
-                  out + (a * kBf16Rows + r) * pass.n + b * kBf16Block);
-      }
-    }
-  }
-}
-
-// Every row by blocks [first, first + count) (count 1 or 2): pairs of full row tiles, then
-// a last full one, then the last rows padded with zeros in `tail` (16 rows).
-template <int kBlocks>
-void column_pass(const Bf16Pass& pass, int64_t rows, int64_t block, const uint16_t* tail) {
-  const int64_t full = rows / kBf16Rows * kBf16Rows, rest = rows - full;
-  uint16_t* out = pass.out + block * kBf16Block;
-  int64_t r = 0;
-  for (; r + 2 * kBf16Rows <= full; r += 2 * kBf16Rows) {
-    tile_pass<2, kBlocks>(pass, pass.x + r * pass.k, pass.k, 2 * kBf16Rows, block, out + r * pass.n);
-  }
-  if (r < full) tile_pass<1, kBlocks>(pass, pass.x + r * pass.k, pass.k, kBf16Rows, block, out + r * pass.n);
-  if (rest) tile_pass<1, kBlocks>(pass, tail, pass.k, rest, block, out + full * pass.n);
-}
-
-void linear_on_bf16_tiles(const Bf16Pass& pass, int64_t rows) {
-  const int64_t blocks = pass.n / kBf16Block, full = rows / kBf16Rows * kBf16Rows;
-  std::vector<uint16_t> tail(rows > full ? kBf16Rows * pass.k : 0, 0);
-  if (rows > full) std::memcpy(tail.data(), pass.x + full * pass.k, (rows - full) * pass.k * 2);
+// x [rows, k] by the packed weight into out [rows, n] bf16: each row's sums plus the bias
+// (float32) rounded to bf16 once.
+void linear_on_bf16_tiles(const bf16_tiles::Pass& pass, int64_t rows, int64_t n,
+                          const float* bias, uint16_t* out) {
+  const int64_t blocks = n / kBlock;
+  const std::vector<uint16_t> tail = bf16_tiles::tail_tile(pass.x, rows, pass.k);
+  auto store = [&](int64_t row, int64_t column, __m512 sums) {
+    if (bias) sums = _mm512_add_ps(sums, _mm512_loadu_ps(bias + column));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + row * n + column),
+                        (__m256i)_mm512_cvtneps_pbh(sums));
+  };
   inhouse::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t begin, int64_t end) {
-    configure_bf16_tiles();
+    bf16_tiles::configure();
     for (int64_t pair = begin; pair < end; ++pair) {
       if (2 * pair + 1 < blocks) {
-        column_pass<2>(pass, rows, 2 * pair, tail.data());
+        bf16_tiles::column_pass<2>(pass, rows, 2 * pair, tail.data(), store);
       } else {
-        column_pass<1>(pass, rows, 2 * pair, tail.data());
+        bf16_tiles::column_pass<1>(pass, rows, 2 * pair, tail.data(), store);
       }
     }
     _tile_release();
@@ -158,7 +55,7 @@ void linear_on_bf16_tiles(const Bf16Pass& pass, int64_t rows) {
 }
 #endif
 
-bool bf16_linear_ready() { return bf16_tiles(); }
+bool bf16_linear_ready() { return bf16_tiles::ready(); }
 
 }  // namespace
 
@@ -168,9 +65,9 @@ torch::Tensor pack_bf16(const torch::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16,
               "a [out, in] bfloat16 weight");
   const int64_t n = weight.size(0), k = weight.size(1);
-  TORCH_CHECK(n % kBf16Block == 0 && k % kBf16Depth == 0, "out a multiple of 16, in of 32");
+  TORCH_CHECK(n % kBlock == 0 && k % kDepth == 0, "out a multiple of 16, in of 32");
   return weight.contiguous()
-      .view({n / kBf16Block, kBf16Block, k / kBf16Depth, kBf16Depth / 2, 2})
+      .view({n / kBlock, kBlock, k / kDepth, kDepth / 2, 2})
       .permute({0, 2, 3, 1, 4})
       .contiguous();
 }
@@ -179,11 +76,11 @@ torch::Tensor pack_bf16(const torch::Tensor& weight) {
 // [..., n] bf16. Needs the tiles (bf16_linear_ready).
 torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed,
                           const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(bf16_tiles(), "linear_bf16 needs AMX bf16 tiles granted to this process");
+  TORCH_CHECK(bf16_tiles::ready(), "linear_bf16 needs AMX bf16 tiles granted to this process");
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && packed.scalar_type() == torch::kBFloat16,
               "bfloat16 activations and packed weight");
-  TORCH_CHECK(packed.dim() == 5 && packed.size(3) == kBf16Depth / 2, "a weight from pack_bf16");
-  const int64_t k = packed.size(1) * kBf16Depth, n = packed.size(0) * kBf16Block;
+  TORCH_CHECK(packed.dim() == 5 && packed.size(3) == kDepth / 2, "a weight from pack_bf16");
+  const int64_t k = packed.size(1) * kDepth, n = packed.size(0) * kBlock;
   TORCH_CHECK(x.size(-1) == k, "x's last dimension must be the weight's in features");
   auto rows_x = x.contiguous().view({-1, k});
   const int64_t rows = rows_x.size(0);
@@ -197,11 +94,10 @@ torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed,
   }
   if (rows == 0) return out;
 #ifdef INHOUSE_AMX_BF16
-  const Bf16Pass pass{reinterpret_cast<const uint16_t*>(rows_x.data_ptr()), k,
-                      reinterpret_cast<const uint16_t*>(packed.data_ptr()),
-                      bias.has_value() ? bias_f.data_ptr<float>() : nullptr,
-                      reinterpret_cast<uint16_t*>(out.data_ptr()), n};
-  linear_on_bf16_tiles(pass, rows);
+  const bf16_tiles::Pass pass{reinterpret_cast<const uint16_t*>(rows_x.data_ptr()), k,
+                              reinterpret_cast<const uint16_t*>(packed.data_ptr())};
+  linear_on_bf16_tiles(pass, rows, n, bias.has_value() ? bias_f.data_ptr<float>() : nullptr,
+                       reinterpret_cast<uint16_t*>(out.data_ptr()));
 #endif
   return out;
 }

@@ -11,9 +11,11 @@ namespace inhouse {
 
 // quant_linear.cpp: weight-only quantized linears and the weights' quantization.
 torch::Tensor linear_q8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                        const c10::optional<torch::Tensor>& bias);
+                        const c10::optional<torch::Tensor>& bias,
+                        const c10::optional<torch::Tensor>& prompt_rows);
 torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                        const torch::Tensor& mins, const c10::optional<torch::Tensor>& bias);
+                        const torch::Tensor& mins, const c10::optional<torch::Tensor>& bias,
+                        const c10::optional<torch::Tensor>& prompt_rows);
 torch::Tensor linear_any(const torch::Tensor& x, const c10::List<c10::optional<torch::Tensor>>& w,
                          size_t at);
 std::tuple<torch::Tensor, torch::Tensor> quantize_q8(const torch::Tensor& weight);

@@ -20,8 +20,10 @@ void set_pool_threads(int64_t threads) {
 }  // namespace
 
 TORCH_LIBRARY(inhouse_cpu, m) {
-  m.def("linear_q8(Tensor x, Tensor q, Tensor d, Tensor? bias) -> Tensor");
-  m.def("linear_q4(Tensor x, Tensor q, Tensor d, Tensor mins, Tensor? bias) -> Tensor");
+  m.def("linear_q8(Tensor x, Tensor q, Tensor d, Tensor? bias, Tensor? prompt_rows=None) -> Tensor");
+  m.def(
+      "linear_q4(Tensor x, Tensor q, Tensor d, Tensor mins, Tensor? bias, "
+      "Tensor? prompt_rows=None) -> Tensor");
   m.def(
       "paged_attention_rows(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor? row_seq, Tensor context_lens, int block_size, float scale, int window, "

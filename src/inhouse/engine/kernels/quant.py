@@ -126,12 +126,18 @@ def kv_row_values(rows: torch.Tensor) -> torch.Tensor:
     return codes.float() * scale.contiguous().view(torch.float32)
 
 
-def linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ W.T (+ bias)`` by the C++ kernel for the weight's format (float32 ``x``)."""
+def linear(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    prompt_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` by the C++ kernel for the weight's format (float32 ``x``); the
+    rows ``prompt_rows`` marks (a prompt's own) on AMX bf16 tiles where the host has them."""
     ops = torch.ops.inhouse_cpu
     if weight.kind == "q8":
-        return ops.linear_q8(x, weight.q, weight.scales, bias)
-    return ops.linear_q4(x, weight.q, weight.scales, weight.mins, bias)
+        return ops.linear_q8(x, weight.q, weight.scales, bias, prompt_rows)
+    return ops.linear_q4(x, weight.q, weight.scales, weight.mins, bias, prompt_rows)
 
 
 # The tile layouts of quant_linear.cpp (quantize_q8/quantize_q4 write them), read back row

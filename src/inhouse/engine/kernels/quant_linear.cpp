@@ -21,6 +21,7 @@
 
 #include "amx_linear.h"
 #include "kernels.h"
+#include "prompt_linear.h"
 #include "quant_layout.h"
 #include "simd.h"
 #include "work_pool.h"
@@ -114,24 +115,6 @@ using inhouse::kTile;
 // (AVX2 host: 5 rows' forward 1.89x one row's, now 1.72x; AVX2 spills a few registers).
 constexpr int kRowsAtOnce = 8;
 constexpr int64_t kRowBlock = 64;
-
-// The byte of a tile group that holds row r's code at k (0..31); in q4 its low nibble
-// when k % 8 < 4, else its high one.
-template <bool kQ4>
-constexpr int64_t tile_byte(int64_t r, int64_t k) {
-  return (kQ4 ? (k / 8) * 32 : (k / 4) * 32) + r * 4 + k % 4;
-}
-
-// Row r's code at k (0..31) in one tile group.
-template <bool kQ4>
-inline int tile_code(const uint8_t* tile_group, int r, int k) {
-  if constexpr (kQ4) {
-    const uint8_t byte = tile_group[tile_byte<true>(r, k)];
-    return (k % 8) < 4 ? byte & 0x0F : byte >> 4;
-  } else {
-    return static_cast<int8_t>(tile_group[tile_byte<false>(r, k)]);
-  }
-}
 
 #ifdef INHOUSE_AVX2
 
@@ -406,7 +389,8 @@ void tile_dot(const uint8_t* wq, const float* wd, const float* wm, const float* 
 
 template <bool kQ4>
 torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                          const torch::Tensor* mins, const c10::optional<torch::Tensor>& bias) {
+                          const torch::Tensor* mins, const c10::optional<torch::Tensor>& bias,
+                          const c10::optional<torch::Tensor>& prompt_rows = c10::nullopt) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "activations must be float32");
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && d.is_contiguous() &&
                   d.scalar_type() == torch::kFloat32,
@@ -417,7 +401,6 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const 
   auto x2 = x.reshape({-1, k}).contiguous();
   const int64_t m = x2.size(0);
   auto out = torch::empty({m, n_out}, x.options());
-  const QuantizedActivations a = quantize_activations(x2.data_ptr<float>(), m, k);
   const auto* qp = static_cast<const uint8_t*>(q.data_ptr());
   const float* dp = d.data_ptr<float>();
   const float* mp = mins ? mins->data_ptr<float>() : nullptr;
@@ -425,6 +408,23 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const 
   float* op = out.data_ptr<float>();
   auto shape = x.sizes().vec();
   shape.back() = n_out;
+  if (prompt_rows.has_value() && inhouse::prompt_linear::ready(tiles)) {
+    // A prompt's own rows on the bf16 tiles (prompt_linear.cpp), the others below.
+    const auto marked = prompt_rows->contiguous();
+    TORCH_CHECK(marked.scalar_type() == torch::kBool && marked.numel() == m,
+                "prompt_rows: one bool per row");
+    inhouse::prompt_linear::Rows rows{x2.data_ptr<float>(), {}, k, tiles, qp, dp, mp, bp, op};
+    std::vector<int64_t> rest;
+    const bool* is_prompt = marked.data_ptr<bool>();
+    for (int64_t i = 0; i < m; ++i) (is_prompt[i] ? rows.index : rest).push_back(i);
+    if (!rows.index.empty()) inhouse::prompt_linear::linear(rows);
+    if (!rest.empty()) {
+      const auto index = torch::tensor(rest, torch::dtype(torch::kInt64));
+      out.index_copy_(0, index, linear_impl<kQ4>(x2.index_select(0, index), q, d, mins, bias));
+    }
+    return out.view(shape);
+  }
+  const QuantizedActivations a = quantize_activations(x2.data_ptr<float>(), m, k);
   if (m >= inhouse::amx::kFromRows && tiles % 2 == 0 && inhouse::amx::enabled()) {
     inhouse::amx::linear({a.q.data(), a.d.data(), a.s.data(), m, groups, tiles, qp, dp, mp, bp, op});
     return out.view(shape);
@@ -473,15 +473,17 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& q, const 
 }  // namespace
 
 torch::Tensor linear_q8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                        const c10::optional<torch::Tensor>& bias) {
+                        const c10::optional<torch::Tensor>& bias,
+                        const c10::optional<torch::Tensor>& prompt_rows) {
   TORCH_CHECK(q.scalar_type() == torch::kInt8, "q8 weights are int8");
-  return linear_impl<false>(x, q, d, nullptr, bias);
+  return linear_impl<false>(x, q, d, nullptr, bias, prompt_rows);
 }
 
 torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-                        const torch::Tensor& mins, const c10::optional<torch::Tensor>& bias) {
+                        const torch::Tensor& mins, const c10::optional<torch::Tensor>& bias,
+                        const c10::optional<torch::Tensor>& prompt_rows) {
   TORCH_CHECK(q.scalar_type() == torch::kUInt8 && mins.is_contiguous(), "q4 weights are uint8");
-  return linear_impl<true>(x, q, d, &mins, bias);
+  return linear_impl<true>(x, q, d, &mins, bias, prompt_rows);
 }
 
 // A weight-only linear of the decode step, by its format: q4 when it has mins.

@@ -153,9 +153,11 @@ class Linear(nn.Module):
         if not keep_weight:
             self.weight = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prompt_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T (+ bias)``; a quantized weight runs the rows ``prompt_rows`` marks (a
+        prompt's own) on AMX bf16 tiles where the host has them (``prompt_linear.cpp``)."""
         if self.quantized is not None:
-            return quant.linear(x, self.quantized, self.bias)
+            return quant.linear(x, self.quantized, self.bias, prompt_rows)
         if self.tiles is not None:
             return torch.ops.inhouse_cpu.linear_bf16(x, self.tiles, self.bias)
         if self.packed is not None:
@@ -219,14 +221,15 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        qkv = self.qkv_proj(x).view(-1, heads + 2 * kv_heads, self.head_dim)
+        prompt = _prompt_rows(meta)
+        qkv = self.qkv_proj(x, prompt).view(-1, heads + 2 * kv_heads, self.head_dim)
         if self.fused:
             cos, sin = cos.view(-1, self.head_dim), sin.view(-1, self.head_dim)
             q = torch.ops.inhouse_cpu.rope_write_kv(
                 qkv, cos, sin, k_cache, v_cache, meta.slot_mapping, heads
             )
             attended = paged_attention(q, k_cache, v_cache, meta, self.scale, self.sliding)
-            return self.o_proj(attended)
+            return self.o_proj(attended, prompt)
         qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
@@ -234,7 +237,7 @@ class Attention(nn.Module):
         q, k = qk[:, :heads], qk[:, heads:]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         attended = paged_attention(q, k_cache, v_cache, meta, self.scale, self.sliding)
-        return self.o_proj(attended)
+        return self.o_proj(attended, prompt)
 
 
 class MLP(nn.Module):
@@ -245,11 +248,12 @@ class MLP(nn.Module):
         self.down_proj = Linear(self.intermediate, args.hidden_size, args.mlp_bias, weights)
         self.fused = False  # silu(gate) * up by the C++ kernel (see fuse_cpu_ops)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prompt_rows: torch.Tensor | None = None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x, prompt_rows)
         if self.fused:
-            return self.down_proj(torch.ops.inhouse_cpu.silu_mul(self.gate_up_proj(x)))
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+            return self.down_proj(torch.ops.inhouse_cpu.silu_mul(gate_up), prompt_rows)
+        gate, up = gate_up.split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up, prompt_rows)
 
 
 class DecoderLayer(nn.Module):
@@ -262,7 +266,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, k_cache, v_cache, meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h), _prompt_rows(meta))
 
     def fused(self, residual, delta, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
         """The same layer with each residual add fused into the norm after it: adds the
@@ -270,7 +274,8 @@ class DecoderLayer(nn.Module):
         this layer's MLP output, for the next layer (or the final norm) to add."""
         x = self.input_layernorm.add_and_norm(residual, delta)
         attended = self.self_attn(x, cos, sin, k_cache, v_cache, meta)
-        return self.mlp(self.post_attention_layernorm.add_and_norm(residual, attended))
+        normed = self.post_attention_layernorm.add_and_norm(residual, attended)
+        return self.mlp(normed, _prompt_rows(meta))
 
 
 # Checkpoint names of the projections we fuse: (fused name, part, index in fused tensor).
@@ -514,6 +519,11 @@ def _check(interrupt: StepInterrupt | None) -> None:
     """Raise StepAbandoned before the next layer if the step was asked to stop."""
     if interrupt is not None and interrupt.stopped:
         raise StepAbandoned
+
+
+def _prompt_rows(meta: AttentionMetadata) -> torch.Tensor | None:
+    """The step's rows at a prompt's own positions, where the kernels take them apart."""
+    return meta.rows.prompt_rows if meta.rows is not None else None
 
 
 def _plain_decode(meta: AttentionMetadata) -> bool:
