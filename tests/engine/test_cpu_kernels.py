@@ -393,7 +393,8 @@ def _attention(prompt: PromptLength | None, fp16_kv: bool):
         q, k, v = (t[:, :, :n].bfloat16().to(query.dtype) for t in (query, key, value))
         scores = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * kwargs["scaling"]
         causal = torch.ones(n, n, dtype=torch.bool).tril()
-        tiles = (scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v.repeat_interleave(group, 1))
+        weights_p = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        tiles = weights_p @ v.repeat_interleave(group, 1)
         out = out.clone()
         out[:, :n] = tiles.transpose(1, 2)
         return out, weights

@@ -9,9 +9,8 @@ logits, and HF's argmax in at least 95% of the steps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import random
+from collections.abc import Callable
 
 import pytest
 import torch

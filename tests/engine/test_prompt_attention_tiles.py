@@ -5,6 +5,8 @@ host without the tiles, marked rows take the float32 loops: the same bits as unm
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from engine_helpers import needs_kernels
@@ -69,7 +71,7 @@ def test_prompt_rows_match_a_float64_reference_and_keep_their_bits(window, dim, 
         torch.testing.assert_close(whole[120 + i].double(), ref, atol=5e-3, rtol=1e-2)
     # chunked as a scheduler might chunk it, alone, on the pool: the same bits
     for cuts in ((0, 7, 23, 64, 120), (0, 1, 2, 50, 51, 120), (0, 120)):
-        for a, b in zip(cuts, cuts[1:], strict=False):
+        for a, b in itertools.pairwise(cuts):
             part = attend(
                 q[0][a:b], caches, tables[:1], torch.zeros(b - a, dtype=torch.long),
                 lens[a:b], window, torch.ones(b - a, dtype=torch.bool), torch_threads=False,
