@@ -255,7 +255,7 @@ void attention_rows_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   const int64_t count_items = static_cast<int64_t>(listed.size());
   std::vector<AttentionItem> items(count_items);
   for (int64_t j = 0; j < count_items; ++j) {
-    items[j] = listed[j % 2 == 0 ? j / 2 : count_items - 1 - j / 2];
+    items[j] = listed[dear_and_cheap(j, count_items)];
   }
   std::vector<float> partial(partials * partial_floats);
   const auto body = [&](int64_t begin, int64_t end) {

@@ -178,6 +178,12 @@ class WorkPool {
 };
 
 // at::parallel_for's signature over the pool.
+// Which of `count` items, listed cheap to dear (a prompt's later tiles read more keys),
+// goes j-th so that the ends alternate: a static split over threads gets even shares.
+inline int64_t dear_and_cheap(int64_t j, int64_t count) {
+  return j % 2 == 0 ? j / 2 : count - 1 - j / 2;
+}
+
 template <class F>
 inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
   WorkPool::instance().run(end - begin, grain,
