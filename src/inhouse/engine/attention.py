@@ -14,11 +14,15 @@ and shared by every layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from inhouse.engine.step_interrupt import StepInterrupt
+
+if TYPE_CHECKING:
+    from inhouse.engine.lora.stack import AdapterRows
 
 
 @dataclass(slots=True)
@@ -66,6 +70,7 @@ class AttentionMetadata:
     rows: RowTables | None = None  # set when the C++ kernel attends every row
     sliding_window: int = 0  # what a sliding layer passes that kernel (0: no window)
     interrupt: StepInterrupt | None = None  # stops the step before a layer (CPU steps)
+    adapters: AdapterRows | None = None  # the rows each LoRA adapter adds its products to
 
 
 def write_kv(

@@ -44,6 +44,12 @@ def salt_key(cache_salt: str | None) -> bytes:
     return b"" if cache_salt is None else b"salt:" + cache_salt.encode()
 
 
+def adapter_key(digest: str | None) -> bytes:
+    """The first block's key beside the salt: the LoRA adapter's digest (empty for the base),
+    so one adapter's blocks never answer another's prompt."""
+    return b"" if digest is None else b"adapter:" + digest.encode()
+
+
 @dataclass(slots=True, eq=False)
 class KVBlock:
     """One block of KV slots; ``key``/``block_hash`` set while it holds a cached full block."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from inhouse.engine.errors import EngineConfigError
@@ -21,6 +21,8 @@ DEFAULT_KV_FRACTION_CPU = 0.25
 DEFAULT_KV_FRACTION_CUDA = 0.8
 # vLLM's CPU backend reserves 4 GiB for the KV cache by default (VLLM_CPU_KVCACHE_SPACE).
 DEFAULT_KV_CAP_CPU = 4 * 2**30
+DEFAULT_MAX_LORA_RANK = 16  # vLLM's --max-lora-rank default
+DEFAULT_MAX_LORAS = 4  # adapter slots once any adapter is given (room for loads at run time)
 
 
 @dataclass(slots=True)
@@ -43,6 +45,10 @@ class EngineConfig:
     priority while better-priority work is active (None: the default; 0: no cap).
     ``kv_cache_dtype`` is "auto" (the path's own: float16 under q8/q4, else the activations')
     or "int8" (a scale per token and KV head, on the q8/q4 kernels' path).
+    ``lora_modules`` are PEFT LoRA adapters loaded at start, by the name requests give;
+    ``max_loras`` slots (None: as many as there are modules, at least ``DEFAULT_MAX_LORAS``
+    once there is one; 0: none, and none can be loaded later) of rank up to
+    ``max_lora_rank`` hold them, counted in the default KV budget.
     """
 
     model: str | Path | None = None
@@ -62,6 +68,9 @@ class EngineConfig:
     long_prefill_token_threshold: int | None = None
     background_decode_rows: int | None = None
     kv_cache_dtype: str = "auto"
+    lora_modules: dict[str, str] = field(default_factory=dict)
+    max_loras: int | None = None
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -83,6 +92,13 @@ class EngineConfig:
             raise EngineConfigError(
                 f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; use {', '.join(KV_CACHE_DTYPES)}"
             )
+        if self.max_lora_rank < 1:
+            raise EngineConfigError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}")
+        if self.max_loras is not None and self.max_loras < len(self.lora_modules):
+            raise EngineConfigError(
+                f"max_loras {self.max_loras} is fewer than the {len(self.lora_modules)} "
+                "--lora-modules given"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise EngineConfigError(f"max_model_len must be at least 2, got {self.max_model_len}")
         if not 0 <= self.kv_reserve <= 1:
@@ -91,6 +107,13 @@ class EngineConfig:
             raise EngineConfigError(
                 f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}"
             )
+
+
+def adapter_slots(config: EngineConfig) -> int:
+    """How many adapter slots the engine holds (see ``EngineConfig``)."""
+    if config.max_loras is not None:
+        return config.max_loras
+    return max(len(config.lora_modules), DEFAULT_MAX_LORAS) if config.lora_modules else 0
 
 
 def prefill_cap(config: EngineConfig) -> int:

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import torch
 
-from inhouse.engine.config import EngineConfig, background_decode_rows, prefill_cap
+from inhouse.engine.config import (
+    EngineConfig,
+    adapter_slots,
+    background_decode_rows,
+    prefill_cap,
+)
 from inhouse.engine.errors import EngineInputError
 from inhouse.engine.info import EngineInfo
 from inhouse.engine.kv_budget import plan_kv_budget
 from inhouse.engine.kv_cache import KVCacheManager
+from inhouse.engine.lora.peft_adapter import AdapterError, AdapterWeights, read_adapter
+from inhouse.engine.lora.slots import AdapterSlots, LoadedAdapter
 from inhouse.engine.models.loader import LoadedModel, load_model, with_kv_cache_dtype
 from inhouse.engine.outputs import CoreOutput, Finish, SequenceOutput
 from inhouse.engine.request import EngineRequest
@@ -41,7 +48,12 @@ class EngineCore:
             config.model, config.dtype, config.device, quantization=config.quantization
         )
         self.loaded = with_kv_cache_dtype(loaded, config.kv_cache_dtype)
-        self.budget = plan_kv_budget(config, self.loaded)
+        slots = adapter_slots(config)
+        self.adapters = (
+            AdapterSlots(self.loaded.model, slots, config.max_lora_rank) if slots else None
+        )
+        adapter_bytes = 0 if self.adapters is None else self.adapters.num_bytes
+        self.budget = plan_kv_budget(config, self.loaded, adapter_bytes)
         self.info = EngineInfo.describe(self.loaded, self.budget, config.speculative)
         self.runner = ModelRunner(self.loaded, self.budget.num_blocks, config.block_size)
         self.kv_cache = KVCacheManager(
@@ -70,6 +82,8 @@ class EngineCore:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_steps = 0
+        for name, path in config.lora_modules.items():
+            self.load_adapter(name, self.read_adapter(path))
 
     # -- requests ---------------------------------------------------------------------
 
@@ -109,6 +123,8 @@ class EngineCore:
             raise EngineInputError(
                 f"cache_salt must have 1 to {MAX_CACHE_SALT_CHARS} characters", "cache_salt"
             )
+        if request.adapter is not None:
+            self._adapter(request.adapter)
 
     def add(self, request: EngineRequest) -> None:
         """Validate and queue a request (``params.n`` sibling sequences)."""
@@ -121,6 +137,7 @@ class EngineCore:
         if self.scheduler.sequences(request.request_id):
             raise EngineInputError(f"request id {request.request_id!r} is already running")
         params = request.params
+        adapter = None if request.adapter is None else self._adapter(request.adapter)
         seqs = [
             Sequence(
                 request_id=request.request_id,
@@ -129,6 +146,7 @@ class EngineCore:
                 index=i,
                 cache_salt=request.cache_salt,
                 priority=request.priority,
+                adapter=adapter,
                 arrival_time=request.arrival_time,
                 guide=params.guide_factory() if params.guide_factory else None,
             )
@@ -136,6 +154,37 @@ class EngineCore:
         ]
         self.scheduler.add(seqs)
         self._prompt_tokens += len(request.prompt_token_ids)
+
+    # -- adapters ---------------------------------------------------------------------
+
+    def read_adapter(self, path: str) -> AdapterWeights:
+        """A PEFT adapter checked against this base and ``--max-lora-rank`` (any thread);
+        AdapterError if it cannot be served here."""
+        if self.adapters is None:
+            raise AdapterError("this engine holds no adapter slots (started with --max-loras 0)")
+        return read_adapter(path, self.loaded.model.args, self.adapters.max_rank)
+
+    def load_adapter(self, name: str, weights: AdapterWeights) -> LoadedAdapter:
+        """Put an adapter read by :meth:`read_adapter` in a free slot (engine thread)."""
+        assert self.adapters is not None
+        return self.adapters.install(name, weights, self._slot_in_use)
+
+    def unload_adapter(self, name: str) -> LoadedAdapter:
+        """Stop taking requests for ``name`` (engine thread); its running ones finish.
+        KeyError if no adapter has that name."""
+        if self.adapters is None:
+            raise KeyError(name)
+        return self.adapters.remove(name)
+
+    def _adapter(self, name: str) -> LoadedAdapter:
+        adapter = None if self.adapters is None else self.adapters.adapters.get(name)
+        if adapter is None:
+            raise EngineInputError(f"no LoRA adapter named {name!r} is loaded", "model")
+        return adapter
+
+    def _slot_in_use(self, slot: int) -> bool:
+        live = (*self.scheduler.running, *self.scheduler.waiting)
+        return any(seq.adapter is not None and seq.adapter.slot == slot for seq in live)
 
     def abort(self, request_id: str, reason: str = "abort") -> CoreOutput | None:
         """Stop a request now and free its blocks; its news (None if it was not running)."""

@@ -38,6 +38,7 @@ class KVBudget:
     block_size: int
     max_model_len: int
     reason: str
+    adapter_bytes: int = 0  # LoRA adapter slots, taken out of a default budget
 
     @property
     def num_tokens(self) -> int:
@@ -58,8 +59,10 @@ def kv_bytes_per_token(loaded: LoadedModel) -> int:
     return planned * loaded.kv_row_width // spec.head_dim
 
 
-def plan_kv_budget(config: EngineConfig, loaded: LoadedModel) -> KVBudget:
-    """Size the KV cache from the config; lower a defaulted max_model_len to what fits."""
+def plan_kv_budget(config: EngineConfig, loaded: LoadedModel, adapter_bytes: int = 0) -> KVBudget:
+    """Size the KV cache from the config; lower a defaulted max_model_len to what fits. A
+    default budget (a share of free memory) also holds the adapter slots' ``adapter_bytes``;
+    ``--kv-cache-memory`` is the KV cache's alone."""
     model_max = int(loaded.config_dict.get("max_position_embeddings") or MAX_DEFAULT_MODEL_LEN)
     if config.max_model_len is not None and config.max_model_len > model_max:
         raise EngineConfigError(
@@ -74,6 +77,9 @@ def plan_kv_budget(config: EngineConfig, loaded: LoadedModel) -> KVBudget:
         memory, reason = config.kv_cache_memory, "--kv-cache-memory"
     else:
         memory, reason = default_kv_cache_memory(config.device, one_sequence)
+        if adapter_bytes:
+            memory -= adapter_bytes
+            reason += f", less {adapter_bytes / 2**20:.1f} MiB of LoRA adapter slots"
     num_blocks = kv_cache_capacity(memory, per_token, block_size, max_model_len).num_blocks
     if num_blocks * block_size < max_model_len:
         fits = num_blocks * block_size
@@ -85,7 +91,9 @@ def plan_kv_budget(config: EngineConfig, loaded: LoadedModel) -> KVBudget:
             raise EngineConfigError(message + "; raise kv_cache_memory or lower max_model_len")
         log.warning("%s; lowering max_model_len to %d", message, fits)
         max_model_len = fits
-    budget = KVBudget(memory, per_token, num_blocks, block_size, max_model_len, reason)
+    budget = KVBudget(
+        memory, per_token, num_blocks, block_size, max_model_len, reason, adapter_bytes
+    )
     log.info(
         "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB: %s); "
         "maximum concurrency for %d tokens per request: %.2fx",

@@ -5,14 +5,22 @@ only the ``n`` siblings of one request share their prompt's blocks. Where a prom
 are attended on AMX tiles and a generated token's are not (``generated_apart``), a block
 that holds a generated token is hashed apart: a later prompt of the same tokens (the next
 turn of a chat) computes them as a prompt and finds only what a prompt computed, so its
-bits never depend on what the cache held.
+bits never depend on what the cache held. A LoRA adapter's blocks are keyed by its
+files' digest: they answer only the same adapter's prompts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inhouse.engine.blocks import BlockPool, KVBlock, block_key, hash_block_key, salt_key
+from inhouse.engine.blocks import (
+    BlockPool,
+    KVBlock,
+    adapter_key,
+    block_key,
+    hash_block_key,
+    salt_key,
+)
 from inhouse.engine.sequence import Sequence
 
 
@@ -124,7 +132,8 @@ class KVCacheManager:
 
     def _first_block_extra(self, seq: Sequence) -> bytes:
         if self.enable_prefix_caching:
-            return salt_key(seq.cache_salt)
+            adapter = None if seq.adapter is None else seq.adapter.digest
+            return salt_key(seq.cache_salt) + adapter_key(adapter)
         return b"request:" + seq.request_id.encode()
 
     def _extend_hashes(self, seq: Sequence, num_blocks: int) -> None:

@@ -28,3 +28,4 @@ class EngineRequest:
     cache_salt: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
+    adapter: str | None = None  # a LoRA adapter's name (the request's ``model``); None: the base

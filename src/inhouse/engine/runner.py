@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from inhouse.engine.attention import build_attention_metadata
+from inhouse.engine.lora.stack import AdapterRows
 from inhouse.engine.models.loader import LoadedModel
 from inhouse.engine.sequence import Sequence
 from inhouse.engine.step_interrupt import StepInterrupt
@@ -121,6 +122,8 @@ class ModelRunner:
             meta.rows.pool = self.kernel_pool
         if self.device.type == "cpu":
             meta.interrupt = interrupt
+        slots = [-1 if seq.adapter is None else seq.adapter.slot for seq, _ in batch]
+        meta.adapters = AdapterRows.of_entries(slots, counts, self.device)
         input_ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
         every_row = len(logit_rows) == len(tokens)  # each entry decodes (drafts included)
         rows = None if every_row else torch.tensor(logit_rows).to(self.device)

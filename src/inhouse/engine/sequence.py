@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from inhouse.engine.lora.slots import LoadedAdapter
     from inhouse.engine.sampling_params import SamplingParams
 
 _seq_ids = itertools.count()
@@ -40,6 +41,7 @@ class Sequence:
     cache_salt: str | None = None
     priority: int = 0
     arrival_time: float = 0.0
+    adapter: LoadedAdapter | None = None  # the LoRA adapter its tokens run with
     seq_id: int = field(default_factory=lambda: next(_seq_ids))
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,9 @@ from inhouse.engine.attention import AttentionMetadata, paged_attention, write_k
 from inhouse.engine.kernels import quant
 from inhouse.engine.models.row_blocks import blocked_linear, invariant_row_blocks
 from inhouse.engine.step_interrupt import StepAbandoned, StepInterrupt
+
+if TYPE_CHECKING:
+    from inhouse.engine.lora.stack import AdapterRows, LoraStack
 
 SUPPORTED_ARCHITECTURES = frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
@@ -132,6 +136,7 @@ class Linear(nn.Module):
         self.quantized: quant.QuantizedWeight | None = None
         self.tiles: torch.Tensor | None = None  # bf16, packed for the AMX tiles
         self.row_blocks: tuple[int, ...] = ()  # (): all rows in one product
+        self.lora: LoraStack | None = None  # adapters' low-rank pairs by slot (engine.lora)
 
     def pack_fp16(self, keep_weight: bool = False) -> None:
         """Pack the weight for float16-weight float32-compute products (CPU, fbgemm)."""
@@ -153,9 +158,21 @@ class Linear(nn.Module):
         if not keep_weight:
             self.weight = None
 
-    def forward(self, x: torch.Tensor, prompt_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ W.T (+ bias)``; a quantized weight runs the rows ``prompt_rows`` marks (a
-        prompt's own) on AMX bf16 tiles where the host has them (``prompt_linear.cpp``)."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        prompt_rows: torch.Tensor | None = None,
+        adapters: AdapterRows | None = None,
+    ) -> torch.Tensor:
+        """``x @ W.T (+ bias)``, plus each adapter's low-rank product on its ``adapters``
+        rows; a quantized weight runs the rows ``prompt_rows`` marks (a prompt's own) on AMX
+        bf16 tiles where the host has them (``prompt_linear.cpp``)."""
+        out = self._base(x, prompt_rows)
+        if adapters is not None and self.lora is not None:
+            self.lora.add_to(out, x, adapters)
+        return out
+
+    def _base(self, x: torch.Tensor, prompt_rows: torch.Tensor | None) -> torch.Tensor:
         if self.quantized is not None:
             return quant.linear(x, self.quantized, self.bias, prompt_rows)
         if self.tiles is not None:
@@ -221,15 +238,15 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        prompt = _prompt_rows(meta)
-        qkv = self.qkv_proj(x, prompt).view(-1, heads + 2 * kv_heads, self.head_dim)
+        prompt, adapters = _prompt_rows(meta), meta.adapters
+        qkv = self.qkv_proj(x, prompt, adapters).view(-1, heads + 2 * kv_heads, self.head_dim)
         if self.fused:
             cos, sin = cos.view(-1, self.head_dim), sin.view(-1, self.head_dim)
             q = torch.ops.inhouse_cpu.rope_write_kv(
                 qkv, cos, sin, k_cache, v_cache, meta.slot_mapping, heads
             )
             attended = paged_attention(q, k_cache, v_cache, meta, self.scale, self.sliding)
-            return self.o_proj(attended, prompt)
+            return self.o_proj(attended, prompt, adapters)
         qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
@@ -237,7 +254,7 @@ class Attention(nn.Module):
         q, k = qk[:, :heads], qk[:, heads:]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         attended = paged_attention(q, k_cache, v_cache, meta, self.scale, self.sliding)
-        return self.o_proj(attended, prompt)
+        return self.o_proj(attended, prompt, adapters)
 
 
 class MLP(nn.Module):
@@ -248,12 +265,13 @@ class MLP(nn.Module):
         self.down_proj = Linear(self.intermediate, args.hidden_size, args.mlp_bias, weights)
         self.fused = False  # silu(gate) * up by the C++ kernel (see fuse_cpu_ops)
 
-    def forward(self, x: torch.Tensor, prompt_rows: torch.Tensor | None = None) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x, prompt_rows)
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        prompt_rows, adapters = _prompt_rows(meta), meta.adapters
+        gate_up = self.gate_up_proj(x, prompt_rows, adapters)
         if self.fused:
-            return self.down_proj(torch.ops.inhouse_cpu.silu_mul(gate_up), prompt_rows)
+            return self.down_proj(torch.ops.inhouse_cpu.silu_mul(gate_up), prompt_rows, adapters)
         gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up, prompt_rows)
+        return self.down_proj(F.silu(gate) * up, prompt_rows, adapters)
 
 
 class DecoderLayer(nn.Module):
@@ -266,7 +284,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, k_cache, v_cache, meta)
-        return h + self.mlp(self.post_attention_layernorm(h), _prompt_rows(meta))
+        return h + self.mlp(self.post_attention_layernorm(h), meta)
 
     def fused(self, residual, delta, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
         """The same layer with each residual add fused into the norm after it: adds the
@@ -275,7 +293,7 @@ class DecoderLayer(nn.Module):
         x = self.input_layernorm.add_and_norm(residual, delta)
         attended = self.self_attn(x, cos, sin, k_cache, v_cache, meta)
         normed = self.post_attention_layernorm.add_and_norm(residual, attended)
-        return self.mlp(normed, _prompt_rows(meta))
+        return self.mlp(normed, meta)
 
 
 # Checkpoint names of the projections we fuse: (fused name, part, index in fused tensor).
@@ -528,9 +546,10 @@ def _prompt_rows(meta: AttentionMetadata) -> torch.Tensor | None:
 
 def _plain_decode(meta: AttentionMetadata) -> bool:
     """Whether every entry of the step is one new token (or one and a speculative draft),
-    none of them a prompt's, for the C++ decode kernel."""
+    none of them a prompt's nor an adapter's, for the C++ decode kernel."""
     rows = meta.rows
-    return rows is not None and (rows.row_seq is None or rows.decode) and rows.prompt_rows is None
+    plain = rows is not None and (rows.row_seq is None or rows.decode)
+    return plain and rows.prompt_rows is None and meta.adapters is None
 
 
 def _decode_weights(layers: nn.ModuleList) -> list[torch.Tensor | None] | None:

@@ -1,0 +1,93 @@
+"""The engine's adapter slots: which adapter holds which slot, written into every
+projection's ``LoraStack``.
+
+Every call comes from the engine thread (``AsyncEngine`` runs loads and unloads between
+steps), so a slot is never rewritten under a step that reads it. An unloaded adapter's
+slot is taken again only once no sequence of it is left (``in_use``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from inhouse.engine.lora.peft_adapter import PROJECTIONS, AdapterError, AdapterWeights, part_sizes
+from inhouse.engine.lora.stack import LoraStack
+from inhouse.engine.models.llama import LlamaForCausalLM
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedAdapter:
+    """An adapter in a slot: what requests name it by, and what its cache blocks are keyed by."""
+
+    name: str
+    slot: int
+    path: Path
+    digest: str
+    rank: int
+
+
+class AdapterSlots:
+    """``max_loras`` slots of rank up to ``max_rank`` on every projection of ``model``."""
+
+    def __init__(self, model: LlamaForCausalLM, max_loras: int, max_rank: int) -> None:
+        self.max_loras, self.max_rank = max_loras, max_rank
+        self.args = model.args
+        device = model.rope_cos.device
+        self.stacks: dict[tuple[int, str], LoraStack] = {}
+        for index, layer in enumerate(model.layers):
+            linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj)
+            linears += (layer.mlp.gate_up_proj, layer.mlp.down_proj)
+            for projection, linear in zip(PROJECTIONS, linears, strict=True):
+                outs, width = part_sizes(model.args, projection)
+                stack = LoraStack(max_loras, len(outs) * max_rank, width, sum(outs), device)
+                self.stacks[index, projection] = linear.lora = stack
+        self.adapters: dict[str, LoadedAdapter] = {}
+
+    @property
+    def num_bytes(self) -> int:
+        """Memory the slots hold, whether filled or not."""
+        return sum(stack.num_bytes for stack in self.stacks.values())
+
+    def install(
+        self, name: str, weights: AdapterWeights, in_use: Callable[[int], bool]
+    ) -> LoadedAdapter:
+        """Write ``weights`` into a free slot under ``name``; AdapterError if the name is
+        taken or every slot is held (by an adapter, or by sequences of an unloaded one)."""
+        if name in self.adapters:
+            raise AdapterError(f"an adapter named {name!r} is already loaded")
+        held = {adapter.slot for adapter in self.adapters.values()}
+        free = [s for s in range(self.max_loras) if s not in held and not in_use(s)]
+        if not free:
+            raise AdapterError(
+                f"all {self.max_loras} adapter slots are in use (--max-loras); unload one first"
+            )
+        slot = free[0]
+        self._write(slot, weights)
+        adapter = LoadedAdapter(name, slot, weights.path, weights.digest, weights.rank)
+        self.adapters[name] = adapter
+        return adapter
+
+    def remove(self, name: str) -> LoadedAdapter:
+        """Forget ``name``: new requests cannot use it; running ones finish on its slot."""
+        adapter = self.adapters.pop(name, None)
+        if adapter is None:
+            raise KeyError(name)
+        return adapter
+
+    def _write(self, slot: int, weights: AdapterWeights) -> None:
+        for (layer, projection), stack in self.stacks.items():
+            stack.a[slot].zero_()
+            stack.b[slot].zero_()
+            stack.scale[slot].zero_()
+            outs, _ = part_sizes(self.args, projection)
+            for part, rows in enumerate(outs):
+                pair = weights.parts.get((layer, projection, part))
+                if pair is None:
+                    continue
+                rank, start = pair.a.shape[0], sum(outs[:part])
+                low = part * self.max_rank
+                stack.a[slot, low : low + rank] = pair.a
+                stack.b[slot, start : start + rows, low : low + rank] = pair.b
+                stack.scale[slot, start : start + rows] = pair.scaling

@@ -1,0 +1,42 @@
+"""Tiny random LoRA adapters for tests, written by PEFT itself (``save_pretrained``), so the
+engine reads exactly what a user's trained adapter would hold. PEFT starts ``lora_B`` at
+zero; here both halves are random and large enough that every adapter changes the tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def save_random_adapter(
+    base,
+    folder: Path,
+    seed: int,
+    rank: int = 8,
+    alpha: int = 16,
+    targets: tuple[str, ...] = ALL_PROJECTIONS,
+    rslora: bool = False,
+    size: float = 0.3,
+) -> Path:
+    """Write a PEFT LoRA adapter of ``base`` (an HF model, left unchanged) to ``folder``."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        target_modules=list(targets),
+        use_rslora=rslora,
+        init_lora_weights=False,
+    )
+    peft_model = get_peft_model(base, config, adapter_name="default")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.copy_(size * torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+    peft_model.save_pretrained(folder)
+    peft_model.unload()  # the base's own modules back in place, for the next adapter
+    return folder
