@@ -50,7 +50,11 @@ class EngineCore:
         self.loaded = with_kv_cache_dtype(loaded, config.kv_cache_dtype)
         slots = adapter_slots(config)
         self.adapters = (
-            AdapterSlots(self.loaded.model, slots, config.max_lora_rank) if slots else None
+            AdapterSlots(
+                self.loaded.model, slots, config.max_lora_rank, self.loaded.attention_kernel
+            )
+            if slots
+            else None
         )
         adapter_bytes = 0 if self.adapters is None else self.adapters.num_bytes
         self.budget = plan_kv_budget(config, self.loaded, adapter_bytes)

@@ -37,6 +37,10 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& cos,
 // swiglu.cpp: silu(gate) * up.
 torch::Tensor silu_mul(const torch::Tensor& gate_up);
 
+// lora.cpp: LoRA adapters' products on their rows.
+void lora_add(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& rows,
+              const torch::Tensor& a_t, const torch::Tensor& b_t, const torch::Tensor& scale);
+
 // norms.cpp: residual update and RMSNorm.
 torch::Tensor add_rms_norm(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,
                            const torch::Tensor& weight, double eps);

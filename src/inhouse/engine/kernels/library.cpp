@@ -32,6 +32,9 @@ TORCH_LIBRARY(inhouse_cpu, m) {
       "rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor slots, int heads) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def(
+      "lora_add(Tensor(a!) out, Tensor x, Tensor rows, Tensor a_t, Tensor b_t, Tensor scale) "
+      "-> ()");
   m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
   m.def("quantize_q8(Tensor weight) -> (Tensor, Tensor)");
   m.def("quantize_q4(Tensor weight) -> (Tensor, Tensor, Tensor)");
@@ -44,6 +47,7 @@ TORCH_LIBRARY_IMPL(inhouse_cpu, CPU, m) {
   m.impl("paged_attention_rows", &inhouse::paged_attention_rows);
   m.impl("rope_write_kv", &inhouse::rope_write_kv);
   m.impl("silu_mul", &inhouse::silu_mul);
+  m.impl("lora_add", &inhouse::lora_add);
   m.impl("add_rms_norm", &inhouse::add_rms_norm);
   m.impl("quantize_q8", &inhouse::quantize_q8);
   m.impl("quantize_q4", &inhouse::quantize_q4);

@@ -29,9 +29,12 @@ class LoadedAdapter:
 
 
 class AdapterSlots:
-    """``max_loras`` slots of rank up to ``max_rank`` on every projection of ``model``."""
+    """``max_loras`` slots of rank up to ``max_rank`` on every projection of ``model``; with
+    ``kernel``, products by the C++ kernel (see ``LoraStack``)."""
 
-    def __init__(self, model: LlamaForCausalLM, max_loras: int, max_rank: int) -> None:
+    def __init__(
+        self, model: LlamaForCausalLM, max_loras: int, max_rank: int, kernel: bool
+    ) -> None:
         self.max_loras, self.max_rank = max_loras, max_rank
         self.args = model.args
         device = model.rope_cos.device
@@ -41,7 +44,7 @@ class AdapterSlots:
             linears += (layer.mlp.gate_up_proj, layer.mlp.down_proj)
             for projection, linear in zip(PROJECTIONS, linears, strict=True):
                 outs, width = part_sizes(model.args, projection)
-                stack = LoraStack(max_loras, len(outs) * max_rank, width, sum(outs), device)
+                stack = LoraStack(max_loras, len(outs) * max_rank, width, sum(outs), device, kernel)
                 self.stacks[index, projection] = linear.lora = stack
         self.adapters: dict[str, LoadedAdapter] = {}
 
@@ -78,8 +81,8 @@ class AdapterSlots:
 
     def _write(self, slot: int, weights: AdapterWeights) -> None:
         for (layer, projection), stack in self.stacks.items():
-            stack.a[slot].zero_()
-            stack.b[slot].zero_()
+            stack.a_t[slot].zero_()
+            stack.b_t[slot].zero_()
             stack.scale[slot].zero_()
             outs, _ = part_sizes(self.args, projection)
             for part, rows in enumerate(outs):
@@ -88,6 +91,6 @@ class AdapterSlots:
                     continue
                 rank, start = pair.a.shape[0], sum(outs[:part])
                 low = part * self.max_rank
-                stack.a[slot, low : low + rank] = pair.a
-                stack.b[slot, start : start + rows, low : low + rank] = pair.b
+                stack.a_t[slot, :, low : low + rank] = pair.a.T
+                stack.b_t[slot, low : low + rank, start : start + rows] = pair.b.T
                 stack.scale[slot, start : start + rows] = pair.scaling
