@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from hf_reference import hf_greedy
+
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -40,3 +42,15 @@ def save_random_adapter(
     peft_model.save_pretrained(folder)
     peft_model.unload()  # the base's own modules back in place, for the next adapter
     return folder
+
+
+def peft_greedy(base, adapter: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """HF transformers + PEFT's greedy tokens with ``adapter`` on ``base`` (left unchanged),
+    ``new_tokens`` each, not stopping at EOS."""
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(base, adapter).eval()
+    try:
+        return [hf_greedy(model, prompt, new_tokens) for prompt in prompts]
+    finally:
+        model.unload()

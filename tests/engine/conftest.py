@@ -125,3 +125,15 @@ def bundled_model(request):
     if resolve_dtype("auto", torch.device("cpu")) == torch.float32:
         return request.getfixturevalue("bundled_model_fp32")
     return load_model(None)
+
+
+@pytest.fixture(scope="session")
+def hf_bundled_fp32(bundled_model_fp32):
+    """HF transformers' own model of the bundled GGUF (it dequantizes the file itself), the
+    independent reference for the bundled model's tokens."""
+    from transformers import AutoModelForCausalLM
+
+    path = bundled_model_fp32.source_path
+    return AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()

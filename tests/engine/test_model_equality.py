@@ -8,12 +8,12 @@ itself, so a wrong q/k un-permutation in our converter would show up here.
 
 from __future__ import annotations
 
-import inspect
 import random
 
 import pytest
 import torch
 
+from hf_reference import hf_greedy
 from inhouse.engine.models.loader import load_model
 from inhouse.engine.runner import ModelRunner
 from inhouse.engine.sequence import Sequence
@@ -40,34 +40,6 @@ def runner_greedy(
             seq.token_ids.append(int(row.argmax()))
         batch = [(s, 1) for s in seqs]
     return [s.output_token_ids for s in seqs]
-
-
-def _cache_kwarg() -> str:
-    """transformers 5.24 calls the forward's KV-cache argument ``cache``, earlier ones
-    ``past_key_values``; an unknown name would be swallowed and the cache silently dropped."""
-    from transformers import LlamaForCausalLM
-
-    params = inspect.signature(LlamaForCausalLM.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-_CACHE_KWARG = _cache_kwarg()
-
-
-@torch.inference_mode()
-def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
-    """HF's forward with its own KV cache, argmax each step, no stopping at EOS."""
-    device = model.device
-    out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
-    tokens = [int(out.logits[0, -1].argmax())]
-    while len(tokens) < new_tokens:
-        out = model(
-            input_ids=torch.tensor([[tokens[-1]]], device=device),
-            **{_CACHE_KWARG: out.past_key_values},
-            use_cache=True,
-        )
-        tokens.append(int(out.logits[0, -1].argmax()))
-    return tokens
 
 
 DEVICES = [
@@ -107,14 +79,8 @@ def test_tiny_models_match_hf_greedy(folder_fixture, device, request):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # HF dequantizes the GGUF in Python and decodes token by token
-def test_bundled_smollm2_matches_hf_loading_the_gguf(bundled_model_fp32):
-    from transformers import AutoModelForCausalLM
-
-    loaded = bundled_model_fp32
-    path = loaded.source_path
-    hf = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
+def test_bundled_smollm2_matches_hf_loading_the_gguf(bundled_model_fp32, hf_bundled_fp32):
+    loaded, hf = bundled_model_fp32, hf_bundled_fp32
     tok = loaded.tokenizer
     questions = [
         "What is the capital of France?",

@@ -18,13 +18,16 @@ import logging
 import queue
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from inhouse.engine.config import EngineConfig
 from inhouse.engine.core import EngineCore
 from inhouse.engine.errors import EngineInputError, RequestFailedError
 from inhouse.engine.info import EngineInfo
+from inhouse.engine.lora.slots import LoadedAdapter
 from inhouse.engine.models.loader import LoadedModel
 from inhouse.engine.output_processor import OutputProcessor
 from inhouse.engine.outputs import CoreOutput, Finish, RequestOutput
@@ -55,13 +58,21 @@ class _Abort:
     request_id: str
 
 
+@dataclass(slots=True)
+class _Call:
+    """Work that must run on the engine thread between steps (adapter loads and unloads)."""
+
+    fn: Callable[[], Any]
+    done: Future
+
+
 class AsyncEngine:
     """Serves many concurrent ``generate`` calls from one background step loop."""
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.core = EngineCore(config, loaded)
         self.processor = OutputProcessor(self.info.tokenizer)
-        self._commands: queue.SimpleQueue[EngineRequest | _Abort | Finish | None] = (
+        self._commands: queue.SimpleQueue[EngineRequest | _Abort | _Call | Finish | None] = (
             queue.SimpleQueue()
         )
         self._streams: dict[str, _Stream] = {}
@@ -147,6 +158,31 @@ class AsyncEngine:
         """Stop the request; its blocks are freed before the loop's next step."""
         self._commands.put(_Abort(request_id))
 
+    # -- LoRA adapters ----------------------------------------------------------------
+
+    def adapters(self) -> list[LoadedAdapter]:
+        """The adapters requests may name now."""
+        slots = self.core.adapters
+        return [] if slots is None else list(slots.adapters.values())
+
+    async def load_adapter(self, name: str, path: str) -> LoadedAdapter:
+        """Read a PEFT adapter (off the loop) and put it in a free slot between two steps;
+        AdapterError when it cannot be served or no slot is free."""
+        weights = await asyncio.to_thread(self.core.read_adapter, path)
+        return await self._between_steps(lambda: self.core.load_adapter(name, weights))
+
+    async def unload_adapter(self, name: str) -> LoadedAdapter:
+        """Stop taking requests for ``name`` between two steps (its running ones finish);
+        KeyError if none is loaded under that name."""
+        return await self._between_steps(lambda: self.core.unload_adapter(name))
+
+    async def _between_steps(self, fn: Callable[[], Any]) -> Any:
+        if self._thread is None:
+            raise RuntimeError("AsyncEngine.start() was not called")
+        done: Future = Future()
+        self._commands.put(_Call(fn, done))
+        return await asyncio.wrap_future(done)
+
     # -- the loop thread --------------------------------------------------------------
 
     def _run(self) -> None:
@@ -175,6 +211,11 @@ class AsyncEngine:
                 self._deliver([self.core.abort(command.request_id)])
             elif isinstance(command, Finish):
                 self.core.apply_finish(command)
+            elif isinstance(command, _Call):
+                try:
+                    command.done.set_result(command.fn())
+                except Exception as error:  # the caller's to report (a bad adapter, say)
+                    command.done.set_exception(error)
             else:
                 try:
                     self.core.enqueue(command)  # validated in _open

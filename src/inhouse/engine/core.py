@@ -18,11 +18,11 @@ from inhouse.engine.config import (
     background_decode_rows,
     prefill_cap,
 )
-from inhouse.engine.errors import EngineInputError
+from inhouse.engine.errors import AdapterError, EngineInputError
 from inhouse.engine.info import EngineInfo
 from inhouse.engine.kv_budget import plan_kv_budget
 from inhouse.engine.kv_cache import KVCacheManager
-from inhouse.engine.lora.peft_adapter import AdapterError, AdapterWeights, read_adapter
+from inhouse.engine.lora.peft_adapter import AdapterWeights, read_adapter
 from inhouse.engine.lora.slots import AdapterSlots, LoadedAdapter
 from inhouse.engine.models.loader import LoadedModel, load_model, with_kv_cache_dtype
 from inhouse.engine.outputs import CoreOutput, Finish, SequenceOutput

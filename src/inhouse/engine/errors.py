@@ -19,3 +19,8 @@ class EngineConfigError(ValueError):
 class RequestFailedError(RuntimeError):
     """One request failed inside the engine (its grammar, sampling, detokenizing); the
     engine and every other request went on."""
+
+
+class AdapterError(ValueError):
+    """A LoRA adapter this engine cannot serve: missing files, unsupported settings, a shape
+    its base does not have, a name in use, or no free slot."""

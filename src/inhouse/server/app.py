@@ -13,7 +13,7 @@ from inhouse import __version__
 from inhouse.http.body_limit import BodySizeLimit
 from inhouse.server.context import ServerContext
 from inhouse.server.errors import ModelRefused, install_error_handlers
-from inhouse.server.routes import chat, completions, embeddings, info
+from inhouse.server.routes import adapters, chat, completions, embeddings, info
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def build_app(ctx: ServerContext, load: Loader | None = None) -> FastAPI:
     app.state.context = ctx
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=ctx.config.max_body_bytes)
-    for module in (chat, completions, embeddings):
+    for module in (chat, completions, embeddings, adapters):
         app.include_router(module.router)
     app.include_router(info.router)
     app.include_router(info.authorized)

@@ -122,14 +122,24 @@ class ServerContext:
         """The engine, or a 503 while it is still loading, or if it failed to load or died."""
         return self.model.require().engine
 
-    def check_model(self, requested: str | None) -> None:
-        """404 when the request names a model this server does not serve."""
-        if requested is not None and requested != self.model_name:
-            raise not_found(
-                f"The model {requested!r} does not exist; this server serves {self.model_name!r}.",
-                param="model",
-                code="model_not_found",
-            )
+    def check_model(self, requested: str | None) -> str | None:
+        """The LoRA adapter a request's ``model`` names (None: the base model), or a 404 when
+        it names neither the base nor a loaded adapter."""
+        if requested is None or requested == self.model_name:
+            return None
+        loaded = self.model.loaded
+        if loaded is not None and any(a.name == requested for a in loaded.engine.adapters()):
+            return requested
+        raise not_found(
+            f"The model {requested!r} does not exist; this server serves {self.model_name!r}"
+            " and its loaded LoRA adapters (GET /v1/models).",
+            param="model",
+            code="model_not_found",
+        )
+
+    def answer_name(self, adapter: str | None) -> str:
+        """The ``model`` a response names: the adapter it ran with, else the base."""
+        return adapter or self.model_name
 
     async def embedding_model(self, requested: str | None) -> EmbeddingScheduler:
         """The embedding scheduler for ``requested`` (or the default) once loaded, or a

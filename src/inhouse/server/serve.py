@@ -123,6 +123,23 @@ def serve_command(
             "tokenizer).",
         ),
     ] = None,
+    lora_modules: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A PEFT LoRA adapter served beside the base, as name=path (or vLLM's JSON "
+            '{"name": ..., "path": ...}); repeat the flag for more. Requests name it as model.',
+        ),
+    ] = None,
+    max_loras: Annotated[
+        int | None,
+        typer.Option(
+            help="Adapter slots, loaded at start or at run time (POST /v1/load_lora_adapter); "
+            "default: as many as --lora-modules, at least 4 once one is given, else 0.",
+        ),
+    ] = None,
+    max_lora_rank: Annotated[
+        int | None, typer.Option(help="Highest adapter rank a slot holds (default 16, vLLM's).")
+    ] = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API."""
     pinned = None  # checked before the heavy imports: a mismatch exits at once
@@ -136,7 +153,8 @@ def serve_command(
         quantization = pinned.quantization if quantization == "auto" else quantization
     # Loaded when the command runs, not with the CLI: the engine's config, then (once the
     # flags are good) uvicorn and the app, with torch, transformers and FastAPI.
-    from inhouse.engine.config import EngineConfig
+    from inhouse.engine.config import DEFAULT_MAX_LORA_RANK, EngineConfig
+    from inhouse.engine.lora.modules import parse_lora_modules
     from inhouse.engine.speculative.config import SpeculativeConfig
     from inhouse.manifests.bundled import default_embedding_model
 
@@ -159,6 +177,9 @@ def serve_command(
             background_decode_rows=background_decode_rows,
             kv_cache_dtype=kv_cache_dtype,
             speculative=SpeculativeConfig.parse(speculative_config) if speculative_config else None,
+            lora_modules=parse_lora_modules(lora_modules or []),
+            max_loras=max_loras,
+            max_lora_rank=DEFAULT_MAX_LORA_RANK if max_lora_rank is None else max_lora_rank,
         )
     except ValueError as err:  # a bad flag (EngineConfigError too): one line, exit 2
         raise typer.BadParameter(str(err)) from None
@@ -239,6 +260,7 @@ def _announce(ctx, server, host: str, port: int) -> None:
         return
     # Loaded already by serve_command; local like its imports there.
     from inhouse.engine.config import describe_scheduling
+    from inhouse.engine.lora.slots import describe_adapters
     from inhouse.engine.models.precision import WEIGHT_FORMATS
 
     engine = ctx.model.require().engine
@@ -259,6 +281,7 @@ def _announce(ctx, server, host: str, port: int) -> None:
         ("max concurrency", f"{budget.max_concurrency:.2f}x at {budget.max_model_len} tokens"),
         ("speculative", info.speculative.describe() if info.speculative else "off"),
         ("scheduling", describe_scheduling(engine.core.config)),
+        ("LoRA adapters", describe_adapters(engine.core.adapters)),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from inhouse.engine.errors import AdapterError
 from inhouse.engine.models.llama import LlamaArgs
 
 CONFIG_FILE = "adapter_config.json"
@@ -41,10 +42,6 @@ _KEY = re.compile(
     r"^(?:base_model\.model\.)?(?:model\.)?layers\.(\d+)\.(?:self_attn|mlp)\."
     r"(\w+)\.lora_([AB])(?:\.\w+)?\.weight$"
 )
-
-
-class AdapterError(ValueError):
-    """An adapter this engine cannot serve (missing files, unsupported settings, wrong base)."""
 
 
 @dataclass(frozen=True, slots=True)

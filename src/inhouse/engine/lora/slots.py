@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from inhouse.engine.lora.peft_adapter import PROJECTIONS, AdapterError, AdapterWeights, part_sizes
+from inhouse.engine.errors import AdapterError
+from inhouse.engine.lora.peft_adapter import PROJECTIONS, AdapterWeights, part_sizes
 from inhouse.engine.lora.stack import LoraStack
 from inhouse.engine.models.llama import LlamaForCausalLM
 
@@ -94,3 +95,14 @@ class AdapterSlots:
                 stack.a_t[slot, :, low : low + rank] = pair.a.T
                 stack.b_t[slot, low : low + rank, start : start + rows] = pair.b.T
                 stack.scale[slot, start : start + rows] = pair.scaling
+
+
+def describe_adapters(slots: AdapterSlots | None) -> str:
+    """The start-up table's line: the adapters, and the slots with their memory."""
+    if slots is None:
+        return "off (--lora-modules or --max-loras to serve adapters)"
+    names = ", ".join(f"{a.name} (rank {a.rank})" for a in slots.adapters.values()) or "none yet"
+    return (
+        f"{names}; {slots.max_loras} slots of rank {slots.max_rank}, "
+        f"{slots.num_bytes / 2**20:.1f} MiB"
+    )

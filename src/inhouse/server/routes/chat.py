@@ -48,8 +48,7 @@ async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, ctx: ServerContext = Depends(context)
 ) -> JSONResponse | StreamingResponse:
     """OpenAI's chat completions."""
-    ctx.check_model(body.model)
-    prepared = await _prepare(ctx, body)
+    prepared = await _prepare(ctx, body, ctx.check_model(body.model))
     rid = prepared.request.request_id
     if body.stream:
         outputs = generate(ctx, prepared.request)
@@ -71,7 +70,7 @@ async def create_chat_completion(
     response = ChatCompletion(
         id=rid,
         created=int(time.time()),
-        model=ctx.model_name,
+        model=ctx.answer_name(prepared.request.adapter),
         choices=choices,
         usage=Usage.of(
             result.num_prompt_tokens, result.num_generated_tokens, result.num_cached_tokens
@@ -80,7 +79,9 @@ async def create_chat_completion(
     return JSONResponse(response.model_dump(exclude_none=True))
 
 
-async def _prepare(ctx: ServerContext, body: ChatCompletionRequest) -> PreparedChat:
+async def _prepare(
+    ctx: ServerContext, body: ChatCompletionRequest, adapter: str | None
+) -> PreparedChat:
     loaded = ctx.model.require()
     use_tools = bool(body.tools) and body.tool_choice != "none"
     tools = body.tools if use_tools else None
@@ -102,7 +103,12 @@ async def _prepare(ctx: ServerContext, body: ChatCompletionRequest) -> PreparedC
     known = {t.function.name for t in tools or []}
     tool_choice = body.tool_choice if use_tools else None
     request = EngineRequest(
-        request_id("chatcmpl"), prompt_ids, params, body.cache_salt, priority=body.priority
+        request_id("chatcmpl"),
+        prompt_ids,
+        params,
+        body.cache_salt,
+        priority=body.priority,
+        adapter=adapter,
     )
     return PreparedChat(request, lambda: translator_for(tool_choice, known), top)
 
@@ -137,11 +143,11 @@ async def _chunks(
     first: RequestOutput,
     rest: AsyncIterator[RequestOutput],
 ) -> AsyncIterator[ChatCompletionChunk]:
-    created = int(time.time())
+    created, model = int(time.time()), ctx.answer_name(prepared.request.adapter)
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
-            id=rid, created=created, model=ctx.model_name, choices=choices, usage=usage
+            id=rid, created=created, model=model, choices=choices, usage=usage
         )
 
     options = body.stream_options

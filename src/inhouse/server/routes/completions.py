@@ -39,14 +39,16 @@ async def create_completion(
     body: CompletionRequest, request: Request, ctx: ServerContext = Depends(context)
 ) -> JSONResponse | StreamingResponse:
     """OpenAI's legacy completions; a batch of prompts gives ``len(prompts) * n`` choices."""
-    ctx.check_model(body.model)
+    adapter = ctx.check_model(body.model)
     info = ctx.require_engine().info
     tokenizer = info.tokenizer
     prompts = await ctx.prompt_workers.run(_token_ids, info, body.prompts())
     params = sampling_params(body, max_tokens=body.completion_limit, logprobs=body.logprobs)
     rid = request_id("cmpl")
     requests = [
-        EngineRequest(f"{rid}-{k}", p, params, body.cache_salt, priority=body.priority)
+        EngineRequest(
+            f"{rid}-{k}", p, params, body.cache_salt, priority=body.priority, adapter=adapter
+        )
         for k, p in enumerate(prompts)
     ]
     echoes = [""] * len(prompts)
@@ -60,7 +62,8 @@ async def create_completion(
             for stream in streams:
                 await stream.aclose()
             raise
-        return sse_response(_chunks(ctx, body, params, rid, echoes, firsts, streams))
+        chunks = _chunks(ctx.answer_name(adapter), body, params, rid, echoes, firsts, streams)
+        return sse_response(chunks)
     results = await unless_disconnected(request, _collect_all(ctx, requests))
     choices = []
     for k, result in enumerate(results):
@@ -82,7 +85,7 @@ async def create_completion(
     response = Completion(
         id=rid,
         created=int(time.time()),
-        model=ctx.model_name,
+        model=ctx.answer_name(adapter),
         choices=choices,
         usage=Usage.of(prompt_tokens, generated, cached),
     )
@@ -158,7 +161,7 @@ async def _merged(
 
 
 async def _chunks(
-    ctx: ServerContext,
+    model: str,
     body: CompletionRequest,
     params: SamplingParams,
     rid: str,
@@ -188,8 +191,8 @@ async def _chunks(
                 logprobs=logprobs,
                 finish_reason=delta.finish_reason,
             )
-            yield Completion(id=rid, created=created, model=ctx.model_name, choices=[choice])
+            yield Completion(id=rid, created=created, model=model, choices=[choice])
     options = body.stream_options
     if options is not None and options.include_usage:
         usage = Usage.of(sum(prompt_tokens.values()), generated, sum(cached.values()))
-        yield Completion(id=rid, created=created, model=ctx.model_name, choices=[], usage=usage)
+        yield Completion(id=rid, created=created, model=model, choices=[], usage=usage)

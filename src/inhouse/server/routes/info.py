@@ -90,7 +90,8 @@ def _file_sha256(path) -> str:
 
 @authorized.get("/v1/models")
 async def list_models(ctx: ServerContext = Depends(context)) -> ModelList:
-    """The chat model (and the embedding model, when there is one)."""
+    """The chat model, its LoRA adapters (``parent``: the chat model), and the embedding
+    model when there is one."""
     engine = ctx.require_engine()
     cards = [
         ModelCard(
@@ -99,6 +100,16 @@ async def list_models(ctx: ServerContext = Depends(context)) -> ModelList:
             root=engine.info.model_id,
             max_model_len=engine.info.max_model_len,
         )
+    ]
+    cards += [
+        ModelCard(
+            id=adapter.name,
+            created=ctx.started_at,
+            root=str(adapter.path),
+            parent=ctx.model_name,
+            max_model_len=engine.info.max_model_len,
+        )
+        for adapter in engine.adapters()
     ]
     if ctx.config.embedding_name is not None:
         cards.append(ModelCard(id=ctx.config.embedding_name, created=ctx.started_at))
