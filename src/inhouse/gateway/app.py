@@ -16,6 +16,8 @@ from fastapi.responses import JSONResponse, Response
 
 from inhouse.api.models import ModelCard, ModelList
 from inhouse.gateway.access_log import AccessLog
+from inhouse.gateway.adapters.admin import install_adapter_admin
+from inhouse.gateway.adapters.served import served
 from inhouse.gateway.audit.writer import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
 from inhouse.gateway.config import GatewayConfig, default_state_dir
@@ -117,15 +119,18 @@ def create_app(
     install_openapi(app)
     install_console(app, gateway)
 
+    install_adapter_admin(app, gateway)
+
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:
+        """The models the key may use, then the adapters, each with its base as `parent`."""
         key = await gateway.authenticate(request.headers.getlist("authorization"))
         now = int(time.time())
-        cards = [
-            ModelCard(id=r.name, created=now, owned_by="inhouse")
-            for r in gateway.config.models
-            if key.may_use(r.name)
-        ]
+        bases = [r.name for r in gateway.config.models if key.may_use(r.name)]
+        adapters = {a: base for a, base in served(gateway.router).items() if base in bases}
+        usable = await gateway.adapters.usable(key, adapters)
+        cards = [ModelCard(id=name, created=now) for name in bases]
+        cards += [ModelCard(id=a, created=now, parent=adapters[a]) for a in usable]
         return ModelList(data=cards)
 
     @app.get("/health")
