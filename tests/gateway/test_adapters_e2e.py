@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from inhouse.cli import app
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.usage.teams import TeamStore
-from serving import gateway_toml
+from serving import free_port, gateway_key, gateway_process, gateway_toml
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +57,39 @@ def test_an_adapter_is_sent_upstream_under_its_name_and_audited_with_its_base(
     assert [(r["model"], r["adapter"], r["status"]) for r in rows] == [
         ("m", "support", 200), ("m", None, 200)
     ]  # fmt: skip
+
+
+def test_an_adapters_requests_go_only_to_the_replicas_serving_it(
+    tmp_path: Path, upstreams: tuple[Canned, Canned]
+) -> None:
+    serving, other = upstreams
+    backends = [
+        {"name": name, "url": canned.url, "model": "base-up", "kind": "vllm", **extra}
+        for name, canned, extra in (("with", serving, {"adapters": ["support"]}),
+                                    ("without", other, {}))
+    ]  # fmt: skip
+    port, config = free_port(), tmp_path / "inhouse.toml"
+    text = gateway_toml(
+        {"port": port, "database": f"sqlite:///{tmp_path / 'gateway.db'}"},
+        [{"name": "duo", "routing": "least-loaded", "backends": backends}],
+    )
+    process = gateway_process(config, text)
+    process.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        process.wait_healthy(f"{url}/health", 60)
+        secret = gateway_key(config, "both")
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=secret, max_retries=0)
+        for model in ["support"] * 4 + ["duo"] * 4:
+            client.chat.completions.create(model=model, messages=HELLO)
+    finally:
+        process.stop()
+
+    def asked(canned: Canned) -> list[str]:  # the models of this test's chats (not probes)
+        return [b["model"] for _, b in canned.received if b.get("messages") == HELLO]
+
+    assert asked(serving).count("support") == 4 and "support" not in asked(other)
+    assert "base-up" in asked(other)  # the base's requests go to both
 
 
 def test_a_key_limited_to_an_adapter_gets_403_for_another(gateway: Gateway) -> None:
