@@ -9,7 +9,8 @@ streams one chunk every `SLOW_CHUNK_S` for a minute; `/v1/completions` answers e
 of any shape `n` times, each using all its `max_tokens` (as with `ignore_eos`), and says so
 in `usage`; `/tokenize` counts words (prompt "slow" takes `SLOW_TOKENIZE_S`); LoRA adapters
 load and unload as vLLM's do (`/v1/load_lora_adapter`: a `lora_path` that is not a folder
-is refused 404, a name loaded twice 400), into `adapters`."""
+is refused 404, a name loaded twice 400), into `adapters`, which `/v1/models` lists with
+their `parent` as vLLM does once `lists_models` is set (else it answers 404)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class Canned:
     json_reply: str | None = None
     tool_call: tuple[str, str] | None = None
     adapters: set[str] = field(default_factory=set)
+    lists_models: bool = False
 
     def reset(self, reply: str) -> None:
         """Answer `reply` to everything, at once."""
@@ -163,6 +165,13 @@ def _app(canned: Canned) -> Starlette:
     async def metrics(_: Request) -> Response:
         return PlainTextResponse(METRICS)
 
+    async def models(_: Request) -> Response:
+        if not canned.lists_models:
+            return _error(404, "Not Found")
+        cards = [{"id": "up-model", "object": "model", "parent": None}]
+        cards += [{"id": a, "object": "model", "parent": "up-model"} for a in canned.adapters]
+        return JSONResponse({"object": "list", "data": cards})
+
     async def load_lora(request: Request) -> Response:
         body = await request.json()
         name = body["lora_name"]
@@ -186,6 +195,7 @@ def _app(canned: Canned) -> Starlette:
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/health", health),
         Route("/metrics", metrics),
+        Route("/v1/models", models),
         Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
         Route("/v1/unload_lora_adapter", unload_lora, methods=["POST"]),
     ]

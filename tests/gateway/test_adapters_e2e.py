@@ -8,13 +8,14 @@ base, counted and costed by adapter, and loaded and unloaded by admin keys only.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from canned_upstream import Canned
+from canned_upstream import Canned, canned_upstream
 from gateway_under_test import Gateway, key_rows, start_gateway
 from typer.testing import CliRunner
 
@@ -250,3 +251,34 @@ def test_a_load_the_backend_refuses_passes_its_status_and_routes_nothing(
     client = gateway.client(gateway.key("after-broken"))
     refused(lambda: client.chat.completions.create(model="broken", messages=HELLO),
             openai.NotFoundError)  # fmt: skip
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait until `check()` holds (a few health intervals of 1 s at most)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.2)
+
+
+def test_a_replica_that_lists_its_adapters_is_routed_what_it_lists(tmp_path: Path) -> None:
+    with canned_upstream() as canned:
+        canned.lists_models, canned.adapters = True, {"listed"}
+        own = start_gateway(tmp_path / "listing", canned, adapters=("declared",))
+        try:
+            client = own.client(own.key("reader"))
+
+            def routed() -> set[str]:
+                return {m.id for m in client.models.list()} - {"m", "slow"}
+
+            eventually(lambda: routed() == {"listed"})
+            client.chat.completions.create(model="listed", messages=HELLO)
+            assert canned.last()[1]["model"] == "listed"
+            refused(lambda: client.chat.completions.create(model="declared", messages=HELLO),
+                    openai.NotFoundError)  # fmt: skip
+            canned.adapters.add("elsewhere")  # loaded through another gateway replica
+            eventually(lambda: routed() == {"listed", "elsewhere"})
+            canned.adapters.clear()  # the replica restarted without them
+            eventually(lambda: routed() == set())
+        finally:
+            own.process.stop()

@@ -18,6 +18,7 @@ from inhouse.api.models import ModelCard, ModelList
 from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.adapters.admin import install_adapter_admin
 from inhouse.gateway.adapters.served import served
+from inhouse.gateway.adapters.sync import AdapterSync
 from inhouse.gateway.audit.writer import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
 from inhouse.gateway.config import GatewayConfig, default_state_dir
@@ -98,8 +99,9 @@ def create_app(
             gateway.releases.store, gateway.release_metrics, gateway.releases.candidates,
             gateway.config.releases.guard_interval_s,
         )  # fmt: skip
-        loops = (checker.run(), gateway.audit.run(), guardrail.run(), gateway.state.holds.run(),
-                 *(loop(gateway) for loop in background))  # fmt: skip
+        adapters = AdapterSync(gateway.router.all_backends, health_client, gateway.config.health)
+        loops = (checker.run(), adapters.run(), gateway.audit.run(), guardrail.run(),
+                 gateway.state.holds.run(), *(loop(gateway) for loop in background))  # fmt: skip
         tasks = [asyncio.create_task(loop) for loop in loops]
         try:
             yield

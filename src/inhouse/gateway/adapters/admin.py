@@ -9,8 +9,8 @@ gateway has several models. The answer is 200 when every replica succeeded; else
 all replicas failed with, when they agree on a 4xx (a bad path), or 502; `backends` says
 what each one answered.
 
-A load through one gateway replica is known to that replica: others sharing the backends
-route the adapter once their config declares it (`adapters` of `[[models.backends]]`)."""
+A load through one gateway replica is known to that replica at once, and to the others
+sharing the backends at their next read of the backends' `/v1/models` (`sync`)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,7 @@ async def _pass_on(gateway: Gateway, request: Request, path: str) -> Response:
     for backend, reply in zip(targets, replies, strict=True):
         if reply.status == 200:
             (backend.adapters.add if path == LOAD else backend.adapters.discard)(name)
+            backend.adapter_changes += 1
     log.info("gateway: %s %r on %s by key %r: %s", path, name, route.name, key.name,
              ", ".join(f"{r.backend} {r.status}" for r in replies))  # fmt: skip
     return _answer(name, route, replies)

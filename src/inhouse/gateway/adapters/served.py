@@ -1,6 +1,6 @@
 """Where an adapter runs: the base model whose replicas (or fallback) serve it, and those
-replicas. What a replica serves is its config's `adapters`, changed by loads and unloads
-through the gateway (`Backend.adapters`)."""
+replicas. What a replica serves is its config's `adapters`, then what it lists itself
+(`sync`), changed at once by loads and unloads through the gateway (`Backend.adapters`)."""
 
 from __future__ import annotations
 
