@@ -7,7 +7,10 @@ with tools is answered that call (its arguments streamed in two fragments).
 Beside that: a chat message "echo: TEXT" is answered TEXT; the upstream model `slow-model`
 streams one chunk every `SLOW_CHUNK_S` for a minute; `/v1/completions` answers each prompt
 of any shape `n` times, each using all its `max_tokens` (as with `ignore_eos`), and says so
-in `usage`; `/tokenize` counts words (prompt "slow" takes `SLOW_TOKENIZE_S`)."""
+in `usage`; `/tokenize` counts words (prompt "slow" takes `SLOW_TOKENIZE_S`); LoRA adapters
+load and unload as vLLM's do (`/v1/load_lora_adapter`: a `lora_path` that is not a folder
+is refused 404, a name loaded twice 400), into `adapters`, which `/v1/models` lists with
+their `parent` as vLLM does once `lists_models` is set (else it answers 404)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -45,6 +49,8 @@ class Canned:
     fail_status: int | None = None
     json_reply: str | None = None
     tool_call: tuple[str, str] | None = None
+    adapters: set[str] = field(default_factory=set)
+    lists_models: bool = False
 
     def reset(self, reply: str) -> None:
         """Answer `reply` to everything, at once."""
@@ -159,14 +165,46 @@ def _app(canned: Canned) -> Starlette:
     async def metrics(_: Request) -> Response:
         return PlainTextResponse(METRICS)
 
+    async def models(_: Request) -> Response:
+        if not canned.lists_models:
+            return _error(404, "Not Found")
+        cards = [{"id": "up-model", "object": "model", "parent": None}]
+        cards += [{"id": a, "object": "model", "parent": "up-model"} for a in canned.adapters]
+        return JSONResponse({"object": "list", "data": cards})
+
+    async def load_lora(request: Request) -> Response:
+        body = await request.json()
+        name = body["lora_name"]
+        if name in canned.adapters:
+            return _error(400, f"The lora adapter '{name}' has already been loaded.")
+        if not Path(body.get("lora_path", "")).is_dir():
+            return _error(404, f"Loading lora {name} failed: No adapter found")
+        canned.adapters.add(name)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(request: Request) -> Response:
+        name = (await request.json())["lora_name"]
+        if name not in canned.adapters:
+            return _error(404, f"The lora adapter '{name}' cannot be found.")
+        canned.adapters.discard(name)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/health", health),
         Route("/metrics", metrics),
+        Route("/v1/models", models),
+        Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
+        Route("/v1/unload_lora_adapter", unload_lora, methods=["POST"]),
     ]
     return Starlette(routes=routes)
+
+
+def _error(status: int, message: str) -> Response:
+    error = {"message": message, "type": "invalid_request_error", "code": status}
+    return JSONResponse({"error": error}, status_code=status)
 
 
 @contextmanager

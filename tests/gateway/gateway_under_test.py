@@ -56,14 +56,17 @@ class Gateway:
 
 
 def gateway_config(
-    port: int, db_url: str, upstream: str, backend_key: str, extra: dict[str, Any]
-) -> str:
+    port: int, db_url: str, upstream: str, backend_key: str, extra: dict[str, Any],
+    adapters: tuple[str, ...] = (),
+) -> str:  # fmt: skip
     def route(name: str, model: str) -> dict[str, Any]:
         backend = {
             "name": f"canned-{name}", "url": upstream, "api_key": backend_key, "model": model,
             "kind": "vllm", "capabilities": ["chat", "completions", "embeddings"],
             "max_context": MAX_CONTEXT,
         }  # fmt: skip
+        if adapters and name == "m":
+            backend["adapters"] = list(adapters)
         return {"name": name, "backends": [backend]}
 
     return gateway_toml(
@@ -76,18 +79,20 @@ def gateway_config(
 
 
 def start_gateway(
-    base: Path, canned: Canned, extra: dict[str, Any] | None = None, database: str | None = None
-) -> Gateway:
+    base: Path, canned: Canned, extra: dict[str, Any] | None = None, database: str | None = None,
+    adapters: tuple[str, ...] = (),
+) -> Gateway:  # fmt: skip
     """A gateway in `base` in front of `canned`, once its /health says 200; `extra` keys
-    go into its [gateway] table. Its database is a SQLite file in `base`, or `database`
-    (a PostgreSQL URL; its pepper file is made in `base`)."""
+    go into its [gateway] table; model `m`'s backend declares `adapters`. Its database is a
+    SQLite file in `base`, or `database` (a PostgreSQL URL; its pepper file is made in
+    `base`)."""
     base.mkdir(parents=True, exist_ok=True)
     port, db_url = free_port(), database or f"sqlite:///{base / 'gateway.db'}"
     pepper_file = None if database is None else base / "pepper"  # made by `load_pepper`
     extra = {**(extra or {}), **({"pepper_file": str(pepper_file)} if pepper_file else {})}
     backend_key, token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     config = base / "inhouse.toml"
-    config.write_text(gateway_config(port, db_url, canned.url, backend_key, extra))
+    config.write_text(gateway_config(port, db_url, canned.url, backend_key, extra, adapters))
     args = [*inhouse_command(), "gateway", "--config", str(config)]
     process = Process(args, base / "gateway.log", {TOKEN_ENV: token})
     pepper = load_pepper(GatewayConfig(models=(), database=db_url, pepper_file=pepper_file))

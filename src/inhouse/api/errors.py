@@ -96,6 +96,11 @@ def authentication_error(message: str = "Incorrect API key provided.") -> APIErr
     return APIError(401, message, type="authentication_error", code="invalid_api_key")
 
 
+def permission_denied(message: str, code: str, param: str | None = None) -> APIError:
+    """403: the key is good but may not do this."""
+    return APIError(403, message, type="permission_error", param=param, code=code)
+
+
 def not_found(message: str, param: str | None = None, code: str | None = None) -> APIError:
     """404: unknown model or route."""
     return APIError(404, message, type="invalid_request_error", param=param, code=code)

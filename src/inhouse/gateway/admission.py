@@ -167,7 +167,7 @@ class Admitter:
         return Call(
             key, route, endpoint, needs, prompt, cap, reserve, bool(body.get("stream")), ts,
             started, dict(admission.headers), prompt_text, metered=metered, hold=hold,
-            priority=request.priority,
+            priority=request.priority, adapter=request.adapter,
         )  # fmt: skip
 
     async def _hold(

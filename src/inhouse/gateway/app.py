@@ -16,6 +16,9 @@ from fastapi.responses import JSONResponse, Response
 
 from inhouse.api.models import ModelCard, ModelList
 from inhouse.gateway.access_log import AccessLog
+from inhouse.gateway.adapters.admin import install_adapter_admin
+from inhouse.gateway.adapters.served import served
+from inhouse.gateway.adapters.sync import AdapterSync
 from inhouse.gateway.audit.writer import AuditWriter
 from inhouse.gateway.backends import Backend, HealthChecker
 from inhouse.gateway.config import GatewayConfig, default_state_dir
@@ -96,8 +99,9 @@ def create_app(
             gateway.releases.store, gateway.release_metrics, gateway.releases.candidates,
             gateway.config.releases.guard_interval_s,
         )  # fmt: skip
-        loops = (checker.run(), gateway.audit.run(), guardrail.run(), gateway.state.holds.run(),
-                 *(loop(gateway) for loop in background))  # fmt: skip
+        adapters = AdapterSync(gateway.router.all_backends, health_client, gateway.config.health)
+        loops = (checker.run(), adapters.run(), gateway.audit.run(), guardrail.run(),
+                 gateway.state.holds.run(), *(loop(gateway) for loop in background))  # fmt: skip
         tasks = [asyncio.create_task(loop) for loop in loops]
         try:
             yield
@@ -117,15 +121,18 @@ def create_app(
     install_openapi(app)
     install_console(app, gateway)
 
+    install_adapter_admin(app, gateway)
+
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:
+        """The models the key may use, then the adapters, each with its base as `parent`."""
         key = await gateway.authenticate(request.headers.getlist("authorization"))
         now = int(time.time())
-        cards = [
-            ModelCard(id=r.name, created=now, owned_by="inhouse")
-            for r in gateway.config.models
-            if key.may_use(r.name)
-        ]
+        bases = [r.name for r in gateway.config.models if key.may_use(r.name)]
+        adapters = {a: base for a, base in served(gateway.router).items() if base in bases}
+        usable = await gateway.adapters.usable(key, adapters)
+        cards = [ModelCard(id=name, created=now) for name in bases]
+        cards += [ModelCard(id=a, created=now, parent=adapters[a]) for a in usable]
         return ModelList(data=cards)
 
     @app.get("/health")

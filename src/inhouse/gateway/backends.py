@@ -54,6 +54,14 @@ class Backend:
     picked: int = 0  # when the router last chose it: ties go to the longest unchosen
     draining: bool = False  # sent no new request; its running ones finish (`Router.drain`)
     prefixes: PrefixMemory = field(default_factory=PrefixMemory)  # prompts sent (`affinity`)
+    # The LoRA adapters it serves: its config's, then as its own /v1/models lists them
+    # (`adapters.sync`) and as loads and unloads through this gateway change them, which
+    # `adapter_changes` counts (`adapters.admin`).
+    adapters: set[str] = field(init=False)
+    adapter_changes: int = 0
+
+    def __post_init__(self) -> None:
+        self.adapters = set(self.upstream.adapters)
 
     @property
     def routable(self) -> bool:
@@ -117,6 +125,7 @@ class Backend:
             "kv_cache_usage_perc": self.kv_usage,
             "consecutive_failures": self.failures,
             "last_error": self.last_error,
+            "adapters": sorted(self.adapters),
             "last_check": self.last_check,
         }
 

@@ -74,6 +74,7 @@ class Call:
     expects: Expectations | None = None  # set when the answer is checked (answer_checks)
     priority: str = DEFAULT_CLASS  # the class it runs at, after the clamp (`priority`)
     degraded_from: str | None = None  # the model asked for, when a smaller one answers
+    adapter: str | None = None  # the LoRA adapter asked for, on `route` (`adapters`)
 
     @property
     def keeps_text(self) -> bool:

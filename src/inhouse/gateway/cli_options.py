@@ -1,6 +1,6 @@
 """What the gateway's commands share (`gateway`, `keys`, `audit`, `usage`, `teams`, `cost`,
-`release`): the `--config` and `--database` options and the settings they name, a duration
-option read into seconds, and a timestamp as their tables show it."""
+`release`): the `--config`, `--database` and `--adapters` options and the settings they
+name, a duration option read into seconds, and a timestamp as their tables show it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ ConfigOption = Annotated[
 DatabaseOption = Annotated[
     str | None,
     typer.Option("--database", help="SQLAlchemy URL; overrides the config's gateway.database."),
+]
+AdaptersOption = Annotated[
+    str | None, typer.Option(help="Comma-separated LoRA adapters allowed, or 'all'.")
 ]
 
 

@@ -17,9 +17,11 @@ from inhouse.gateway.config_values import (
     KEEP_ALIVE_S,
     ConfigError,
     env_secret,
+    name_list,
     networks,
     non_negative_int,
     optional_int,
+    owned_once,
     positive_int,
     queue_waits,
     reject_unknown,
@@ -70,6 +72,7 @@ class Upstream:
     max_num_seqs: int | None = None  # sequences its engine runs at once, where known (`seats`)
     capabilities: Capabilities = field(default_factory=Capabilities)
     send_priority: bool = True  # vLLM refuses priority != 0 without --scheduling-policy priority
+    adapters: frozenset[str] = frozenset()  # LoRA adapters it serves at start (`adapters`)
 
     @property
     def saltable(self) -> bool:
@@ -112,6 +115,12 @@ class ModelRoute:
     def max_wait(self, priority: str) -> float:
         """How long a request of class `priority` may wait in this model's queue."""
         return dict(self.class_max_wait_s).get(priority, self.queue_max_wait_s)
+
+    @property
+    def adapters(self) -> frozenset[str]:
+        """The LoRA adapters of this base model its replicas and fallback declare."""
+        upstreams = (*self.backends, *(() if self.fallback is None else (self.fallback,)))
+        return frozenset().union(*(u.adapters for u in upstreams))
 
     def limit(self, name: Literal["max_context", "max_output"]) -> int | None:
         """The smallest context or output limit its replicas declare, if any declares one."""
@@ -203,6 +212,7 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise ConfigError(f"model names must be unique, got {names}")
+    owned_once({m.name: m.adapters for m in models}, names, "adapter")
     for m in models:
         if m.degrade_to is not None and (m.degrade_to not in names or m.degrade_to == m.name):
             raise ConfigError(
@@ -293,6 +303,7 @@ UPSTREAM_KEYS = {
     "max_context",
     "max_output",
     "send_priority",
+    "adapters",
 }
 
 
@@ -407,4 +418,5 @@ def _upstream(raw: dict[str, Any], where: str, model: str) -> Upstream:
             max_output=optional_int(raw.get("max_output")),
         ),
         send_priority=send_priority,
+        adapters=name_list(raw.get("adapters", []), f"{where}.adapters"),
     )

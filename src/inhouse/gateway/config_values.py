@@ -94,3 +94,24 @@ def positive_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{what} must be a positive integer, got {value!r}")
     return value
+
+
+def name_list(value: Any, where: str) -> frozenset[str]:
+    """A list of distinct, non-empty names (a backend's `adapters`)."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where} must be a list of names, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{where} names one twice: {value!r}")
+    return frozenset(value)
+
+
+def owned_once(owners: dict[str, frozenset[str]], taken: list[str], what: str) -> None:
+    """Each name of `owners`' sets belongs to one owner and is none of `taken`: a request
+    naming it must find one place to go."""
+    seen: dict[str, str] = {}
+    for owner, names in owners.items():
+        for name in sorted(names):
+            if name in taken:
+                raise ConfigError(f"{what} {name!r} of model {owner!r} is also a model's name")
+            if seen.setdefault(name, owner) != owner:
+                raise ConfigError(f"{what} {name!r} is declared for {seen[name]!r} and {owner!r}")

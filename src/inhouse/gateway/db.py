@@ -55,6 +55,7 @@ api_keys = Table(
     # smaller model under overload (NULL: yes).
     Column("priority", String(16)),
     Column("allow_degrade", Boolean),
+    Column("adapters", Text),  # the LoRA adapters it may use (NULL: all; `name_lists`)
 )
 
 audit_log = Table(
@@ -95,6 +96,8 @@ audit_log = Table(
     # The hold its tokens were reserved under (`holds`): replaying a journal row settles a
     # hold its gateway died before settling.
     Column("hold", String(32)),
+    # The LoRA adapter asked for (its base model in `model`), NULL for the base model.
+    Column("adapter", String(200)),
     # Usage reports scan a time range and group: covering indexes keep them off the table.
     Index(
         "ix_audit_usage",
@@ -139,6 +142,7 @@ teams = Table(
     Column("window", Integer, nullable=False, default=0),
     Column("tokens_used", Integer, nullable=False, default=0),
     Column("money_used", Float, nullable=False, default=0.0),
+    Column("adapters", Text),  # the LoRA adapters its keys may use (NULL: all; `name_lists`)
 )
 
 # What admitted requests hold of their key's quota and their team's quota and budget, until

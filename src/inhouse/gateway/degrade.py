@@ -11,7 +11,8 @@ itself, spread over the up replicas' slots, times the time a call recently held 
 
 Never degraded: a key created with `--no-degrade`, a model whose policy is not "degrade",
 a class other than interactive, an endpoint other than chat or completions (another
-model's embeddings live in another space), a key that may not use the smaller model, or a
+model's embeddings live in another space), a request for a LoRA adapter (which runs on its
+own base), a key that may not use the smaller model, or a
 request the smaller model cannot serve (a capability it lacks, an explicit output cap
 above its `max_output`, a prompt its context cannot hold). Those wait in the queue, or get
 429, as without the policy.
@@ -82,6 +83,7 @@ class Degrader:
             route.policy != "degrade"
             or route.degrade_to is None
             or call.priority != "interactive"
+            or call.adapter is not None  # the smaller model does not serve it
             or not call.key.allow_degrade
             or not ENDPOINTS[call.endpoint].generates
             or not call.key.may_use(route.degrade_to)

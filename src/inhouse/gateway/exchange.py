@@ -49,12 +49,14 @@ def prepare(
     cache_salt: str | None,
     output_cap: int,
     priority: str = DEFAULT_CLASS,
+    adapter: str | None = None,
 ) -> Forward:
-    """The upstream body: model renamed, the output cap explicit, usage forced on streams,
+    """The upstream body: model renamed (to the LoRA `adapter` where one is asked for), the
+    output cap explicit, usage forced on streams,
     the tenant's cache salt, and the class as vLLM's `priority` integer (to the backends
     that take it; the client's own `priority` never passes: it was read into the class)."""
     out = dict(body)
-    out["model"] = upstream.model
+    out["model"] = upstream.model if adapter is None else adapter
     generates = ENDPOINTS[endpoint].generates
     if generates:
         param, _ = output_param(body)

@@ -1,5 +1,6 @@
-"""One request through the gateway, step by step: authenticate (`keys`) → parse (`parsing`)
-→ admit (`admission`) → route and relay (`upstream`) → settle and audit (`settlement`)."""
+"""One request through the gateway, step by step: authenticate (`keys`) → parse (`parsing`;
+an adapter's key and team lists: `adapters.policy`) → admit (`admission`) → route and relay
+(`upstream`) → settle and audit (`settlement`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from starlette.types import Receive
 
 from inhouse.api.body import json_object
 from inhouse.api.errors import APIError, server_error
+from inhouse.gateway.adapters.policy import AdapterPolicy
 from inhouse.gateway.admission import Admitter, Refusal, count_cut_prompt
 from inhouse.gateway.audit.writer import Redactor
 from inhouse.gateway.degrade import Degrader
@@ -59,6 +61,7 @@ class Gateway:
         self.settler = Settler(state, self.ledger)
         self.admitter = Admitter(state)
         self.degrader = Degrader(config, state.router, state.metrics)
+        self.adapters = AdapterPolicy(state.teams, keys.lookup_is_local)
         cut = functools.partial(count_cut_prompt, state)
         self.forwarder = Forwarder(state, self.settler, self.ledger, cut)
 
@@ -77,12 +80,15 @@ class Gateway:
         """
         ts, started = time.time(), time.perf_counter()
         key: ApiKey | None = None
-        model: str | None = None
+        model: tuple[str | None, str | None] = (None, None)  # as audited: model, adapter
         try:
             key = await authenticate(self.keys, authorization)
             body = json_object(raw)
-            model = model_name(body)
-            request = parse(self.config, self.router, key, endpoint, body, model)
+            model = (model_name(body), None)
+            request = parse(self.config, self.router, key, endpoint, body, model[0])
+            if request.adapter is not None:
+                model = (request.route.name, request.adapter)
+                await self.adapters.check(key, request.adapter)
         except APIError as err:
             return self._refuse(Refusal(err), key, model, endpoint, ts, started)
         prompt_text = self.ledger.prompt_text(key, body)
@@ -93,7 +99,8 @@ class Gateway:
         self.settler.opened()
         try:
             self.degrader.apply(call)
-            call.release = await self.releases.pick(key, call.route)
+            if call.adapter is None:  # an adapter's requests run on the configured replicas
+                call.release = await self.releases.pick(key, call.route)
             if call.release is not None and ENDPOINTS[endpoint].generates:
                 call.expects = Expectations.of(body)
             self.shadow.start(call, body)
@@ -106,8 +113,8 @@ class Gateway:
             return self.forwarder.fail(call, None, server_error())
 
     def _refuse(
-        self, refusal: Refusal, key: ApiKey | None, model: str | None, endpoint: str, ts: float,
-        started: float,
+        self, refusal: Refusal, key: ApiKey | None, model: tuple[str | None, str | None],
+        endpoint: str, ts: float, started: float,
     ) -> Response:  # fmt: skip
         self.ledger.refused(refusal.error, key, model, endpoint, ts, started)
         headers = refusal.headers

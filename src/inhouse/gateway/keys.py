@@ -29,9 +29,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from inhouse.api.auth import bearer_token
-from inhouse.api.errors import APIError, authentication_error, invalid_request
+from inhouse.api.errors import (
+    APIError,
+    authentication_error,
+    invalid_request,
+    permission_denied,
+)
 from inhouse.gateway.config import ConfigError, GatewayConfig
 from inhouse.gateway.db import api_keys, sqlite_path
+from inhouse.gateway.name_lists import allows, decode, encode
 from inhouse.gateway.priority import DEFAULT_CLASS, check_class
 from inhouse.http.errors import error_response
 
@@ -75,7 +81,8 @@ class ApiKey:
     quota_period_s: float | None
     quota_window: int
     quota_used: int
-    models: frozenset[str] | None
+    models: frozenset[str] | None  # public model names it may ask for (None: all)
+    adapters: frozenset[str] | None  # LoRA adapters it may ask for (None: all; `adapters`)
     allow_fallback: bool
     log_content: bool
     team: str | None  # whose shared quota and budget it draws on too (`teams`)
@@ -99,7 +106,10 @@ class ApiKey:
         return self.created_at + (self.window_at(now) + 1) * self.quota_period_s
 
     def may_use(self, model: str) -> bool:
-        return self.models is None or model in self.models
+        return allows(self.models, model)
+
+    def may_use_adapter(self, adapter: str) -> bool:
+        return allows(self.adapters, adapter)
 
 
 EDITABLE = frozenset(
@@ -111,6 +121,7 @@ EDITABLE = frozenset(
         "quota_period_s",
         "expires_at",
         "models",
+        "adapters",
         "allow_fallback",
         "log_content",
         "team",
@@ -289,18 +300,17 @@ def _check_editable(values: dict[str, Any]) -> None:
         check_class(values["priority"])
 
 
+NAME_LISTS = ("models", "adapters")
+
+
 def _encode(values: dict[str, Any]) -> dict[str, Any]:
-    out = dict(values)
-    if "models" in out:
-        models = out["models"]
-        out["models"] = None if not models else ",".join(sorted(models))
-    return out
+    return {k: encode(v) if k in NAME_LISTS else v for k, v in values.items()}
 
 
 def _decode(row: Any) -> ApiKey:
     values = {name: row[name] for name in _FIELDS}
-    models = values["models"]
-    values["models"] = frozenset(models.split(",")) if models else None
+    for name in NAME_LISTS:
+        values[name] = decode(values[name])
     values["allow_fallback"] = bool(values["allow_fallback"])
     values["log_content"] = bool(values["log_content"])
     values["admin"] = bool(values["admin"])
@@ -346,6 +356,15 @@ async def authenticate(keys: KeyStore, headers: Sequence[str]) -> ApiKey:
         return await asyncio.to_thread(keys.authenticate, presented)
     except AuthError as err:
         raise authentication_error(AUTH_MESSAGES[err.reason]) from None
+
+
+async def authenticate_admin(keys: KeyStore, headers: Sequence[str]) -> ApiKey:
+    """The admin key the `Bearer` header presents: as `authenticate`, and 403 for a live key
+    that is not an admin's (the admin API, loading and unloading adapters)."""
+    key = await authenticate(keys, headers)
+    if not key.admin:
+        raise permission_denied("This key is not an admin key.", "not_admin")
+    return key
 
 
 def may_scrape(config: GatewayConfig, request: Request) -> bool:

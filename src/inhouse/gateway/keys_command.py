@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from inhouse.gateway.cli_options import (
+    AdaptersOption,
     ConfigOption,
     DatabaseOption,
     parse_period,
     settings_for,
     short_time,
 )
+from inhouse.gateway.name_lists import from_option, shown
 
 if TYPE_CHECKING:
     from inhouse.gateway.keys import ApiKey, KeyStore
@@ -36,6 +38,7 @@ def keys_create(
     period: Annotated[str, typer.Option(help="Quota period, e.g. 1d, 30d.")] = "30d",
     expires: Annotated[str | None, typer.Option(help="Lifetime (e.g. 90d) or ISO date.")] = None,
     models: Annotated[str | None, typer.Option(help="Comma-separated models allowed.")] = None,
+    adapters: AdaptersOption = None,
     no_fallback: Annotated[
         bool, typer.Option(help="Data must not leave: never fall back.")
     ] = False,
@@ -66,7 +69,8 @@ def keys_create(
         "quota_tokens": quota_tokens,
         "quota_period_s": parse_period(period) if quota_tokens is not None else None,
         "expires_at": _expiry(expires),
-        "models": _models(models),
+        "models": from_option(models),
+        "adapters": from_option(adapters),
         "allow_fallback": not no_fallback,
         "log_content": log_content,
         "team": team,
@@ -106,7 +110,8 @@ def keys_list(config: ConfigOption = None, database: DatabaseOption = None) -> N
             _limit(key.tpm),
             _limit(key.max_concurrent),
             _quota(key, now),
-            ",".join(sorted(key.models)) if key.models else "all",
+            shown(key.models)
+            + ("" if key.adapters is None else f"; adapters {shown(key.adapters)}"),
         )
     Console().print(table)
 
@@ -138,6 +143,7 @@ def keys_update(
     period: Annotated[str | None, typer.Option(help="Quota period, e.g. 30d.")] = None,
     expires: Annotated[str | None, typer.Option(help="Lifetime, ISO date, or 'never'.")] = None,
     models: Annotated[str | None, typer.Option(help="Comma-separated models, or 'all'.")] = None,
+    adapters: AdaptersOption = None,
     fallback: Annotated[bool | None, typer.Option(help="Allow fallback endpoints.")] = None,
     log_content: Annotated[bool | None, typer.Option(help="Store redacted text.")] = None,
     team: Annotated[str | None, typer.Option(help="Move to this team ('none': no team).")] = None,
@@ -169,8 +175,9 @@ def keys_update(
         changes["quota_period_s"] = parse_period(period)
     if expires is not None:
         changes["expires_at"] = None if expires == "never" else _expiry(expires)
-    if models is not None:
-        changes["models"] = None if models == "all" else _models(models)
+    for field, names in (("models", models), ("adapters", adapters)):
+        if names is not None:
+            changes[field] = from_option(names)
     if fallback is not None:
         changes["allow_fallback"] = fallback
     if log_content is not None:
@@ -230,12 +237,6 @@ def _expiry(text: str | None) -> float | None:
             return datetime.fromisoformat(text).astimezone().timestamp()
         except ValueError:
             raise typer.BadParameter(f"--expires: not a duration or ISO date: {text!r}") from None
-
-
-def _models(text: str | None) -> frozenset[str] | None:
-    if not text:
-        return None
-    return frozenset(m.strip() for m in text.split(",") if m.strip())
 
 
 def _state(key: ApiKey, now: float) -> str:

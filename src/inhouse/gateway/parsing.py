@@ -24,6 +24,7 @@ from inhouse.api.chat import ChatFields
 from inhouse.api.common import RequestModel
 from inhouse.api.completions import CompletionRequest
 from inhouse.api.errors import invalid_fields, invalid_request, not_found
+from inhouse.gateway.adapters.served import base_of
 from inhouse.gateway.config import GatewayConfig, ModelRoute
 from inhouse.gateway.endpoints import ENDPOINTS, Endpoint
 from inhouse.gateway.keys import ApiKey
@@ -167,6 +168,7 @@ class Parsed:
     route: ModelRoute
     needs: Needs
     priority: str = DEFAULT_CLASS  # its effective class (see `priority.effective_class`)
+    adapter: str | None = None  # the LoRA adapter it asks for, on `route` (`adapters`)
 
 
 def model_name(body: dict[str, Any]) -> str | None:
@@ -180,8 +182,9 @@ def parse(
     model: str | None,
 ) -> Parsed:  # fmt: skip
     """The route and needs of `body` (asking for `model`, see `model_name`) on `endpoint`;
-    APIError (400 or 404) when refused."""
-    route = _route(config, key, model)
+    APIError (400 or 404) when refused. A `model` that names an adapter is routed to its
+    base model (`adapters.served`)."""
+    route, adapter = _route(config, router, key, model)
     try:
         needs = read_needs(endpoint, body)
     except BadRequest as err:
@@ -193,17 +196,23 @@ def parse(
         priority = effective_class(key.priority, body)
     except BadPriority as err:
         raise invalid_request(str(err), "priority") from None
-    return Parsed(endpoint, body, route, needs, priority)
+    return Parsed(endpoint, body, route, needs, priority, adapter)
 
 
-def _route(config: GatewayConfig, key: ApiKey, model: str | None) -> ModelRoute:
+def _route(
+    config: GatewayConfig, router: Router, key: ApiKey, model: str | None
+) -> tuple[ModelRoute, str | None]:
+    """The model route asked for, and the adapter when `model` names one (its base model
+    must be one the key may use)."""
     if model is None:
         raise invalid_request("'model' is required", "model")
-    route = config.model(model)
-    if route is None or not key.may_use(model):
+    route, adapter = config.model(model), None
+    if route is None:
+        route, adapter = base_of(router, model), model
+    if route is None or not key.may_use(route.name):
         raise not_found(
             f"The model '{model}' does not exist or you do not have access to it.",
             "model",
             "model_not_found",
         )
-    return route
+    return route, adapter

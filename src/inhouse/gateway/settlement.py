@@ -72,11 +72,12 @@ class Ledger:
         return keys.hash(asked(body.get("model"), content))
 
     def refused(
-        self, error: APIError, key: ApiKey | None, model: str | None, endpoint: str,
-        ts: float, started: float,
+        self, error: APIError, key: ApiKey | None, asked: tuple[str | None, str | None],
+        endpoint: str, ts: float, started: float,
     ) -> None:  # fmt: skip
-        """A request answered with an error before admission."""
-        name = "" if key is None else key.name
+        """A request answered with an error before admission; `asked` is its model and
+        adapter as far as they are known."""
+        name, (model, adapter) = "" if key is None else key.name, asked
         self.metrics.refused(name, model, error.status_code, error.code or error.type)
         self.audit.record(
             AuditRecord(
@@ -88,6 +89,7 @@ class Ledger:
                 error_type=error.type,
                 latency_ms=(time.perf_counter() - started) * 1000,
                 team=None if key is None else key.team,
+                adapter=adapter,
             )
         )
 
@@ -149,6 +151,7 @@ class Ledger:
                 priority=call.priority,
                 degraded_from=call.degraded_from,
                 hold=call.hold,
+                adapter=call.adapter,
             )
         )
 

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from inhouse.api.errors import CLIENT_CLOSED, APIError, service_unavailable
+from inhouse.gateway.adapters.served import fallback_serves, serving
 from inhouse.gateway.affinity import prefix_chain, prompt_text
 from inhouse.gateway.backends import Backend
 from inhouse.gateway.call import Call, Outcome
@@ -138,12 +139,19 @@ class Forwarder:
         salt = self.state.keys.cache_salt(call.key)
         choice = len(call.route.backends) > 1 or call.release is not None  # of replicas
         by_prefix = call.route.routing == "prefix" and choice
-        prefix = prefix_chain(salt, prompt_text(call.endpoint, body)) if by_prefix else ()
+        chain = salt if call.adapter is None else f"{salt}/{call.adapter}"  # its own cache
+        prefix = prefix_chain(chain, prompt_text(call.endpoint, body)) if by_prefix else ()
         while True:
             pick = call.release = None if call.release is None else call.release.routable()
             pool = None if pick is None else pick.answering.pool
+            if call.adapter is not None:  # the replicas serving it now (it has no releases)
+                pool = serving(self.state.router, call.route, call.adapter)
             canaried = pick if pick is not None and pick.stable is not None else None
-            may_fall_back = call.key.allow_fallback and canaried is None  # the stable's, not ours
+            may_fall_back = (
+                call.key.allow_fallback
+                and canaried is None  # the stable's, not ours
+                and fallback_serves(call.route, call.adapter)
+            )
             try:
                 call.lease = await self.state.router.acquire(
                     call.route, call.needs, may_fall_back, frozenset(tried), pool, call.priority,
@@ -162,7 +170,9 @@ class Forwarder:
             cap, sent = call.output_cap, body
             if pick is not None:
                 cap, sent = capped(cap, pick.answering), apply_release(body, pick.answering)
-            forward = prepare(lease.upstream, call.endpoint, sent, salt, cap, call.priority)
+            forward = prepare(
+                lease.upstream, call.endpoint, sent, salt, cap, call.priority, call.adapter
+            )
             try:
                 upstream = await self.state.upstreams.open(forward, stack)
             except (ConnectionRefusedError, socket.gaierror, NotAnswered) as exc:

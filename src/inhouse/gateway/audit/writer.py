@@ -76,6 +76,7 @@ class AuditRecord:
     priority: str | None = None  # the class it ran at (None: refused before admission)
     degraded_from: str | None = None  # the model asked for, when a smaller one answered
     hold: str | None = None  # the hold its tokens were reserved under (`holds`)
+    adapter: str | None = None  # the LoRA adapter asked for (`model` is its base)
 
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))

@@ -15,7 +15,7 @@ from inhouse.gateway.console.pages import console_pages
 from inhouse.gateway.console.session import Sessions
 from inhouse.gateway.console.web import HERE, Web
 from inhouse.gateway.handler import Gateway
-from inhouse.gateway.keys import authenticate
+from inhouse.gateway.keys import authenticate_admin
 from inhouse.gateway.limits import Gcra, MemoryTatStore, SqlTatStore
 from inhouse.gateway.usage.report import UnknownGrouping, as_csv, as_records, usage
 from inhouse.http.errors import error_response
@@ -37,7 +37,7 @@ def install_console(app: FastAPI, gateway: Gateway) -> None:
 
     @app.get("/admin/api/usage", include_in_schema=False)
     async def usage_api(request: Request) -> Response:
-        """Usage per person, team, model, release or day: JSON, or CSV with format=csv."""
+        """Usage per person, team, model, release, adapter or day: JSON, or CSV with format=csv."""
         try:
             await _admin(gateway, web, request)
             q = request.query_params
@@ -64,7 +64,4 @@ async def _admin(gateway: Gateway, web: Web, request: Request) -> None:
     headers = request.headers.getlist("authorization")
     if not headers:
         raise authentication_error("Sign in to the console or send an admin key.")
-    key = await authenticate(gateway.keys, headers)
-    if not key.admin:
-        raise APIError(403, "This key is not an admin key.", type="permission_error",
-                       code="not_admin")  # fmt: skip
+    await authenticate_admin(gateway.keys, headers)

@@ -1,4 +1,5 @@
-"""CLI: `inhouse usage`: usage per person, team, model, release or day, from the audit."""
+"""CLI: `inhouse usage`: usage per person, team, model, release, adapter or day, from the
+audit."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from inhouse.gateway.cli_options import ConfigOption, DatabaseOption, parse_peri
 
 
 def usage_command(
-    by: Annotated[str, typer.Option(help="person, team, model, release or day.")] = "person",
+    by: Annotated[
+        str, typer.Option(help="person, team, model, release, adapter or day.")
+    ] = "person",
     since: Annotated[str, typer.Option(help="How far back, e.g. 30d, 12h.")] = "30d",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV.")] = False,

@@ -1,7 +1,7 @@
 """Usage aggregated in the database from the audit rows: requests, errors and tokens per
-person (key), team, model, release or UTC day over a time range, with what they cost at
-the `[cost]` charge prices, summed in SQL (the daily `rollup` for whole days); rows never
-leave the database one by one."""
+person (key), team, model, release, LoRA adapter or UTC day over a time range, with what
+they cost at the `[cost]` charge prices, summed in SQL (the daily `rollup` for whole days);
+rows never leave the database one by one."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ class UsageRow:
         return self.prompt_tokens + self.completion_tokens
 
 
-GROUPINGS = ("person", "team", "model", "release", "day")
+GROUPINGS = ("person", "team", "model", "release", "adapter", "day")
+AUDIT_ONLY = ("release", "adapter")  # not in the daily rollup: summed from the audit rows
 
 
 def usage(
@@ -56,15 +57,16 @@ def usage(
     """Totals per group of the audit rows with `since <= ts < until` (now), largest first.
 
     Whole UTC days are read from the daily rollup, the partial days at either end from the
-    audit rows themselves (a range scan over the covering index); grouping by release, or a
-    database without the rollup, reads the audit rows only. `only` keeps the rows of one
+    audit rows themselves (a range scan over the covering index); grouping by release or
+    adapter (base-model requests are the adapter "-"), or a database without the rollup,
+    reads the audit rows only. `only` keeps the rows of one
     person and/or team ({"person": "alice"})."""
     if by not in GROUPINGS:
         raise UnknownGrouping(f"cannot group usage by {by!r}: use one of {', '.join(GROUPINGS)}")
     until = time.time() if until is None else until
     first = math.ceil(since / rollup.DAY_S)
     last = math.floor(until / rollup.DAY_S)
-    if by == "release" or not rollup.supported(db) or first >= last:
+    if by in AUDIT_ONLY or not rollup.supported(db) or first >= last:
         parts = [_from_audit(db, by, since, until, only)]
     else:
         parts = [
@@ -114,7 +116,7 @@ def _from_audit(
     c = audit_log.c
     columns = {
         "person": c.key_name, "team": c.team, "model": c.model,
-        "release": c.release,
+        "release": c.release, "adapter": c.adapter,
         "day": cast(func.floor(c.ts / DAY_S), Integer),
     }  # fmt: skip
     group = columns[by]

@@ -32,9 +32,10 @@ from sqlalchemy import (
 
 from inhouse.gateway.db import teams
 from inhouse.gateway.limits import Admission
+from inhouse.gateway.name_lists import decode, encode
 
 DEFAULT_PERIOD_S = 30 * 86400.0
-EDITABLE = frozenset({"period_s", "quota_tokens", "budget", "hard_stop"})
+EDITABLE = frozenset({"period_s", "quota_tokens", "budget", "hard_stop", "adapters"})
 
 
 class UnknownTeam(LookupError):
@@ -54,6 +55,7 @@ class Team:
     window: int
     tokens_used: int
     money_used: float
+    adapters: frozenset[str] | None = None  # the LoRA adapters its keys may use (None: all)
 
     def window_at(self, now: float) -> int:
         """Index of the period containing `now` (periods start at the team's creation)."""
@@ -92,7 +94,7 @@ class TeamStore:
             raise ValueError("a team's period must be > 0 seconds")
         if self.find(name) is not None:
             raise ValueError(f"a team named {name!r} already exists")
-        values = {"hard_stop": True, **limits}
+        values = {"hard_stop": True, **_encode(limits)}
         with self._db.begin() as conn:
             conn.execute(
                 insert(teams).values(
@@ -126,7 +128,9 @@ class TeamStore:
     def update(self, name: str, **changes: Any) -> Team:
         _check(changes)
         with self._db.begin() as conn:
-            done = conn.execute(update(teams).where(teams.c.name == name).values(**changes))
+            done = conn.execute(
+                update(teams).where(teams.c.name == name).values(**_encode(changes))
+            )
         if done.rowcount == 0:
             raise UnknownTeam(f"no team named {name!r}")
         return self.get(name)
@@ -197,8 +201,15 @@ def _check(values: dict[str, Any]) -> None:
         raise TypeError(f"not a team setting: {sorted(unknown)}")
 
 
+def _encode(values: dict[str, Any]) -> dict[str, Any]:
+    if "adapters" not in values:
+        return values
+    return {**values, "adapters": encode(values["adapters"])}
+
+
 def _decode(row: Any) -> Team:
     values = {name: row[name] for name in _FIELDS}
+    values["adapters"] = decode(values["adapters"])
     values["hard_stop"] = bool(values["hard_stop"])
     values["money_used"] = float(values["money_used"] or 0.0)
     return Team(**values)

@@ -1,4 +1,5 @@
-"""CLI: `inhouse teams create|list|update`: a team's shared token quota and money budget."""
+"""CLI: `inhouse teams create|list|update`: a team's shared token quota and money budget, and
+the LoRA adapters its keys may use."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from typing import Annotated, Any
 
 import typer
 
-from inhouse.gateway.cli_options import ConfigOption, DatabaseOption, parse_period, settings_for
+from inhouse.gateway.cli_options import (
+    AdaptersOption,
+    ConfigOption,
+    DatabaseOption,
+    parse_period,
+    settings_for,
+)
+from inhouse.gateway.name_lists import from_option, shown
 
 teams_app = typer.Typer(
     help="Teams: a token quota and a money budget per period, shared by their keys.",
@@ -32,11 +40,12 @@ def teams_create(
     budget: BudgetOption = None,
     period: Annotated[str, typer.Option(help="Period, e.g. 1d, 30d.")] = "30d",
     hard_stop: SoftOption = None,
+    adapters: AdaptersOption = None,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
-    """Create a team; its keys share its quota and budget."""
-    limits = _limits(quota_tokens, budget, hard_stop)
+    """Create a team; its keys share its quota and budget, and are limited to its adapters."""
+    limits = _limits(quota_tokens, budget, hard_stop, adapters)
     try:
         _teams(config, database).create(name, parse_period(period), **limits)
     except ValueError as err:
@@ -51,14 +60,16 @@ def teams_update(
     budget: BudgetOption = None,
     period: Annotated[str | None, typer.Option(help="Period, e.g. 30d.")] = None,
     hard_stop: SoftOption = None,
+    adapters: AdaptersOption = None,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
-    """Change a team's quota, budget, period or hard stop; applies from its next request."""
+    """Change a team's quota, budget, period, hard stop or adapters; applies from its next
+    request."""
     # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.gateway.usage.teams import UnknownTeam
 
-    changes = _limits(quota_tokens, budget, hard_stop)
+    changes = _limits(quota_tokens, budget, hard_stop, adapters)
     if period is not None:
         changes["period_s"] = parse_period(period)
     if not changes:
@@ -80,7 +91,7 @@ def teams_list(config: ConfigOption = None, database: DatabaseOption = None) -> 
     from rich.table import Table
 
     table = Table()
-    for column in ("team", "period", "tokens used", "money used", "on exhaustion"):
+    for column in ("team", "period", "tokens used", "money used", "on exhaustion", "adapters"):
         table.add_column(column)
     now = time.time()
     for team in _teams(config, database).list():
@@ -91,12 +102,17 @@ def teams_list(config: ConfigOption = None, database: DatabaseOption = None) -> 
             f"{tokens}/{team.quota_tokens}" if team.quota_tokens else "no quota",
             f"{money:.2f}/{team.budget:g}" if team.budget else "no budget",
             "429" if team.hard_stop else "warn",
+            shown(team.adapters),
         )
     Console().print(table)
 
 
-def _limits(quota: int | None, budget: float | None, hard_stop: bool | None) -> dict[str, Any]:
+def _limits(
+    quota: int | None, budget: float | None, hard_stop: bool | None, adapters: str | None
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    if adapters is not None:
+        out["adapters"] = from_option(adapters)
     if quota is not None:
         if quota < 0:
             raise typer.BadParameter("--quota-tokens must be >= 0")
