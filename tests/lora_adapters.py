@@ -54,3 +54,23 @@ def peft_greedy(base, adapter: Path, prompts: list[list[int]], new_tokens: int) 
         return [hf_greedy(model, prompt, new_tokens) for prompt in prompts]
     finally:
         model.unload()
+
+
+def bundled_adapter(folder: Path, seed: int, rank: int = 8) -> Path:
+    """An adapter of ``q_proj`` and ``v_proj`` for the bundled model, written on a random
+    Llama of its attention shapes (read from its GGUF header) with the MLP shrunk to nothing:
+    quick to build, and only those shapes matter to it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from inhouse.manifests.bundled import default_chat_model
+    from inhouse.plan.gguf_header import read_gguf
+
+    spec = read_gguf(default_chat_model()).spec
+    config = LlamaConfig(
+        hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim, intermediate_size=8, vocab_size=8,
+    )  # fmt: skip
+    return save_random_adapter(
+        LlamaForCausalLM(config), folder, seed, rank, 4 * rank, ("q_proj", "v_proj"), size=1.0
+    )

@@ -116,15 +116,16 @@ class Process:
 
 
 def serve_process(
-    port: int, key: str, log: Path, *, model: str | None = None, **options: str | None
+    port: int, key: str, log: Path, *, model: str | None = None, **options: str | list[str] | None
 ) -> Process:
     """`inhouse serve` of the bundled models (or of `model`, a folder or GGUF file) on a
     loopback port: `SERVE_OPTIONS`, with `options` (`max_num_seqs="4"` is
-    `--max-num-seqs 4`) added or replacing them."""
+    `--max-num-seqs 4`; a list repeats the flag) added or replacing them."""
     args = [*inhouse_command(), "serve", *([model] if model else []), "--port", str(port)]
     for name, value in {**SERVE_OPTIONS, **options}.items():
-        if value is not None:
-            args += [f"--{name.replace('_', '-')}", value]
+        for one in value if isinstance(value, list) else [value]:
+            if one is not None:
+                args += [f"--{name.replace('_', '-')}", one]
     return Process(args, log, {"INHOUSE_API_KEY": key})
 
 
@@ -192,7 +193,7 @@ class Served:
 
 
 def start_serve(
-    log: Path, key: str = SERVE_KEY, *, model: str | None = None, **options: str | None
+    log: Path, key: str = SERVE_KEY, *, model: str | None = None, **options: str | list[str] | None
 ) -> Served:
     """Start `inhouse serve` (see `serve_process`) on a free port; return once /health says
     200, with every status /health answered while it loaded in `health_seen`."""

@@ -1,16 +1,13 @@
 """LoRA adapters end to end: a real `inhouse serve --lora-modules` of the bundled model with a
-random adapter built here (`tiny_adapter`), a real `inhouse gateway` before it declaring the
+random adapter built here (`lora_adapters`), a real `inhouse gateway` before it declaring the
 adapter, a real SQLite file and the official client. The adapter answers under its own name
 and differently from the base; a key limited to it gets 403 for another; usage by adapter
 equals the client's counts; an admin loads a second adapter through the gateway, uses it and
-unloads it while requests for the first run on, none of which fails.
-
-Skipped while `inhouse serve` has no `--lora-modules`."""
+unloads it while requests for the first run on, none of which fails."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +24,7 @@ from inhouse.cli import app
 from inhouse.gateway.config import load_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
+from lora_adapters import bundled_adapter
 from serving import (
     SERVE_KEY,
     Process,
@@ -34,7 +32,6 @@ from serving import (
     free_port,
     gateway_process,
     gateway_toml,
-    inhouse_command,
     start_serve,
 )
 
@@ -42,11 +39,6 @@ pytestmark = pytest.mark.slow
 
 ASK = [{"role": "user", "content": "Name three colours."}]
 GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 12}
-
-
-def serve_takes_adapters() -> bool:
-    usage = subprocess.run([*inhouse_command(), "serve", "--help"], capture_output=True, text=True)
-    return "--lora-modules" in usage.stdout
 
 
 @dataclass
@@ -66,26 +58,22 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    pytest.importorskip("peft", reason="PEFT builds the test's adapters")
-    if not serve_takes_adapters():
-        pytest.skip("inhouse serve has no --lora-modules yet (issue 48, the engine's side)")
-    from tiny_adapter import bundled_adapter
-
     base = tmp_path_factory.mktemp("adapters")
     return {
-        name: bundled_adapter(base / name, seed) for seed, name in enumerate(("support", "code"))
+        name: bundled_adapter(base / name, seed)
+        for seed, name in enumerate(("support", "code", "legal"))
     }
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, adapters: dict[str, Path]) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("adapter-stack")
-    served = start_serve(base / "serve.log", lora_modules=f"support={adapters['support']}",
-                         max_loras="2")  # fmt: skip
+    modules = [f"{name}={adapters[name]}" for name in ("support", "code")]
+    served = start_serve(base / "serve.log", lora_modules=modules, max_loras="3")
     try:
         port, db_url = free_port(), f"sqlite:///{base / 'gateway.db'}"
         backend = {"name": "serve", "url": served.url, "api_key": SERVE_KEY, "model": served.model,
-                   "kind": "inhouse", "adapters": ["support"]}  # fmt: skip
+                   "kind": "inhouse", "adapters": ["support", "code"]}  # fmt: skip
         text = gateway_toml({"port": port, "database": db_url},
                             [{"name": "smol", "backends": [backend]}],
                             health={"interval_s": 1}, audit={"flush_interval_s": 0.2})  # fmt: skip
@@ -108,7 +96,7 @@ def test_the_adapter_answers_under_its_name_and_a_key_limited_to_it_is_refused_a
 ) -> None:
     client = stack.client(stack.store.create("support-desk", adapters=frozenset({"support"}))[1])
     listed = {m.id: getattr(m, "parent", None) for m in client.models.list()}
-    assert listed == {"smol": None, "support": "smol"}
+    assert listed == {"smol": None, "support": "smol"}  # the key's own, not "code"
     tuned = client.chat.completions.create(model="support", messages=ASK, **GREEDY)
     plain = client.chat.completions.create(model="smol", messages=ASK, **GREEDY)
     assert tuned.choices[0].message.content != plain.choices[0].message.content
@@ -170,17 +158,17 @@ def test_an_adapter_loaded_used_and_unloaded_under_traffic_fails_no_other_reques
     for worker in workers:
         worker.start()
     try:
-        load = {"lora_name": "code", "lora_path": str(adapters["code"])}
+        load = {"lora_name": "legal", "lora_path": str(adapters["legal"])}
         plain = stack.store.create("plain")[1]
         assert stack.admin("/v1/load_lora_adapter", plain, load).status_code == 403
         loaded = stack.admin("/v1/load_lora_adapter", admin, load)
         assert loaded.status_code == 200, loaded.text
-        code = client.chat.completions.create(model="code", messages=ASK, **GREEDY)
-        assert code.usage is not None and code.usage.completion_tokens > 0
-        unloaded = stack.admin("/v1/unload_lora_adapter", admin, {"lora_name": "code"})
+        legal = client.chat.completions.create(model="legal", messages=ASK, **GREEDY)
+        assert legal.usage is not None and legal.usage.completion_tokens > 0
+        unloaded = stack.admin("/v1/unload_lora_adapter", admin, {"lora_name": "legal"})
         assert unloaded.status_code == 200, unloaded.text
         with pytest.raises(openai.NotFoundError):
-            client.chat.completions.create(model="code", messages=ASK, **GREEDY)
+            client.chat.completions.create(model="legal", messages=ASK, **GREEDY)
     finally:
         stop.set()
         for worker in workers:
