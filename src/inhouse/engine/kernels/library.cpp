@@ -33,8 +33,8 @@ TORCH_LIBRARY(inhouse_cpu, m) {
       "Tensor slots, int heads) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def(
-      "lora_add(Tensor(a!) out, Tensor x, Tensor rows, Tensor a_t, Tensor b_t, Tensor scale) "
-      "-> ()");
+      "lora_add(Tensor(a!) out, Tensor x, Tensor row_slots, Tensor a_t, Tensor b_t, "
+      "Tensor scale, Tensor used) -> ()");
   m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
   m.def("quantize_q8(Tensor weight) -> (Tensor, Tensor)");
   m.def("quantize_q4(Tensor weight) -> (Tensor, Tensor, Tensor)");

@@ -2,10 +2,13 @@
 
 #include <torch/types.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "kernels.h"
+#include "simd.h"
 #include "work_pool.h"
 
 namespace inhouse {
@@ -14,65 +17,105 @@ namespace {
 inline float as_float(float v) { return v; }
 inline float as_float(c10::BFloat16 v) { return static_cast<float>(v); }
 
-// out[r] = round(out[r] + (x[r] @ a_t @ b_t) * scale) for one row, in float32: the rank's
-// sums over the input in order, then the output's sums over the rank in order, each an
-// axpy the compiler vectorizes across lanes, never across the sum, so a row's bits do not
-// depend on the batch or on how the rows are split.
+// low[0:used] = x[0:in] @ a_t[:, 0:used] (a_t's rows `rank` apart, `used` a multiple of 8
+// within it): each lane sums over the input in order, with fused multiply-adds.
 template <typename T>
-void add_row(T* out, const T* x, const float* a_t, const float* b_t, const float* scale,
-             int64_t in, int64_t rank, int64_t width, float* low, float* delta) {
-  for (int64_t k = 0; k < rank; ++k) low[k] = 0.f;
-  for (int64_t i = 0; i < in; ++i) {
-    const float xi = as_float(x[i]);
-    const float* a = a_t + i * rank;
-    for (int64_t k = 0; k < rank; ++k) low[k] += xi * a[k];
+void low_rank(const T* x, const float* a_t, int64_t in, int64_t rank, int64_t used, float* low) {
+  for (int64_t k0 = 0; k0 < used; k0 += 32) {
+    const int64_t lanes = std::min<int64_t>(32, used - k0);
+#ifdef INHOUSE_AVX2
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < in; ++i) {
+      const __m256 xi = _mm256_set1_ps(as_float(x[i]));
+      const float* a = a_t + i * rank + k0;
+      for (int64_t j = 0; j < lanes / 8; ++j) acc[j] = _mm256_fmadd_ps(xi, _mm256_loadu_ps(a + 8 * j), acc[j]);
+    }
+    for (int64_t j = 0; j < lanes / 8; ++j) _mm256_storeu_ps(low + k0 + 8 * j, acc[j]);
+#else
+    float acc[32] = {};
+    for (int64_t i = 0; i < in; ++i) {
+      const float xi = as_float(x[i]);
+      for (int64_t k = 0; k < lanes; ++k) acc[k] = std::fma(xi, a_t[i * rank + k0 + k], acc[k]);
+    }
+    for (int64_t k = 0; k < lanes; ++k) low[k0 + k] = acc[k];
+#endif
   }
-  for (int64_t o = 0; o < width; ++o) delta[o] = 0.f;
-  for (int64_t k = 0; k < rank; ++k) {
-    const float lk = low[k];
-    if (lk == 0.f) continue;  // a padded rank (its A rows are zero) adds nothing
-    const float* b = b_t + k * width;
-    for (int64_t o = 0; o < width; ++o) delta[o] += lk * b[o];
+}
+
+// out[0:width] = round(out + (low[0:used] @ b_t) * scale): each lane sums over the rank in
+// order, with fused multiply-adds; then scaled, then added, as PEFT orders it.
+template <typename T>
+void add_product(T* out, const float* low, const float* b_t, const float* scale, int64_t used,
+                 int64_t width) {
+  int64_t o = 0;
+#ifdef INHOUSE_AVX2
+  for (; o + 8 <= width; o += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t k = 0; k < used; ++k)
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(low[k]), _mm256_loadu_ps(b_t + k * width + o), acc);
+    alignas(32) float delta[8];
+    _mm256_store_ps(delta, _mm256_mul_ps(acc, _mm256_loadu_ps(scale + o)));
+    for (int l = 0; l < 8; ++l) out[o + l] = static_cast<T>(as_float(out[o + l]) + delta[l]);
   }
-  for (int64_t o = 0; o < width; ++o) out[o] = static_cast<T>(as_float(out[o]) + delta[o] * scale[o]);
+#endif
+  for (; o < width; ++o) {
+    float acc = 0.f;
+    for (int64_t k = 0; k < used; ++k) acc = std::fma(low[k], b_t[k * width + o], acc);
+    const float delta = acc * scale[o];
+    out[o] = static_cast<T>(as_float(out[o]) + delta);
+  }
 }
 
 template <typename T>
-void add_rows(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& rows,
-              const torch::Tensor& a_t, const torch::Tensor& b_t, const torch::Tensor& scale) {
-  const int64_t in = x.size(1), rank = a_t.size(1), width = out.size(1);
-  const int64_t* row = rows.data_ptr<int64_t>();
+void add_rows(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& row_slots,
+              const torch::Tensor& a_t, const torch::Tensor& b_t, const torch::Tensor& scale,
+              const torch::Tensor& used) {
+  const int64_t rows = x.size(0), in = x.size(1), rank = a_t.size(2), width = out.size(1);
+  const int64_t* slot_of = row_slots.data_ptr<int64_t>();
+  const int64_t* used_of = used.data_ptr<int64_t>();
+  std::vector<int64_t> adapted;
+  for (int64_t r = 0; r < rows; ++r)
+    if (slot_of[r] >= 0) adapted.push_back(r);
   T* o = out.data_ptr<T>();
   const T* xs = x.data_ptr<T>();
   const float *a = a_t.data_ptr<float>(), *b = b_t.data_ptr<float>(), *s = scale.data_ptr<float>();
-  inhouse::parallel_for(0, rows.size(0), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> low(rank), delta(width);
+  inhouse::parallel_for(0, static_cast<int64_t>(adapted.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> low(rank);
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t r = row[i];
-      add_row(o + r * width, xs + r * in, a, b, s, in, rank, width, low.data(), delta.data());
+      const int64_t r = adapted[i], slot = slot_of[r], n = used_of[slot];
+      low_rank(xs + r * in, a + slot * in * rank, in, rank, n, low.data());
+      add_product(o + r * width, low.data(), b + slot * rank * width, s + slot * width, n, width);
     }
   });
 }
 
 }  // namespace
 
-// Adds one adapter's product to the rows ``rows`` of ``out [T, width]`` from ``x [T, in]``
-// (both float32, or both bfloat16): ``a_t [in, rank]``, ``b_t [rank, width]`` and ``scale
-// [width]`` are float32, as PEFT computes an adapter beside a 16-bit base.
-void lora_add(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& rows,
-              const torch::Tensor& a_t, const torch::Tensor& b_t, const torch::Tensor& scale) {
+// Adds each row's adapter product to ``out [T, width]`` from ``x [T, in]`` (both float32, or
+// both bfloat16): ``row_slots [T]`` is each row's adapter slot (-1: the base, untouched);
+// per slot, ``a_t [S, in, rank]``, ``b_t [S, rank, width]``, ``scale [S, width]`` (float32,
+// as PEFT computes an adapter beside a 16-bit base) and ``used [S]``, the rank columns in use
+// (a multiple of 8). A row's bits depend on nothing but its own inputs and slot.
+void lora_add(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& row_slots,
+              const torch::Tensor& a_t, const torch::Tensor& b_t, const torch::Tensor& scale,
+              const torch::Tensor& used) {
   TORCH_CHECK(out.is_contiguous() && x.is_contiguous() && a_t.is_contiguous() &&
-              b_t.is_contiguous() && scale.is_contiguous() && rows.is_contiguous());
-  TORCH_CHECK(out.scalar_type() == x.scalar_type() && rows.scalar_type() == torch::kInt64);
+              b_t.is_contiguous() && scale.is_contiguous() && row_slots.is_contiguous() &&
+              used.is_contiguous());
+  TORCH_CHECK(out.scalar_type() == x.scalar_type() && row_slots.scalar_type() == torch::kInt64 &&
+              used.scalar_type() == torch::kInt64);
   TORCH_CHECK(a_t.scalar_type() == torch::kFloat32 && b_t.scalar_type() == torch::kFloat32 &&
               scale.scalar_type() == torch::kFloat32);
-  TORCH_CHECK(x.size(0) == out.size(0) && a_t.size(0) == x.size(1) && b_t.size(0) == a_t.size(1) &&
-              b_t.size(1) == out.size(1) && scale.size(0) == out.size(1));
+  TORCH_CHECK(out.dim() == 2 && x.dim() == 2 && x.size(0) == out.size(0) &&
+              row_slots.size(0) == x.size(0) && a_t.size(1) == x.size(1) &&
+              b_t.size(1) == a_t.size(2) && b_t.size(2) == out.size(1) &&
+              scale.size(1) == out.size(1) && a_t.size(2) % 8 == 0 &&
+              used.size(0) == a_t.size(0));
   if (out.scalar_type() == torch::kFloat32) {
-    add_rows<float>(out, x, rows, a_t, b_t, scale);
+    add_rows<float>(out, x, row_slots, a_t, b_t, scale, used);
   } else {
     TORCH_CHECK(out.scalar_type() == torch::kBFloat16, "lora_add: float32 or bfloat16 rows");
-    add_rows<c10::BFloat16>(out, x, rows, a_t, b_t, scale);
+    add_rows<c10::BFloat16>(out, x, row_slots, a_t, b_t, scale, used);
   }
 }
 

@@ -47,6 +47,7 @@ class AdapterSlots:
                 outs, width = part_sizes(model.args, projection)
                 stack = LoraStack(max_loras, len(outs) * max_rank, width, sum(outs), device, kernel)
                 self.stacks[index, projection] = linear.lora = stack
+        model.lora_weights = [t for stack in self.stacks.values() for t in stack.tensors]
         self.adapters: dict[str, LoadedAdapter] = {}
 
     @property
@@ -82,19 +83,13 @@ class AdapterSlots:
 
     def _write(self, slot: int, weights: AdapterWeights) -> None:
         for (layer, projection), stack in self.stacks.items():
-            stack.a_t[slot].zero_()
-            stack.b_t[slot].zero_()
-            stack.scale[slot].zero_()
             outs, _ = part_sizes(self.args, projection)
-            for part, rows in enumerate(outs):
-                pair = weights.parts.get((layer, projection, part))
-                if pair is None:
-                    continue
-                rank, start = pair.a.shape[0], sum(outs[:part])
-                low = part * self.max_rank
-                stack.a_t[slot, :, low : low + rank] = pair.a.T
-                stack.b_t[slot, low : low + rank, start : start + rows] = pair.b.T
-                stack.scale[slot, start : start + rows] = pair.scaling
+            starts = [sum(outs[:part]) for part in range(len(outs))]
+            parts = [
+                (start, weights.parts.get((layer, projection, part)))
+                for part, start in enumerate(starts)
+            ]
+            stack.write(slot, parts)
 
 
 def describe_adapters(slots: AdapterSlots | None) -> str:

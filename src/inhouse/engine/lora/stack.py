@@ -6,12 +6,17 @@ from dataclasses import dataclass
 
 import torch
 
+from inhouse.engine.lora.peft_adapter import PartWeights
+
+RANK_STEP = 8  # the kernel's lanes: a stack's rank columns, and those in use, come in eights
+
 
 @dataclass(slots=True)
 class AdapterRows:
-    """A step's rows by adapter slot: ``(slot, row indices)`` for each slot in use. The rows
-    of the base model are in none."""
+    """A step's rows by adapter: ``row_slots [T]``, each row's slot (-1: the base), for the
+    C++ kernel, and ``groups``, ``(slot, row indices)`` for each slot in use, for torch."""
 
+    row_slots: torch.Tensor
     groups: list[tuple[int, torch.Tensor]]
 
     @classmethod
@@ -20,22 +25,22 @@ class AdapterRows:
     ) -> AdapterRows | None:
         """The rows of a step whose entry ``i`` runs ``counts[i]`` consecutive rows with
         adapter slot ``slots[i]`` (-1: the base); None when every entry is the base's."""
-        rows: dict[int, list[int]] = {}
-        start = 0
-        for slot, count in zip(slots, counts, strict=True):
-            if slot >= 0:
-                rows.setdefault(slot, []).extend(range(start, start + count))
-            start += count
-        if not rows:
+        if all(slot < 0 for slot in slots):
             return None
-        return cls([(slot, torch.tensor(r, device=device)) for slot, r in sorted(rows.items())])
+        per_row = [slot for slot, count in zip(slots, counts, strict=True) for _ in range(count)]
+        row_slots = torch.tensor(per_row, dtype=torch.long, device=device)
+        groups = [
+            (slot, (row_slots == slot).nonzero().flatten()) for slot in sorted(set(slots) - {-1})
+        ]
+        return cls(row_slots, groups)
 
 
 class LoraStack:
     """A fused projection's low-rank pairs for every slot, transposed for the products:
     ``a_t [slots, in, rank]``, ``b_t [slots, rank, out]``, ``scale [slots, out]`` (each
-    part's scaling on its rows), float32, zero where a slot or a part is unused: zeros add
-    nothing, so padding a part to the slot's rank leaves its products as they were.
+    part's scaling on its rows), float32; a slot's parts sit side by side in its first
+    ``used`` rank columns, zero beyond: zeros add nothing, so the padding leaves the products
+    as they were.
 
     With ``kernel`` (a CPU with the C++ kernels built) each row is computed in one fixed
     order (``lora_add``), so its bits do not depend on the batch; elsewhere by torch's
@@ -50,10 +55,34 @@ class LoraStack:
         device: torch.device,
         kernel: bool,
     ) -> None:
+        rank = -(-rank // RANK_STEP) * RANK_STEP
         self.a_t = torch.zeros(slots, in_features, rank, device=device)
         self.b_t = torch.zeros(slots, rank, out_features, device=device)
         self.scale = torch.zeros(slots, out_features, device=device)
+        self.used = torch.zeros(slots, dtype=torch.long, device=device)  # rank columns in use
         self.kernel = kernel
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """What ``decode_layers`` takes for this projection."""
+        return [self.a_t, self.b_t, self.scale, self.used]
+
+    def write(self, slot: int, parts: list[tuple[int, PartWeights | None]]) -> None:
+        """Put one adapter's parts (each at its first output row; None: not adapted) into
+        ``slot``, their rank columns side by side."""
+        self.a_t[slot].zero_()
+        self.b_t[slot].zero_()
+        self.scale[slot].zero_()
+        low = 0
+        for start, pair in parts:
+            if pair is None:
+                continue
+            rank, rows = pair.a.shape[0], pair.b.shape[0]
+            self.a_t[slot, :, low : low + rank] = pair.a.T
+            self.b_t[slot, low : low + rank, start : start + rows] = pair.b.T
+            self.scale[slot, start : start + rows] = pair.scaling
+            low += rank
+        self.used[slot] = -(-low // RANK_STEP) * RANK_STEP
 
     @property
     def num_bytes(self) -> int:
@@ -62,10 +91,12 @@ class LoraStack:
     def add_to(self, out: torch.Tensor, x: torch.Tensor, rows: AdapterRows) -> None:
         """``out[r] += (x[r] @ A.T @ B.T) * scaling`` for each row with an adapter, computed
         in float32 and rounded once into ``out``'s dtype, as PEFT adds it."""
+        x = x.reshape(x.shape[0], -1)
+        if self.kernel:
+            args = (rows.row_slots, self.a_t, self.b_t, self.scale, self.used)
+            torch.ops.inhouse_cpu.lora_add(out, x.contiguous(), *args)
+            return
         for slot, index in rows.groups:
             a_t, b_t, scale = self.a_t[slot], self.b_t[slot], self.scale[slot]
-            if self.kernel:
-                torch.ops.inhouse_cpu.lora_add(out, x.contiguous(), index, a_t, b_t, scale)
-                continue
             delta = (x.index_select(0, index).float() @ a_t @ b_t) * scale
             out.index_copy_(0, index, (out.index_select(0, index).float() + delta).to(out.dtype))

@@ -339,6 +339,7 @@ class LlamaForCausalLM(nn.Module):
         self.fused_norms = False  # residual adds fused into the norms (see fuse_cpu_ops)
         self.decode_weights: list[torch.Tensor | None] | None = None  # see fuse_cpu_ops
         self.bf16_tiles = False  # projections on the AMX tiles (see pack_bf16_tiles)
+        self.lora_weights: list[torch.Tensor] = []  # adapter stacks, decode_layers' order
         self.lm_head = (
             self.embed_tokens
             if args.tie_word_embeddings
@@ -414,6 +415,8 @@ class LlamaForCausalLM(nn.Module):
             windows,
             self.args.rms_norm_eps,
             self.decode_weights,
+            None if meta.adapters is None else meta.adapters.row_slots,
+            self.lora_weights if meta.adapters is not None else [],
             None if meta.interrupt is None else meta.interrupt.flag,
         )
 
@@ -546,10 +549,10 @@ def _prompt_rows(meta: AttentionMetadata) -> torch.Tensor | None:
 
 def _plain_decode(meta: AttentionMetadata) -> bool:
     """Whether every entry of the step is one new token (or one and a speculative draft),
-    none of them a prompt's nor an adapter's, for the C++ decode kernel."""
+    none of them a prompt's, for the C++ decode kernel."""
     rows = meta.rows
     plain = rows is not None and (rows.row_seq is None or rows.decode)
-    return plain and rows.prompt_rows is None and meta.adapters is None
+    return plain and rows.prompt_rows is None
 
 
 def _decode_weights(layers: nn.ModuleList) -> list[torch.Tensor | None] | None:
