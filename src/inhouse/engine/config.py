@@ -7,6 +7,7 @@ from pathlib import Path
 
 from inhouse.engine.errors import EngineConfigError
 from inhouse.engine.speculative.config import SpeculativeConfig
+from inhouse.plan.adapters import DEFAULT_MAX_LORA_RANK, default_max_loras
 from inhouse.plan.serve_path import QUANTIZATIONS
 from inhouse.scheduling.policy import (
     DEFAULT_BACKGROUND_DECODE_ROWS,
@@ -21,8 +22,6 @@ DEFAULT_KV_FRACTION_CPU = 0.25
 DEFAULT_KV_FRACTION_CUDA = 0.8
 # vLLM's CPU backend reserves 4 GiB for the KV cache by default (VLLM_CPU_KVCACHE_SPACE).
 DEFAULT_KV_CAP_CPU = 4 * 2**30
-DEFAULT_MAX_LORA_RANK = 16  # vLLM's --max-lora-rank default
-DEFAULT_MAX_LORAS = 4  # adapter slots once any adapter is given (room for loads at run time)
 
 
 @dataclass(slots=True)
@@ -111,9 +110,7 @@ class EngineConfig:
 
 def adapter_slots(config: EngineConfig) -> int:
     """How many adapter slots the engine holds (see ``EngineConfig``)."""
-    if config.max_loras is not None:
-        return config.max_loras
-    return max(len(config.lora_modules), DEFAULT_MAX_LORAS) if config.lora_modules else 0
+    return default_max_loras(len(config.lora_modules), config.max_loras)
 
 
 def prefill_cap(config: EngineConfig) -> int:

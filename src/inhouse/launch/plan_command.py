@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from inhouse.launch import ENGINES
+from inhouse.plan.adapters import DEFAULT_MAX_LORA_RANK
 from inhouse.plan.errors import PlanError
 from inhouse.plan.units import parse_bytes
 
@@ -56,6 +57,21 @@ def plan(
         "auto",
         "--kv-dtype",
         help="KV cache dtype: fp32, bf16, fp16, fp8, int8; auto follows --dtype (bf16 or fp16).",
+    ),
+    lora_modules: list[str] | None = typer.Option(
+        None,
+        "--lora-modules",
+        help="A LoRA adapter the server loads, name=path (repeatable): emitted, and counted "
+        "in --max-loras.",
+    ),
+    max_loras: int | None = typer.Option(
+        None,
+        "--max-loras",
+        help="LoRA adapter slots, taken from the KV budget. Default: max(adapters, 4) with "
+        "--lora-modules, else 0.",
+    ),
+    max_lora_rank: int = typer.Option(
+        DEFAULT_MAX_LORA_RANK, "--max-lora-rank", help="Largest adapter rank a slot holds."
     ),
     emit: str | None = typer.Option(
         None,
@@ -143,6 +159,7 @@ def plan(
     from inhouse.launch.emit import emit as emit_command
     from inhouse.launch.emit import flags_json, print_recommended
     from inhouse.manifests.bundled import BundledModelMissing
+    from inhouse.plan.adapters import parse_lora_modules
     from inhouse.plan.latency import Traffic, parse_steps
     from inhouse.plan.latency_report import LatencyOptions, latency_section, render_latency
     from inhouse.plan.mixed import parse_batch_load, parse_interactive
@@ -173,6 +190,9 @@ def plan(
             weights=weights,
             kv_dtype=kv_dtype,
             cpu_cores=cores if cpu else None,
+            lora_modules=tuple(parse_lora_modules(lora_modules or []).items()),
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
         )
         result = make_plan(load_model(model), inputs)
         report = None

@@ -6,6 +6,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from inhouse.plan import capacity
+from inhouse.plan.adapters import (
+    DEFAULT_MAX_LORA_RANK,
+    AdapterMemory,
+    adapter_memory,
+    default_max_loras,
+)
 from inhouse.plan.capacity import KVCacheCapacity, Roofline
 from inhouse.plan.errors import PlanError
 from inhouse.plan.formats import kv_dtype_bytes, weight_format
@@ -36,6 +42,14 @@ class PlanInputs:
     kv_dtype: str = "auto"  # auto: the activation dtype, as vLLM's --kv-cache-dtype auto
     block_size: int = capacity.DEFAULT_BLOCK_SIZE
     cpu_cores: int | None = None  # a CPU host's cores (vram_bytes is then its RAM); None: GPUs
+    lora_modules: tuple[tuple[str, str], ...] = ()  # LoRA adapters (name, path) loaded at start
+    max_loras: int | None = None  # adapter slots; None: max(modules, 4) with any module, else 0
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+
+    @property
+    def lora_slots(self) -> int:
+        """The adapter slots an engine holds, as serve counts them."""
+        return default_max_loras(len(self.lora_modules), self.max_loras)
 
     @property
     def cpu(self) -> bool:
@@ -67,6 +81,7 @@ class Plan:
     max_model_len: int
     weights: WeightBytes  # all GPUs together
     weights_per_gpu: int
+    adapters: AdapterMemory  # LoRA slots, taken from the KV budget (0 slots: none)
     kv_budget: int
     kv_bytes_per_token: int
     kv_bytes_per_sequence: int
@@ -144,6 +159,7 @@ def _verdict(
     usable: int,
     weights: int,
     overhead: int,
+    adapters: int,
     concurrent: int,
     longest: int,
     avg: int,
@@ -151,10 +167,11 @@ def _verdict(
 ) -> str:
     """Why the model does not fit, or "" when it does."""
     if kv_budget <= 0:
+        slots = f", adapter slots ({binary(adapters)})" if adapters else ""
         return (
-            f"the weights ({binary(weights)} per GPU) and overhead ({binary(overhead)}) exceed "
-            f"the {binary(usable)} usable per GPU; use quantized --weights, more GPUs with "
-            "--tp, or a bigger GPU"
+            f"the weights ({binary(weights)} per GPU){slots} and overhead ({binary(overhead)}) "
+            f"exceed the {binary(usable)} usable per GPU; use quantized --weights, more GPUs "
+            "with --tp, or a bigger GPU"
         )
     if concurrent < 1:
         return (
@@ -192,7 +209,9 @@ def make_plan(model: ModelSource, inputs: PlanInputs) -> Plan:
     overhead = inputs.overhead_bytes
     if overhead is None:
         overhead = capacity.default_overhead_bytes(spec.total_params)
+    adapters = adapter_memory(spec, inputs.lora_slots, inputs.max_lora_rank, inputs.tp)
     kv_budget = capacity.kv_budget_bytes(vram, inputs.util, weights_per_gpu, overhead)
+    kv_budget -= adapters.total
     model_max = spec.max_position_embeddings
     if inputs.max_model_len and inputs.max_model_len > model_max:
         raise PlanError(
@@ -216,6 +235,7 @@ def make_plan(model: ModelSource, inputs: PlanInputs) -> Plan:
         usable=int(vram * inputs.util),
         weights=weights_per_gpu,
         overhead=overhead,
+        adapters=adapters.total,
         concurrent=concurrent,
         longest=longest,
         avg=avg,
@@ -244,6 +264,7 @@ def make_plan(model: ModelSource, inputs: PlanInputs) -> Plan:
         max_model_len=max_model_len,
         weights=weights,
         weights_per_gpu=weights_per_gpu,
+        adapters=adapters,
         kv_budget=kv_budget,
         kv_bytes_per_token=kv_token,
         kv_bytes_per_sequence=kv_seq,

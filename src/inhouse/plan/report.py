@@ -47,6 +47,22 @@ def _gpu_line(plan: Plan) -> str:
     )
 
 
+def _adapter_rows(plan: Plan) -> list[tuple[str, str, str]]:
+    """The "adapters" row: LoRA slots × the larger engine layout's bytes a slot (none: no row)."""
+    memory = plan.adapters
+    if not memory.slots:
+        return []
+    how = (
+        f"{memory.slots} slots, rank {memory.max_rank}: inhouse "
+        f"{binary(memory.inhouse_slot_bytes)}, vLLM {binary(memory.vllm_slot_bytes)} a slot"
+    )
+    return [("adapters", binary(memory.total), how)]
+
+
+def _kv_budget_formula(plan: Plan) -> str:
+    return "usable − weights − overhead" + (" − adapters" if plan.adapters.slots else "")
+
+
 def _memory_table(plan: Plan) -> Table:
     table = Table(title="Memory per GPU", show_header=False, title_justify="left")
     table.add_column(style="bold")
@@ -63,7 +79,8 @@ def _memory_table(plan: Plan) -> Table:
             binary(plan.overhead_bytes),
             "default by model size" if plan.overhead_is_default else "--overhead",
         ),
-        ("free for KV cache", binary(plan.kv_budget), "usable − weights − overhead"),
+        *_adapter_rows(plan),
+        ("free for KV cache", binary(plan.kv_budget), _kv_budget_formula(plan)),
         ("KV per token", binary(plan.kv_bytes_per_token), f"{plan.inputs.kv_dtype}, all layers"),
         ("KV per sequence", binary(plan.kv_bytes_per_sequence), f"× {plan.avg_context:,} tokens"),
         ("max concurrent sequences", f"{plan.max_concurrent:,}", "free ÷ KV per sequence"),
@@ -131,10 +148,13 @@ def _explanation(plan: Plan) -> str:
     else:
         heads = kv_heads_per_gpu(spec, plan.inputs.tp)
         kv_formula = f"2 × {spec.num_layers} × {heads} KV heads × {spec.head_dim} × {size}"
-    usable = f"{plan.vram_bytes * plan.inputs.util / GIB:.2f} GiB − weights − overhead"
+    usable = _kv_budget_formula(plan).replace(
+        "usable", f"{plan.vram_bytes * plan.inputs.util / GIB:.2f} GiB"
+    )
     steps = [
         ("weights", plan.weights.format_name, both(plan.weights_per_gpu)),
         ("overhead", "CUDA context, activations", binary(plan.overhead_bytes)),
+        *[(name, "slots × the larger layout", value) for name, value, _ in _adapter_rows(plan)],
         ("left for KV", usable, binary(plan.kv_budget)),
         ("kv_token", kv_formula, binary(plan.kv_bytes_per_token)),
         ("kv_per_seq", f"kv_token × {plan.avg_context:,}", binary(plan.kv_bytes_per_sequence)),
