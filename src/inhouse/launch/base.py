@@ -40,6 +40,9 @@ class LaunchSettings:
     gpu: bool = False  # a GPU deployment (llama.cpp then offloads every layer)
     cpu_cores: tuple[int, ...] = ()  # on a CPU host: the cores this server's threads run on
     manifest: str | None = None  # a verified model manifest, for engines that read one
+    lora_modules: tuple[tuple[str, str], ...] = ()  # LoRA adapters (name, path) loaded at start
+    max_loras: int = 0  # adapter slots (0: adapters off)
+    max_lora_rank: int | None = None  # None: the engine's default (16 for inhouse and vLLM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,11 @@ class Flags:
 
     def lacks(self, note: str) -> None:
         self.notes.append(note)
+
+
+def lora_pairs(settings: LaunchSettings) -> list[str]:
+    """The LoRA adapters as ``name=path`` values, the spelling every engine here reads."""
+    return [f"{name}={path}" for name, path in settings.lora_modules]
 
 
 class Backend:

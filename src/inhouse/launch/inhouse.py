@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from inhouse.launch.base import Endpoint, Engine, Flags, Health, LaunchSettings
+from inhouse.launch.base import Endpoint, Engine, Flags, Health, LaunchSettings, lora_pairs
 from inhouse.launch.metric_names import vllm_names
 from inhouse.plan.planner import Plan
 from inhouse.plan.serve_path import Host, ServePath, choose_path
@@ -67,6 +67,12 @@ class InhouseEngine(Engine):
             # On a CPU serve's own choice is its fastest path (see `planned_path`); an
             # explicit --dtype keeps the checkpoint's weights in torch matmuls, far slower.
             flags.add("--dtype", DTYPES[settings.dtype])
+        for pair in lora_pairs(settings):
+            flags.add("--lora-modules", pair)  # a list option: once per adapter
+        if settings.max_loras:
+            flags.add("--max-loras", str(settings.max_loras))
+        if settings.max_lora_rank:
+            flags.add("--max-lora-rank", str(settings.max_lora_rank))
         if settings.tp > 1:
             flags.lacks(
                 f"inhouse serve has no tensor parallelism: it runs on one device, not {settings.tp}"

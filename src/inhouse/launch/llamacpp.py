@@ -94,6 +94,13 @@ class LlamaCppEngine(Engine):
                 f"llama.cpp has no tensor parallelism: it splits the layers over the {settings.tp} "
                 "GPUs (pipelined), so one sequence runs on one GPU at a time"
             )
+        if settings.max_loras:
+            names = ", ".join(name for name, _ in settings.lora_modules)
+            flags.lacks(
+                "llama.cpp takes LoRA adapters only as GGUF files (--lora FILE, converted "
+                "with llama.cpp's convert_lora_to_gguf.py), not PEFT folders, and has no "
+                "adapter slots" + (f": {names} not passed" if names else "")
+            )
         if settings.weights and not settings.gguf:
             flags.lacks(f"llama.cpp has no {settings.weights} weights: quantize to a GGUF type")
 

@@ -33,4 +33,7 @@ def settings_from_plan(plan: Plan) -> LaunchSettings:
         dtype=fmt.activation_dtype if fmt else "bfloat16",
         gpu=plan.inputs.cpu_cores is None,
         cpu_cores=tuple(range(plan.inputs.cpu_cores or 0)),
+        lora_modules=plan.inputs.lora_modules,
+        max_loras=plan.adapters.slots,
+        max_lora_rank=plan.adapters.max_rank if plan.adapters.slots else None,
     )

@@ -11,7 +11,14 @@ import importlib.util
 import math
 import sys
 
-from inhouse.launch.base import Endpoint, Engine, EngineMissing, Flags, LaunchSettings
+from inhouse.launch.base import (
+    Endpoint,
+    Engine,
+    EngineMissing,
+    Flags,
+    LaunchSettings,
+    lora_pairs,
+)
 from inhouse.launch.metric_names import MetricNames
 
 
@@ -66,6 +73,13 @@ class SglangEngine(Engine):
                 f"SGLang has no --quantization for {settings.weights}: "
                 "it reads a quantized checkpoint's own quantization_config"
             )
+        if settings.max_loras:
+            flags.add("--enable-lora")
+            if pairs := lora_pairs(settings):
+                flags.add("--lora-paths", *pairs)
+            flags.add("--max-loras-per-batch", str(settings.max_loras))
+            if settings.max_lora_rank:
+                flags.add("--max-lora-rank", str(settings.max_lora_rank))
         if settings.kv_dtype == "fp8":
             flags.add("--kv-cache-dtype", "fp8_e4m3")
         elif settings.kv_dtype in ("int8", "fp32"):

