@@ -65,13 +65,13 @@ def vllm_environ(**extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def running_up_vllm(home: Path) -> Iterator[dict]:
-    """`inhouse up --engine vllm --replicas 2` on the bundled model, once both answer; then
-    SIGINT, as Ctrl-C sends, and both replicas must be gone."""
+def running_up_vllm(home: Path, count: int = 2, extra: tuple[str, ...] = ()) -> Iterator[dict]:
+    """`inhouse up --engine vllm --replicas COUNT` (and `extra` options) on the bundled model,
+    once every replica answers; then SIGINT, as Ctrl-C sends, and every replica must be gone."""
     port = free_port()
     log = home / "up.log"
-    argv = [*inhouse_command(), "up", "--engine", "vllm", "--replicas", "2", "--port", str(port)]
-    argv += ["--max-model-len", "2048", "--max-num-seqs", "8"]
+    argv = [*inhouse_command(), "up", "--engine", "vllm", "--replicas", str(count)]
+    argv += ["--port", str(port), "--max-model-len", "2048", "--max-num-seqs", "8", *extra]
     replica_key = secrets.token_urlsafe(24)  # so a test can reach one replica directly
     env = vllm_environ(INHOUSE_HOME=str(home / "home"), **{REPLICA_KEY_ENV: replica_key})
     with open(log, "wb") as out:
@@ -81,15 +81,16 @@ def running_up_vllm(home: Path) -> Iterator[dict]:
     try:
         wait_healthy(f"{gateway}/health", up, log, START_TIMEOUT_S)  # after the HF folder
         deadline = time.monotonic() + START_TIMEOUT_S
+        ready = [f"replica vllm:{i} is ready" for i in range(1, count + 1)]
         while time.monotonic() < deadline:
             text = log.read_text()
-            if "replica vllm:1 is ready" in text and "replica vllm:2 is ready" in text:
+            if all(line in text for line in ready):
                 break
             assert up.poll() is None and "no replica started" not in text, log_tail(log)
             time.sleep(1)
         text = log.read_text()
-        assert "vllm:1 is ready" in text and "vllm:2 is ready" in text, log_tail(log)
-        print(f"two vLLM replicas ready after {time.monotonic() - started:.0f} s")
+        assert all(line in text for line in ready), log_tail(log)
+        print(f"{count} vLLM replicas ready after {time.monotonic() - started:.0f} s")
         admin = re.findall(r"^ih-\S+$", text, flags=re.MULTILINE)[0]
         yield {
             "up": up,
@@ -105,7 +106,7 @@ def running_up_vllm(home: Path) -> Iterator[dict]:
         if up.poll() is None:
             up.send_signal(signal.SIGINT)
             up.wait(timeout=STOP_TIMEOUT_S)
-        assert len(pids) == 2 and not any(pid_alive(pid) for pid in pids), log_tail(log)
+        assert len(pids) == count and not any(pid_alive(pid) for pid in pids), log_tail(log)
 
 
 def client(up: dict) -> openai.OpenAI:

@@ -30,14 +30,19 @@ from inhouse.launch.base import Endpoint, Engine, EngineMissing, Health, LaunchS
 from inhouse.launch.ports import free_port
 from inhouse.manifests.command import checked_manifest
 from inhouse.plan.errors import PlanError
-from inhouse.plan.units import parse_bytes
+from inhouse.up.settings import (
+    EXIT_NO_REPLICA,
+    AdapterOptions,
+    launch_settings,
+    plan_inputs,
+    safetensors_settings,
+)
 
 if TYPE_CHECKING:
     import uvicorn
 
     from inhouse.gateway.config import GatewayConfig
     from inhouse.launch.replicas import Replica
-    from inhouse.plan.planner import PlanInputs
 
 # The imports inside functions load when `inhouse up` runs, not with every CLI command:
 # `inhouse --help` imports this module, and they are the gateway, the planner, httpx and
@@ -47,7 +52,6 @@ __all__ = ["ensure_admin_key", "up_command"]
 
 ADMIN_KEY = "admin"
 EXIT_BAD_INPUT = 2
-EXIT_NO_REPLICA = 1
 WATCH_INTERVAL_S = 1.0
 REPLICA_KEY_ENV = "INHOUSE_UP_REPLICA_KEY"  # the stable replicas' key when set (a canary: its own)
 
@@ -105,6 +109,16 @@ def up_command(
     slo: Annotated[
         str | None, typer.Option(help="ttft=2s: MIN:MAX also scales up on p99 TTFT above it.")
     ] = None,
+    lora_modules: Annotated[
+        list[str] | None,
+        typer.Option(help="A LoRA adapter every replica serves, name=path (repeatable)."),
+    ] = None,
+    max_loras: Annotated[
+        int | None, typer.Option(help="LoRA slots per replica (default max(adapters, 4)).")
+    ] = None,
+    max_lora_rank: Annotated[
+        int | None, typer.Option(help="Largest LoRA rank a slot holds (default 16).")
+    ] = None,
 ) -> None:
     """Start engine replicas and the gateway in front of them on http://127.0.0.1:8000."""
     from inhouse.gateway.config import ROUTINGS, default_database_url
@@ -142,8 +156,10 @@ def up_command(
         pinned = checked_manifest(manifest)
         model, chat_name = str(pinned.source_path()), pinned.name
     try:
-        inputs = plan_inputs(gpu, vram, tp, util, avg_context, weights, kv_dtype, max_model_len)
-        settings = launch_settings(model, inputs, max_model_len, max_num_seqs)
+        adapters = AdapterOptions.parse(lora_modules or [], max_loras, max_lora_rank)
+        inputs = plan_inputs(gpu, vram, tp, util, avg_context, weights, kv_dtype, max_model_len,
+                             adapters)  # fmt: skip
+        settings = adapters.apply(launch_settings(model, inputs, max_model_len, max_num_seqs))
     except PlanError as error:
         _fail(str(error))
     if manifest is not None:
@@ -163,7 +179,7 @@ def up_command(
     if canary is not None:
 
         def candidate_settings(source: str) -> LaunchSettings:
-            return launch_settings(source, inputs, max_model_len, max_num_seqs)
+            return adapters.apply(launch_settings(source, inputs, max_model_len, max_num_seqs))
 
         candidate = start_candidate(chosen, canary, candidate_settings, span.high + 1, promised)
     stop_watch = threading.Event()
@@ -179,6 +195,7 @@ def up_command(
             cost_table,
             settings.max_num_seqs,
             routing,
+            adapters.names,
         )
         secret = ensure_admin_key(config)
         if secret is not None:
@@ -209,77 +226,6 @@ def up_command(
 def _fail(message: str) -> None:
     typer.echo(f"inhouse up: {message}", err=True)
     raise typer.Exit(EXIT_BAD_INPUT)
-
-
-def plan_inputs(
-    gpu: str | None,
-    vram: str | None,
-    tp: int,
-    util: float,
-    avg_context: int | None,
-    weights: str | None,
-    kv_dtype: str,
-    max_model_len: int | None,
-) -> PlanInputs | None:
-    """What to plan for, or None without --gpu/--vram (then each engine sizes itself)."""
-    from inhouse.plan.planner import PlanInputs
-
-    if gpu is None and vram is None:
-        return None
-    return PlanInputs(
-        gpu=gpu,
-        vram_bytes=parse_bytes(vram) if vram else None,
-        tp=tp,
-        util=util,
-        avg_context=avg_context,
-        max_model_len=max_model_len,
-        weights=weights,
-        kv_dtype=kv_dtype,
-    )
-
-
-def launch_settings(
-    model: str | None,
-    inputs: PlanInputs | None,
-    max_model_len: int | None,
-    max_num_seqs: int | None,
-) -> LaunchSettings:
-    """The plan's settings when there are plan inputs; otherwise the engine's own sizing."""
-    from inhouse.launch.settings import settings_from_plan
-    from inhouse.manifests.bundled import BundledModelMissing
-    from inhouse.plan.planner import make_plan
-    from inhouse.plan.source import load_model
-
-    try:
-        source = load_model(model)
-    except BundledModelMissing as error:
-        raise PlanError(str(error)) from None
-    if inputs is None:
-        settings = LaunchSettings(
-            model=source.reference,
-            gguf=source.gguf_tensors is not None,
-            max_model_len=max_model_len,
-        )
-    else:
-        plan = make_plan(source, inputs)
-        if not plan.fits:
-            typer.echo(f"inhouse up: {source.spec.name} does not fit: {plan.reason}", err=True)
-            raise typer.Exit(EXIT_NO_REPLICA)
-        settings = settings_from_plan(plan)
-    if max_num_seqs is not None:
-        settings = dataclasses.replace(settings, max_num_seqs=max_num_seqs)
-    return settings
-
-
-def safetensors_settings(engine: Engine, settings: LaunchSettings) -> LaunchSettings:
-    """The settings with the GGUF model swapped for the HF folder written of it (once)."""
-    from inhouse.launch.hf_folder import safetensors_folder
-
-    typer.echo(
-        f"{engine.name} reads no GGUF: serving it the bfloat16 HF folder of {settings.model}"
-    )
-    folder = safetensors_folder(Path(settings.model))
-    return dataclasses.replace(settings, model=str(folder), gguf=False, dtype="bfloat16")
 
 
 def replica_starter(

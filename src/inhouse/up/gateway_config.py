@@ -23,11 +23,13 @@ def up_config(
     cost: dict[str, Any] | None = None,
     max_num_seqs: int | None = None,
     routing: str = "prefix",
+    adapters: tuple[str, ...] = (),
 ) -> GatewayConfig:
     """The gateway config `inhouse up` runs with: one backend per replica, queue policy,
     the chat model's `routing` (`gateway.affinity`), each chat backend with the
     `max_num_seqs` its replica was started with (where set), so the gateway keeps seats of
-    each for interactive requests (`gateway.seats`)."""
+    each for interactive requests (`gateway.seats`), and the LoRA `adapters` every replica
+    serves from the start, routed before the first health check lists them."""
     from inhouse.gateway.config import parse_config
 
     def backend(replica: Replica, features: list[str]) -> dict[str, object]:
@@ -43,6 +45,8 @@ def up_config(
     chat = [backend(r, list(engine.features)) for r in replicas]
     if max_num_seqs:
         chat = [{**b, "max_num_seqs": max_num_seqs} for b in chat]
+    if adapters:
+        chat = [{**b, "adapters": list(adapters)} for b in chat]
     models = [{"name": chat_name, "backends": chat, "routing": routing}]
     if embeddings:
         embedders = [backend(r, ["embeddings"]) for r in replicas]
