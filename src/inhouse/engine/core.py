@@ -56,6 +56,8 @@ class EngineCore:
             if slots
             else None
         )
+        # read (and so refused, with the reason) before anything is allocated for them
+        initial = {name: self.read_adapter(path) for name, path in config.lora_modules.items()}
         adapter_bytes = 0 if self.adapters is None else self.adapters.num_bytes
         self.budget = plan_kv_budget(config, self.loaded, adapter_bytes)
         self.info = EngineInfo.describe(self.loaded, self.budget, config.speculative)
@@ -86,8 +88,8 @@ class EngineCore:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_steps = 0
-        for name, path in config.lora_modules.items():
-            self.load_adapter(name, self.read_adapter(path))
+        for name, weights in initial.items():
+            self.load_adapter(name, weights)
 
     # -- requests ---------------------------------------------------------------------
 

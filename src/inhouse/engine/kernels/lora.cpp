@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kernels.h"
@@ -42,27 +43,44 @@ void low_rank(const T* x, const float* a_t, int64_t in, int64_t rank, int64_t us
   }
 }
 
-// out[0:width] = round(out + (low[0:used] @ b_t) * scale): each lane sums over the rank in
-// order, with fused multiply-adds; then scaled, then added, as PEFT orders it.
+constexpr int64_t kAdapterRows = 4;  // rows of one adapter sharing each load of B
+
+// out_r[0:width] = round(out_r + (low_r[0:used] @ b_t) * scale) for `count` rows of one
+// adapter (lows `rank` apart): each lane sums over the rank in order with fused
+// multiply-adds, then is scaled, then added, as PEFT orders it. A block of rows shares each
+// load of B; a row's sums are the same whatever block it is in.
 template <typename T>
-void add_product(T* out, const float* low, const float* b_t, const float* scale, int64_t used,
-                 int64_t width) {
+void add_products(T* const* outs, const float* lows, int64_t count, int64_t rank,
+                  const float* b_t, const float* scale, int64_t used, int64_t width) {
   int64_t o = 0;
 #ifdef INHOUSE_AVX2
-  for (; o + 8 <= width; o += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t k = 0; k < used; ++k)
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(low[k]), _mm256_loadu_ps(b_t + k * width + o), acc);
-    alignas(32) float delta[8];
-    _mm256_store_ps(delta, _mm256_mul_ps(acc, _mm256_loadu_ps(scale + o)));
-    for (int l = 0; l < 8; ++l) out[o + l] = static_cast<T>(as_float(out[o + l]) + delta[l]);
+  for (; o + 16 <= width; o += 16) {
+    __m256 acc[kAdapterRows][2];
+    for (int64_t r = 0; r < count; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < used; ++k) {
+      const __m256 b0 = _mm256_loadu_ps(b_t + k * width + o);
+      const __m256 b1 = _mm256_loadu_ps(b_t + k * width + o + 8);
+      for (int64_t r = 0; r < count; ++r) {
+        const __m256 l = _mm256_set1_ps(lows[r * rank + k]);
+        acc[r][0] = _mm256_fmadd_ps(l, b0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(l, b1, acc[r][1]);
+      }
+    }
+    for (int64_t r = 0; r < count; ++r) {
+      alignas(32) float delta[16];
+      _mm256_store_ps(delta, _mm256_mul_ps(acc[r][0], _mm256_loadu_ps(scale + o)));
+      _mm256_store_ps(delta + 8, _mm256_mul_ps(acc[r][1], _mm256_loadu_ps(scale + o + 8)));
+      for (int l = 0; l < 16; ++l) outs[r][o + l] = static_cast<T>(as_float(outs[r][o + l]) + delta[l]);
+    }
   }
 #endif
   for (; o < width; ++o) {
-    float acc = 0.f;
-    for (int64_t k = 0; k < used; ++k) acc = std::fma(low[k], b_t[k * width + o], acc);
-    const float delta = acc * scale[o];
-    out[o] = static_cast<T>(as_float(out[o]) + delta);
+    for (int64_t r = 0; r < count; ++r) {
+      float acc = 0.f;
+      for (int64_t k = 0; k < used; ++k) acc = std::fma(lows[r * rank + k], b_t[k * width + o], acc);
+      const float delta = acc * scale[o];
+      outs[r][o] = static_cast<T>(as_float(outs[r][o]) + delta);
+    }
   }
 }
 
@@ -73,18 +91,35 @@ void add_rows(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& r
   const int64_t rows = x.size(0), in = x.size(1), rank = a_t.size(2), width = out.size(1);
   const int64_t* slot_of = row_slots.data_ptr<int64_t>();
   const int64_t* used_of = used.data_ptr<int64_t>();
+  // blocks of up to kAdapterRows rows of one adapter, adapter by adapter
   std::vector<int64_t> adapted;
   for (int64_t r = 0; r < rows; ++r)
     if (slot_of[r] >= 0) adapted.push_back(r);
+  std::stable_sort(adapted.begin(), adapted.end(),
+                   [&](int64_t a, int64_t b) { return slot_of[a] < slot_of[b]; });
+  std::vector<std::pair<int64_t, int64_t>> blocks;  // [begin, end) in `adapted`
+  for (size_t i = 0; i < adapted.size();) {
+    size_t j = i + 1;
+    while (j < adapted.size() && j - i < kAdapterRows && slot_of[adapted[j]] == slot_of[adapted[i]]) ++j;
+    blocks.emplace_back(i, j);
+    i = j;
+  }
   T* o = out.data_ptr<T>();
   const T* xs = x.data_ptr<T>();
   const float *a = a_t.data_ptr<float>(), *b = b_t.data_ptr<float>(), *s = scale.data_ptr<float>();
-  inhouse::parallel_for(0, static_cast<int64_t>(adapted.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> low(rank);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t r = adapted[i], slot = slot_of[r], n = used_of[slot];
-      low_rank(xs + r * in, a + slot * in * rank, in, rank, n, low.data());
-      add_product(o + r * width, low.data(), b + slot * rank * width, s + slot * width, n, width);
+  inhouse::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> lows(kAdapterRows * rank);
+    T* outs[kAdapterRows];
+    for (int64_t bi = begin; bi < end; ++bi) {
+      const auto [first, last] = blocks[bi];
+      const int64_t slot = slot_of[adapted[first]], n = used_of[slot];
+      for (int64_t i = first; i < last; ++i) {
+        const int64_t r = adapted[i];
+        low_rank(xs + r * in, a + slot * in * rank, in, rank, n, lows.data() + (i - first) * rank);
+        outs[i - first] = o + r * width;
+      }
+      add_products(outs, lows.data(), last - first, rank, b + slot * rank * width,
+                   s + slot * width, n, width);
     }
   });
 }
