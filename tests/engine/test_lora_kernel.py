@@ -7,8 +7,7 @@ import pytest
 import torch
 from engine_helpers import needs_kernels
 
-from inhouse.engine.lora.peft_adapter import PartWeights
-from inhouse.engine.lora.stack import AdapterRows, LoraStack
+from inhouse.engine.lora.stack import AdapterRows, LoraStack, PartWeights
 
 IN, OUT = 96, 80
 

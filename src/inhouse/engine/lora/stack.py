@@ -6,9 +6,16 @@ from dataclasses import dataclass
 
 import torch
 
-from inhouse.engine.lora.peft_adapter import PartWeights
-
 RANK_STEP = 8  # the kernel's lanes: a stack's rank columns, and those in use, come in eights
+
+
+@dataclass(frozen=True, slots=True)
+class PartWeights:
+    """One checkpoint projection's low-rank pair: ``A [r, in]``, ``B [out, r]``, float32."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scaling: float
 
 
 @dataclass(slots=True)
