@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+
 from lora_adapters import bundled_adapter
 from serving import SERVE_KEY, Served, start_serve
 

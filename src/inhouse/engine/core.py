@@ -51,7 +51,11 @@ class EngineCore:
         slots = adapter_slots(config)
         self.adapters = (
             AdapterSlots(
-                self.loaded.model, slots, config.max_lora_rank, self.loaded.attention_kernel
+                self.loaded.model,
+                slots,
+                config.max_lora_rank,
+                self.loaded.attention_kernel,
+                exact=self.loaded.quantization == "none" and self.loaded.dtype == torch.float32,
             )
             if slots
             else None
