@@ -30,11 +30,10 @@ from inhouse.launch.inhouse import inhouse_command
 from inhouse.manifests.bundled import default_chat_model
 from lora_adapters import bundled_adapter
 from serving import (
-    SERVE_KEY,
+    adapter_gateway_toml,
     audit_rows,
     free_port,
     gateway_process,
-    gateway_toml,
     release_cli,
     start_serve,
 )
@@ -92,11 +91,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     served = start_serve(base / "serve.log", manifest=str(manifest), max_loras="2")
     try:
         port, db_url = free_port(), f"sqlite:///{base / 'gateway.db'}"
-        backend = {"name": "serve", "url": served.url, "api_key": SERVE_KEY, "model": served.model,
-                   "kind": "inhouse", "adapters": ["support", "support-v2"]}  # fmt: skip
-        text = gateway_toml({"port": port, "database": db_url},
-                            [{"name": "smol", "backends": [backend]}],
-                            health={"interval_s": 1}, audit={"flush_interval_s": 0.2})  # fmt: skip
+        text = adapter_gateway_toml(port, db_url, served, ["support", "support-v2"])
         config = base / "inhouse.toml"
         gateway = gateway_process(config, text)
         gateway.start()
