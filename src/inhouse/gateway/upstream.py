@@ -139,7 +139,9 @@ class Forwarder:
         salt = self.state.keys.cache_salt(call.key)
         choice = len(call.route.backends) > 1 or call.release is not None  # of replicas
         by_prefix = call.route.routing == "prefix" and choice
-        chain = salt if call.adapter is None else f"{salt}/{call.adapter}"  # its own cache
+        asked, pick = call.adapter, call.release
+        version = asked if pick is None else pick.answering.sends(asked)
+        chain = salt if version is None else f"{salt}/{version}"  # each version its own cache
         prefix = prefix_chain(chain, prompt_text(call.endpoint, body)) if by_prefix else ()
         while True:
             pick = call.release = (
