@@ -56,21 +56,25 @@ def peft_greedy(base, adapter: Path, prompts: list[list[int]], new_tokens: int) 
         model.unload()
 
 
-def bundled_adapter(folder: Path, seed: int, rank: int = 8) -> Path:
-    """An adapter of ``q_proj`` and ``v_proj`` for the bundled model, written on a random
-    Llama of its attention shapes (read from its GGUF header) with the MLP shrunk to nothing:
-    quick to build, and only those shapes matter to it."""
+def bundled_adapter(
+    folder: Path, seed: int, rank: int = 8, targets: tuple[str, ...] = ("q_proj", "v_proj")
+) -> Path:
+    """An adapter of ``targets`` for the bundled model, written on a random Llama of its
+    shapes (read from its GGUF header; without an MLP target, the MLP shrunk to nothing and a
+    tiny vocabulary): quick to build, and only those shapes matter to it."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from inhouse.manifests.bundled import default_chat_model
     from inhouse.plan.gguf_header import read_gguf
 
     spec = read_gguf(default_chat_model()).spec
+    mlp = any(t in targets for t in ("gate_proj", "up_proj", "down_proj"))
     config = LlamaConfig(
         hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim, intermediate_size=8, vocab_size=8,
+        head_dim=spec.head_dim, intermediate_size=spec.intermediate_size if mlp else 8,
+        vocab_size=8,
     )  # fmt: skip
     return save_random_adapter(
-        LlamaForCausalLM(config), folder, seed, rank, 4 * rank, ("q_proj", "v_proj"), size=1.0
+        LlamaForCausalLM(config), folder, seed, rank, 4 * rank, targets, size=1.0
     )

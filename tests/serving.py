@@ -192,6 +192,17 @@ class Served:
         self.process.stop()
 
 
+def adapter_gateway_toml(port: int, db_url: str, served: Served, adapters: list[str]) -> str:
+    """A gateway config of one model, `smol`, served by `served` (the backend `serve`),
+    which declares these LoRA adapters; health read every second, audit rows flushed every
+    0.2 s."""
+    backend = {"name": "serve", "url": served.url, "api_key": SERVE_KEY, "model": served.model,
+               "kind": "inhouse", "adapters": adapters}  # fmt: skip
+    models = [{"name": "smol", "backends": [backend]}]
+    return gateway_toml({"port": port, "database": db_url}, models, health={"interval_s": 1},
+                        audit={"flush_interval_s": 0.2})  # fmt: skip
+
+
 def start_serve(
     log: Path, key: str = SERVE_KEY, *, model: str | None = None, **options: str | list[str] | None
 ) -> Served:

@@ -26,12 +26,11 @@ from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from lora_adapters import bundled_adapter
 from serving import (
-    SERVE_KEY,
     Process,
+    adapter_gateway_toml,
     audit_rows,
     free_port,
     gateway_process,
-    gateway_toml,
     start_serve,
 )
 
@@ -72,11 +71,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, adapters: dict[str, Path]) -
     served = start_serve(base / "serve.log", lora_modules=modules, max_loras="3")
     try:
         port, db_url = free_port(), f"sqlite:///{base / 'gateway.db'}"
-        backend = {"name": "serve", "url": served.url, "api_key": SERVE_KEY, "model": served.model,
-                   "kind": "inhouse", "adapters": ["support", "code"]}  # fmt: skip
-        text = gateway_toml({"port": port, "database": db_url},
-                            [{"name": "smol", "backends": [backend]}],
-                            health={"interval_s": 1}, audit={"flush_interval_s": 0.2})  # fmt: skip
+        text = adapter_gateway_toml(port, db_url, served, ["support", "code"])
         gateway = gateway_process(base / "inhouse.toml", text)
         gateway.start()
         try:

@@ -16,8 +16,9 @@ from serving import gateway_toml
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "inhouse.toml"
+    q4 = {"name": "q4", "url": "http://127.0.0.1:9001", "adapters": ["support", "support-v2"]}
     models = [
-        {"name": "smol", "backends": [{"name": "q4", "url": "http://127.0.0.1:9001"}]},
+        {"name": "smol", "backends": [q4]},
         {"name": "smol-q8", "backends": [{"name": "q8", "url": "http://127.0.0.1:9002"}]},
     ]
     path.write_text(gateway_toml({"database": f"sqlite:///{tmp_path / 'gateway.db'}"}, models))
@@ -65,6 +66,14 @@ def test_canary_widen_promote_rollback_and_status(config: Path) -> None:
         ),
         (["canary", "other", "--backend", "q8", "--percent", "5"], "not in the gateway config"),
         (["compare", "smol"], "no candidate and no shadow pairs"),
+        (
+            ["canary", "smol", "--backend", "q8", "--percent", "5", "--adapter", "v2"],
+            "--adapter is for a LoRA adapter's releases",
+        ),
+        (
+            ["canary", "support", "--backend", "q4", "--percent", "5", "--adapter", "smol-q8"],
+            "is a model's name, not an adapter's",
+        ),
     ],
     ids=[
         "promote",
@@ -75,11 +84,26 @@ def test_canary_widen_promote_rollback_and_status(config: Path) -> None:
         "guardrail",
         "model",
         "compare",
+        "adapter-of-a-model",
+        "adapter-named-as-a-model",
     ],
 )
 def test_refusals_are_one_sentence_and_exit_1(config: Path, args: list[str], message: str) -> None:
     code, out = _release(config, *args)
     assert code == 1 and message in out and "Traceback" not in out
+
+
+def test_an_adapter_has_releases_of_its_own_on_its_base_backends(config: Path) -> None:
+    code, out = _release(config, "canary", "support", "--backend", "q4", "--adapter",
+                         "support-v2", "--percent", "10")  # fmt: skip
+    assert code == 0 and out.startswith("support: stable release 1, candidate release 2 at 10%")
+    status = json.loads(_release(config, "status", "support", "--json")[1])
+    first, candidate = status["releases"]
+    assert (first["backends"][0]["name"], first["adapter"]) == ("q4", None)
+    assert (candidate["backends"][0]["name"], candidate["adapter"]) == ("q4", "support-v2")
+    assert json.loads(_release(config, "status", "smol", "--json")[1])["state"] is None
+    code, out = _release(config, "rollback", "support")
+    assert code == 0 and out.startswith("support: stable release 1 ·")
 
 
 def test_a_first_canary_without_the_config_asks_for_it(config: Path, tmp_path: Path) -> None:

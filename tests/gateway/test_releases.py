@@ -9,11 +9,13 @@ import re
 
 import pytest
 from conftest import ManualClock
+from sqlalchemy import insert
 
 from inhouse.gateway.config import ConfigError, parse_config
+from inhouse.gateway.db import audit_log
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.releases.canary import BUCKETS, bucket, on_candidate
-from inhouse.gateway.releases.figures import percentiles
+from inhouse.gateway.releases.figures import live_figures, percentiles
 from inhouse.gateway.releases.store import (
     BackendRef,
     Guardrails,
@@ -133,3 +135,19 @@ def test_the_releases_table_is_checked(table: dict[str, float], message: str) ->
     models = [{"name": "m", "backends": [{"url": "http://127.0.0.1:9"}]}]
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_config({"releases": table, "models": models})
+
+
+def test_an_adapters_figures_are_its_own_rows_and_the_base_keeps_its_own(
+    releases: ReleaseStore,
+) -> None:
+    """Releases of `support` and of its base `smol` both have a release 1: each one's live
+    figures count only its own audit rows."""
+    rows = [("smol", None, 200), ("smol", "support", 200), ("smol", "support", 500)]
+    with releases.db.begin() as conn:
+        conn.execute(insert(audit_log), [
+            {"ts": 1.0, "key_name": "k", "model": m, "adapter": a, "endpoint": "chat",
+             "status": s, "release": 1, "latency_ms": 5.0} for m, a, s in rows
+        ])  # fmt: skip
+    support = live_figures(releases.db, "support", 1, 0.0)
+    smol = live_figures(releases.db, "smol", 1, 0.0)
+    assert (support.requests, support.errors.k, smol.requests, smol.errors.k) == (2, 1, 1, 0)

@@ -49,6 +49,10 @@ def _manifest(tmp: Path, **changes: str) -> list[str]:
     return ["--manifest", str(path)]
 
 
+def _not_an_adapter(tmp: Path) -> list[str]:
+    return ["--lora-modules", f"support={tmp}"]
+
+
 def _tampered_dtype(tmp: Path) -> list[str]:
     return _manifest(tmp, dtype="float64")
 
@@ -66,6 +70,7 @@ def _tampered_hash(tmp: Path) -> list[str]:
         (_bad_config, "config.json' is not a valid JSON file"),
         (_missing, "no-such-model' is neither a .gguf file nor a folder with config.json"),
         (_tampered_dtype, "unknown dtype 'float64'"),
+        (_not_an_adapter, "is not a PEFT LoRA adapter"),
         (_tampered_hash, "does not match manifest"),
     ],
 )

@@ -51,11 +51,17 @@ class EngineCore:
         slots = adapter_slots(config)
         self.adapters = (
             AdapterSlots(
-                self.loaded.model, slots, config.max_lora_rank, self.loaded.attention_kernel
+                self.loaded.model,
+                slots,
+                config.max_lora_rank,
+                self.loaded.attention_kernel,
+                exact=self.loaded.quantization == "none" and self.loaded.dtype == torch.float32,
             )
             if slots
             else None
         )
+        # read (and so refused, with the reason) before anything is allocated for them
+        initial = {name: self.read_adapter(path) for name, path in config.lora_modules.items()}
         adapter_bytes = 0 if self.adapters is None else self.adapters.num_bytes
         self.budget = plan_kv_budget(config, self.loaded, adapter_bytes)
         self.info = EngineInfo.describe(self.loaded, self.budget, config.speculative)
@@ -86,8 +92,8 @@ class EngineCore:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_steps = 0
-        for name, path in config.lora_modules.items():
-            self.load_adapter(name, self.read_adapter(path))
+        for name, weights in initial.items():
+            self.load_adapter(name, weights)
 
     # -- requests ---------------------------------------------------------------------
 

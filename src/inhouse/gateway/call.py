@@ -77,6 +77,11 @@ class Call:
     adapter: str | None = None  # the LoRA adapter asked for, on `route` (`adapters`)
 
     @property
+    def release_name(self) -> str:
+        """The name its releases are kept under: the adapter asked for, else the model."""
+        return self.adapter or self.route.name
+
+    @property
     def keeps_text(self) -> bool:
         """Whether the answer's text and tool calls are collected (for the checks and the
         shadow comparison; the text is stored only for `log_content`)."""

@@ -204,6 +204,8 @@ releases = Table(
     Column("sampling", Text),  # JSON: defaults applied where the client sets none
     Column("max_output", Integer),
     Column("guardrails", Text),  # JSON: thresholds for automatic rollback
+    # An adapter's release (`model` is its public name): the adapter version sent upstream.
+    Column("adapter", String(200)),
     UniqueConstraint("model", "number"),
 )
 

@@ -99,14 +99,13 @@ class Gateway:
         self.settler.opened()
         try:
             self.degrader.apply(call)
-            if call.adapter is None:  # an adapter's requests run on the configured replicas
-                call.release = await self.releases.pick(key, call.route)
+            call.release = await self.releases.pick(key, call.route, call.adapter)
             if call.release is not None and ENDPOINTS[endpoint].generates:
                 call.expects = Expectations.of(body)
             self.shadow.start(call, body)
             response = await self.forwarder.forward(call, body, receive)
             if log_fields is not None and call.release is not None:
-                log_fields["release"] = f"{call.route.name}@{call.release.answering.number}"
+                log_fields["release"] = f"{call.release_name}@{call.release.answering.number}"
             return response
         except Exception:  # a bug must not leak the key's slots: answer 500 and settle
             log.exception("gateway: request to model %r failed", call.route.name)

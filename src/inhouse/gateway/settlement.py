@@ -115,7 +115,7 @@ class Ledger:
             self.metrics.observe_prompt(model, outcome.prompt_tokens)
         pick = call.release
         if pick is not None:
-            self.releases.observe(model, pick.answering.candidate, status, ttft)
+            self.releases.observe(call.release_name, pick.answering.candidate, status, ttft)
         checks = answer_checks(call, outcome, status)
         if call.shadow is not None:
             call.shadow.primary_settled(status, outcome, end - call.started, ttft, checks)

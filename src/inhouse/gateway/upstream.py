@@ -139,13 +139,19 @@ class Forwarder:
         salt = self.state.keys.cache_salt(call.key)
         choice = len(call.route.backends) > 1 or call.release is not None  # of replicas
         by_prefix = call.route.routing == "prefix" and choice
-        chain = salt if call.adapter is None else f"{salt}/{call.adapter}"  # its own cache
+        asked, pick = call.adapter, call.release
+        version = asked if pick is None else pick.answering.sends(asked)
+        chain = salt if version is None else f"{salt}/{version}"  # each version its own cache
         prefix = prefix_chain(chain, prompt_text(call.endpoint, body)) if by_prefix else ()
         while True:
-            pick = call.release = None if call.release is None else call.release.routable()
-            pool = None if pick is None else pick.answering.pool
-            if call.adapter is not None:  # the replicas serving it now (it has no releases)
-                pool = serving(self.state.router, call.route, call.adapter)
+            pick = call.release = (
+                None if call.release is None else call.release.routable(call.adapter)
+            )
+            pool, adapter = None, call.adapter
+            if pick is not None:  # the release's replicas (serving the version it sends)
+                pool, adapter = pick.answering.replicas(adapter), pick.answering.sends(adapter)
+            elif adapter is not None:  # the replicas serving it now
+                pool = serving(self.state.router, call.route, adapter)
             canaried = pick if pick is not None and pick.stable is not None else None
             may_fall_back = (
                 call.key.allow_fallback
@@ -171,7 +177,7 @@ class Forwarder:
             if pick is not None:
                 cap, sent = capped(cap, pick.answering), apply_release(body, pick.answering)
             forward = prepare(
-                lease.upstream, call.endpoint, sent, salt, cap, call.priority, call.adapter
+                lease.upstream, call.endpoint, sent, salt, cap, call.priority, adapter
             )
             try:
                 upstream = await self.state.upstreams.open(forward, stack)

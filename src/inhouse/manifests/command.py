@@ -6,6 +6,7 @@ The progress bar and the hashing are imported when a command runs, not with the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,23 +79,56 @@ def lock_command(
     ] = None,
     dtype: Annotated[str, typer.Option(help="dtype to serve with, as inhouse serve.")] = "auto",
     quantization: Annotated[str, typer.Option(help="As inhouse serve --quantization.")] = "auto",
+    lora_modules: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A PEFT LoRA adapter to pin (and serve with --manifest), as name=path; "
+            "repeat the flag for more."
+        ),
+    ] = None,
 ) -> None:
-    """Hash every weight, tokenizer and config file of PATH into a manifest."""
-    from inhouse.manifests.verify import lock, total_bytes
+    """Hash every weight, tokenizer and config file of PATH (and of each adapter) into a
+    manifest."""
+    from inhouse.manifests.verify import lock, lock_adapter, total_bytes
 
-    if not path.exists():
-        typer.echo(f"inhouse: {path} does not exist", err=True)
-        raise typer.Exit(EXIT_MISMATCH)
+    adapters = _adapter_paths(lora_modules or [])
+    for where in (path, *adapters.values()):
+        if not where.exists():
+            typer.echo(f"inhouse: {where} does not exist", err=True)
+            raise typer.Exit(EXIT_MISMATCH)
     source = path.resolve()
     with byte_progress(f"hashing {source.name}", total_bytes(source)) as advance:
         manifest = _or_exit(
             lambda: lock(source, name, revision, dtype, quantization, progress=advance)
         )
     out_dir = out.resolve().parent  # a source below the manifest is kept relative to it
-    written = source.relative_to(out_dir) if source.is_relative_to(out_dir) else source
-    pinned = dataclasses.replace(manifest, source=str(written))
+    pinned_adapters = tuple(
+        _relative(_or_exit(functools.partial(lock_adapter, n, p.resolve())), out_dir)
+        for n, p in adapters.items()
+    )
+    pinned = dataclasses.replace(_relative(manifest, out_dir), adapters=pinned_adapters)
     out.write_text(pinned.to_toml())
-    typer.echo(f"locked {_files(pinned)} of {source} at {pinned.revision} into {out}")
+    also = f" and {len(adapters)} adapter(s)" if adapters else ""
+    typer.echo(f"locked {_files(pinned)} of {source}{also} at {pinned.revision} into {out}")
+
+
+def _relative(pinned: Manifest, out_dir: Path) -> Manifest:
+    """The pins with their source relative to the manifest's folder when below it."""
+    source = Path(pinned.source)
+    written = source.relative_to(out_dir) if source.is_relative_to(out_dir) else source
+    return dataclasses.replace(pinned, source=str(written))
+
+
+def _adapter_paths(values: list[str]) -> dict[str, Path]:
+    """`--lora-modules name=path` entries by name (exit 2 on a malformed or repeated one)."""
+    found: dict[str, Path] = {}
+    for value in values:
+        name, sep, where = value.partition("=")
+        if not sep or not name or not where or name in found:
+            raise typer.BadParameter(f"{value!r}: give each adapter once, as name=path",
+                                     param_hint="--lora-modules")  # fmt: skip
+        found[name] = Path(where).expanduser()
+    return found
 
 
 @models_app.command("verify")

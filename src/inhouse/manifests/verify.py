@@ -1,10 +1,11 @@
-"""Lock a model's files into a manifest, and verify a model against its manifest."""
+"""Lock a model's files (and its LoRA adapters') into a manifest, and verify a model and its
+adapters against its manifest."""
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from inhouse.manifests.hashing import HashCache, Progress
@@ -13,6 +14,7 @@ from inhouse.manifests.pickles import WHY, pickle_files, refuse_pickle
 
 # The files a loader reads from an HF folder: weights, config, tokenizer, chat template.
 TRACKED_SUFFIXES = frozenset({".safetensors", ".gguf", ".json", ".model", ".txt", ".jinja"})
+ADAPTER_CONFIG = "adapter_config.json"  # what makes a folder a PEFT adapter
 _SNAPSHOT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -105,7 +107,19 @@ def verify(
         Problem(file, "unexpected", "not in the manifest")
         for file in sorted(present.keys() - manifest.files.keys())
     ]
+    for adapter in manifest.adapters:  # each named by its folder's name: "support/…"
+        found = verify(adapter, cache, progress)
+        problems += [replace(p, file=f"{adapter.name}/{p.file}") for p in found]
     return problems
+
+
+def lock_adapter(
+    name: str, source: Path, cache: HashCache | None = None, progress: Progress | None = None
+) -> Manifest:
+    """A LoRA adapter's pins (`Manifest.adapters`): its PEFT folder's files, as `lock`."""
+    if not (source / ADAPTER_CONFIG).is_file():
+        raise ManifestError(f"adapter {name!r}: {source} has no {ADAPTER_CONFIG} (not PEFT's)")
+    return lock(source, name, cache=cache, progress=progress)
 
 
 def require_verified(

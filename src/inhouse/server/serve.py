@@ -151,6 +151,8 @@ def serve_command(
         served_model_name = served_model_name or pinned.name
         dtype = pinned.dtype if dtype == "auto" else dtype
         quantization = pinned.quantization if quantization == "auto" else quantization
+        pinned_loras = [f"{a.name}={a.source_path()}" for a in pinned.adapters]  # verified too
+        lora_modules = [*(lora_modules or []), *pinned_loras]
     # Loaded when the command runs, not with the CLI: the engine's config, then (once the
     # flags are good) uvicorn and the app, with torch, transformers and FastAPI.
     from inhouse.engine.config import DEFAULT_MAX_LORA_RANK, EngineConfig

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kernels.h"
@@ -17,74 +18,185 @@ namespace {
 inline float as_float(float v) { return v; }
 inline float as_float(c10::BFloat16 v) { return static_cast<float>(v); }
 
-// low[0:used] = x[0:in] @ a_t[:, 0:used] (a_t's rows `rank` apart, `used` a multiple of 8
-// within it): each lane sums over the input in order, with fused multiply-adds.
-template <typename T>
-void low_rank(const T* x, const float* a_t, int64_t in, int64_t rank, int64_t used, float* low) {
-  for (int64_t k0 = 0; k0 < used; k0 += 32) {
-    const int64_t lanes = std::min<int64_t>(32, used - k0);
+// The adapters' halves are float32 beside a float32 model, else bfloat16 (half the bytes a
+// step streams: four adapters of rank 16 on every projection of a 135M model are 116 MB of
+// float32, more than its q4 weights).
+
 #ifdef INHOUSE_AVX2
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < in; ++i) {
-      const __m256 xi = _mm256_set1_ps(as_float(x[i]));
-      const float* a = a_t + i * rank + k0;
-      for (int64_t j = 0; j < lanes / 8; ++j) acc[j] = _mm256_fmadd_ps(xi, _mm256_loadu_ps(a + 8 * j), acc[j]);
-    }
-    for (int64_t j = 0; j < lanes / 8; ++j) _mm256_storeu_ps(low + k0 + 8 * j, acc[j]);
+// low[k0 : k0 + 8 * kChunks] = x @ a_t's columns there, accumulators in registers.
+template <int kChunks, typename T, typename W>
+void low_rank_chunks(const T* x, const W* a_t, int64_t in, int64_t rank, float* low) {
+  __m256 acc[kChunks];
+  for (int j = 0; j < kChunks; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < in; ++i) {
+    const __m256 xi = _mm256_set1_ps(as_float(x[i]));
+    const W* a = a_t + i * rank;
+    for (int j = 0; j < kChunks; ++j) acc[j] = _mm256_fmadd_ps(xi, load8(a + 8 * j), acc[j]);
+  }
+  for (int j = 0; j < kChunks; ++j) _mm256_storeu_ps(low + 8 * j, acc[j]);
+}
+#endif
+
+// low[k0 : k0 + lanes] = x[0:in] @ a_t[:, k0 : k0 + lanes] (a_t's rows `rank` apart, `lanes`
+// a multiple of 8, at most kRankChunk): each lane sums over the input in order, with fused
+// multiply-adds.
+template <typename T, typename W>
+void low_rank(const T* x, const W* a_t, int64_t in, int64_t rank, int64_t k0, int64_t lanes,
+              float* low) {
+#ifdef INHOUSE_AVX2
+  switch (lanes / 8) {
+    case 1: low_rank_chunks<1>(x, a_t + k0, in, rank, low + k0); break;
+    case 2: low_rank_chunks<2>(x, a_t + k0, in, rank, low + k0); break;
+    case 3: low_rank_chunks<3>(x, a_t + k0, in, rank, low + k0); break;
+    default: low_rank_chunks<4>(x, a_t + k0, in, rank, low + k0); break;
+  }
 #else
-    float acc[32] = {};
-    for (int64_t i = 0; i < in; ++i) {
-      const float xi = as_float(x[i]);
-      for (int64_t k = 0; k < lanes; ++k) acc[k] = std::fma(xi, a_t[i * rank + k0 + k], acc[k]);
-    }
-    for (int64_t k = 0; k < lanes; ++k) low[k0 + k] = acc[k];
-#endif
+  float acc[32] = {};
+  for (int64_t i = 0; i < in; ++i) {
+    const float xi = as_float(x[i]);
+    for (int64_t k = 0; k < lanes; ++k)
+      acc[k] = std::fma(xi, as_float(a_t[i * rank + k0 + k]), acc[k]);
   }
+  for (int64_t k = 0; k < lanes; ++k) low[k0 + k] = acc[k];
+#endif
 }
 
-// out[0:width] = round(out + (low[0:used] @ b_t) * scale): each lane sums over the rank in
-// order, with fused multiply-adds; then scaled, then added, as PEFT orders it.
-template <typename T>
-void add_product(T* out, const float* low, const float* b_t, const float* scale, int64_t used,
-                 int64_t width) {
-  int64_t o = 0;
+constexpr int64_t kAdapterRows = 4;  // rows of one adapter sharing each load of B
+constexpr int64_t kRankChunk = 32;  // rank columns one task of the first pass sums
+constexpr int64_t kColumnGroup = 64;  // output columns one task of the second pass adds
+constexpr int64_t kOutBlock = 16;  // B is stored [width / 16][rank][16]: a block's k rows adjoin
+
+
 #ifdef INHOUSE_AVX2
-  for (; o + 8 <= width; o += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t k = 0; k < used; ++k)
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(low[k]), _mm256_loadu_ps(b_t + k * width + o), acc);
-    alignas(32) float delta[8];
-    _mm256_store_ps(delta, _mm256_mul_ps(acc, _mm256_loadu_ps(scale + o)));
-    for (int l = 0; l < 8; ++l) out[o + l] = static_cast<T>(as_float(out[o + l]) + delta[l]);
+// outs[r][o : o + 16 * kBlocks] for kRows rows: each load of B shared by every row,
+// kRows * kBlocks * 2 independent sums in registers (enough to hide the FMA's latency), each
+// block's B read front to back (`b_t`: B's blocks, `rank` rows of 16 columns each).
+template <int kRows, int kBlocks, typename T, typename W>
+void add_blocks(T* const* outs, const float* lows, int64_t rank, const W* b_t,
+                const float* scale, int64_t used, int64_t width, int64_t o) {
+  __m256 acc[kRows][kBlocks][2];
+  for (int r = 0; r < kRows; ++r)
+    for (int j = 0; j < kBlocks; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
+  const W* block = b_t + (o / kOutBlock) * rank * kOutBlock;
+  for (int64_t k = 0; k < used; ++k) {
+    __m256 b[kBlocks][2];
+    for (int j = 0; j < kBlocks; ++j) {
+      b[j][0] = load8(block + (j * rank + k) * kOutBlock);
+      b[j][1] = load8(block + (j * rank + k) * kOutBlock + 8);
+    }
+    for (int r = 0; r < kRows; ++r) {
+      const __m256 l = _mm256_set1_ps(lows[r * rank + k]);
+      for (int j = 0; j < kBlocks; ++j) {
+        acc[r][j][0] = _mm256_fmadd_ps(l, b[j][0], acc[r][j][0]);
+        acc[r][j][1] = _mm256_fmadd_ps(l, b[j][1], acc[r][j][1]);
+      }
+    }
   }
-#endif
-  for (; o < width; ++o) {
-    float acc = 0.f;
-    for (int64_t k = 0; k < used; ++k) acc = std::fma(low[k], b_t[k * width + o], acc);
-    const float delta = acc * scale[o];
-    out[o] = static_cast<T>(as_float(out[o]) + delta);
+  for (int j = 0; j < kBlocks; ++j) {
+    const int64_t at = o + j * kOutBlock, lanes = std::min<int64_t>(kOutBlock, width - at);
+    for (int r = 0; r < kRows; ++r) {
+      alignas(32) float delta[16];
+      _mm256_store_ps(delta, _mm256_mul_ps(acc[r][j][0], _mm256_loadu_ps(scale + at)));
+      _mm256_store_ps(delta + 8, _mm256_mul_ps(acc[r][j][1], _mm256_loadu_ps(scale + at + 8)));
+      for (int64_t l = 0; l < lanes; ++l)
+        outs[r][at + l] = static_cast<T>(as_float(outs[r][at + l]) + delta[l]);
+    }
   }
 }
 
-template <typename T>
+// The 16-column blocks from o_begin to o_end (block boundaries), kBlocks at a time while that
+// many are left.
+template <int kRows, int kBlocks, typename T, typename W>
+void add_all_blocks(T* const* outs, const float* lows, int64_t rank, const W* b_t,
+                    const float* scale, int64_t used, int64_t width, int64_t o_begin,
+                    int64_t o_end) {
+  const int64_t blocks = (o_end + kOutBlock - 1) / kOutBlock;
+  int64_t j = o_begin / kOutBlock;
+  for (; j + kBlocks <= blocks; j += kBlocks)
+    add_blocks<kRows, kBlocks>(outs, lows, rank, b_t, scale, used, width, j * kOutBlock);
+  for (; j < blocks; ++j)
+    add_blocks<kRows, 1>(outs, lows, rank, b_t, scale, used, width, j * kOutBlock);
+}
+#endif
+
+// out_r[o] = round(out_r[o] + (low_r[0:used] @ b_t[:, o]) * scale[o]) for o in [o_begin,
+// o_end) and `count` rows of one adapter (lows `rank` apart): each lane sums over the rank in
+// order with fused multiply-adds, then is scaled, then added, as PEFT orders it. A block of
+// rows shares each load of B; a row's sums are the same whatever block or range it is in.
+template <typename T, typename W>
+void add_products(T* const* outs, const float* lows, int64_t count, int64_t rank,
+                  const W* b_t, const float* scale, int64_t used, int64_t width,
+                  int64_t o_begin, int64_t o_end) {
+#ifdef INHOUSE_AVX2
+  switch (count) {
+    case 1: add_all_blocks<1, 4>(outs, lows, rank, b_t, scale, used, width, o_begin, o_end); break;
+    case 2: add_all_blocks<2, 2>(outs, lows, rank, b_t, scale, used, width, o_begin, o_end); break;
+    case 3: add_all_blocks<3, 1>(outs, lows, rank, b_t, scale, used, width, o_begin, o_end); break;
+    default: add_all_blocks<4, 1>(outs, lows, rank, b_t, scale, used, width, o_begin, o_end); break;
+  }
+#else
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    const W* column = b_t + (o / kOutBlock) * rank * kOutBlock + o % kOutBlock;
+    for (int64_t r = 0; r < count; ++r) {
+      float acc = 0.f;
+      for (int64_t k = 0; k < used; ++k)
+        acc = std::fma(lows[r * rank + k], as_float(column[k * kOutBlock]), acc);
+      const float delta = acc * scale[o];
+      outs[r][o] = static_cast<T>(as_float(outs[r][o]) + delta);
+    }
+  }
+#endif
+}
+
+template <typename T, typename W>
 void add_rows(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& row_slots,
               const torch::Tensor& a_t, const torch::Tensor& b_t, const torch::Tensor& scale,
               const torch::Tensor& used) {
   const int64_t rows = x.size(0), in = x.size(1), rank = a_t.size(2), width = out.size(1);
   const int64_t* slot_of = row_slots.data_ptr<int64_t>();
   const int64_t* used_of = used.data_ptr<int64_t>();
+  // blocks of up to kAdapterRows rows of one adapter, adapter by adapter
   std::vector<int64_t> adapted;
   for (int64_t r = 0; r < rows; ++r)
     if (slot_of[r] >= 0) adapted.push_back(r);
+  std::stable_sort(adapted.begin(), adapted.end(),
+                   [&](int64_t a, int64_t b) { return slot_of[a] < slot_of[b]; });
+  std::vector<std::pair<int64_t, int64_t>> blocks;  // [begin, end) in `adapted`
+  for (size_t i = 0; i < adapted.size();) {
+    size_t j = i + 1;
+    while (j < adapted.size() && j - i < kAdapterRows && slot_of[adapted[j]] == slot_of[adapted[i]]) ++j;
+    blocks.emplace_back(i, j);
+    i = j;
+  }
   T* o = out.data_ptr<T>();
   const T* xs = x.data_ptr<T>();
-  const float *a = a_t.data_ptr<float>(), *b = b_t.data_ptr<float>(), *s = scale.data_ptr<float>();
-  inhouse::parallel_for(0, static_cast<int64_t>(adapted.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> low(rank);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t r = adapted[i], slot = slot_of[r], n = used_of[slot];
-      low_rank(xs + r * in, a + slot * in * rank, in, rank, n, low.data());
-      add_product(o + r * width, low.data(), b + slot * rank * width, s + slot * width, n, width);
+  const W *a = a_t.data_ptr<W>(), *b = b_t.data_ptr<W>();
+  const float* s = scale.data_ptr<float>();
+  // Two passes, each split finely enough that one row keeps both cores busy (a row alone
+  // reads its adapter's every byte): each row's rank columns, kRankChunk at a time, then each
+  // block of rows' output columns, kColumnGroup at a time. The split moves no sum.
+  std::vector<float> lows(adapted.size() * rank);
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // (row in `adapted`, first rank column)
+  for (size_t i = 0; i < adapted.size(); ++i)
+    for (int64_t k0 = 0; k0 < used_of[slot_of[adapted[i]]]; k0 += kRankChunk) chunks.emplace_back(i, k0);
+  inhouse::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const auto [i, k0] = chunks[c];
+      const int64_t r = adapted[i], slot = slot_of[r];
+      const int64_t lanes = std::min<int64_t>(kRankChunk, used_of[slot] - k0);
+      low_rank(xs + r * in, a + slot * a_t.stride(0), in, rank, k0, lanes, lows.data() + i * rank);
+    }
+  });
+  const int64_t groups = (width + kColumnGroup - 1) / kColumnGroup;
+  inhouse::parallel_for(0, static_cast<int64_t>(blocks.size()) * groups, 1, [&](int64_t begin, int64_t end) {
+    T* outs[kAdapterRows];
+    for (int64_t task = begin; task < end; ++task) {
+      const auto [first, last] = blocks[task / groups];
+      const int64_t slot = slot_of[adapted[first]], o_begin = (task % groups) * kColumnGroup;
+      for (int64_t i = first; i < last; ++i) outs[i - first] = o + adapted[i] * width;
+      add_products(outs, lows.data() + first * rank, last - first, rank, b + slot * b_t.stride(0),
+                   s + slot * scale.stride(0), used_of[slot], width, o_begin,
+                   std::min(width, o_begin + kColumnGroup));
     }
   });
 }
@@ -93,8 +205,9 @@ void add_rows(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& r
 
 // Adds each row's adapter product to ``out [T, width]`` from ``x [T, in]`` (both float32, or
 // both bfloat16): ``row_slots [T]`` is each row's adapter slot (-1: the base, untouched);
-// per slot, ``a_t [S, in, rank]``, ``b_t [S, rank, width]``, ``scale [S, width]`` (float32,
-// as PEFT computes an adapter beside a 16-bit base) and ``used [S]``, the rank columns in use
+// per slot, ``a_t [S, in, rank]`` and ``b_t [S, width / 16, rank, 16]`` (B's 16-column blocks,
+// each read front to back; float32 or bfloat16, summed in float32 as PEFT computes an
+// adapter), ``scale [S, width rounded up to 16]`` (float32) and ``used [S]``, the rank columns in use
 // (a multiple of 8). A row's bits depend on nothing but its own inputs and slot.
 void lora_add(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& row_slots,
               const torch::Tensor& a_t, const torch::Tensor& b_t, const torch::Tensor& scale,
@@ -104,18 +217,24 @@ void lora_add(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& ro
               used.is_contiguous());
   TORCH_CHECK(out.scalar_type() == x.scalar_type() && row_slots.scalar_type() == torch::kInt64 &&
               used.scalar_type() == torch::kInt64);
-  TORCH_CHECK(a_t.scalar_type() == torch::kFloat32 && b_t.scalar_type() == torch::kFloat32 &&
+  TORCH_CHECK(a_t.scalar_type() == b_t.scalar_type() &&
+              (a_t.scalar_type() == torch::kFloat32 || a_t.scalar_type() == torch::kBFloat16) &&
               scale.scalar_type() == torch::kFloat32);
   TORCH_CHECK(out.dim() == 2 && x.dim() == 2 && x.size(0) == out.size(0) &&
               row_slots.size(0) == x.size(0) && a_t.size(1) == x.size(1) &&
-              b_t.size(1) == a_t.size(2) && b_t.size(2) == out.size(1) &&
-              scale.size(1) == out.size(1) && a_t.size(2) % 8 == 0 &&
+              b_t.dim() == 4 && b_t.size(1) == (out.size(1) + kOutBlock - 1) / kOutBlock &&
+              b_t.size(2) == a_t.size(2) && b_t.size(3) == kOutBlock &&
+              scale.size(1) >= b_t.size(1) * kOutBlock && a_t.size(2) % 8 == 0 &&
               used.size(0) == a_t.size(0));
-  if (out.scalar_type() == torch::kFloat32) {
-    add_rows<float>(out, x, row_slots, a_t, b_t, scale, used);
+  TORCH_CHECK(out.scalar_type() == torch::kFloat32 || out.scalar_type() == torch::kBFloat16,
+              "lora_add: float32 or bfloat16 rows");
+  const bool float_rows = out.scalar_type() == torch::kFloat32;
+  if (a_t.scalar_type() == torch::kFloat32) {
+    if (float_rows) add_rows<float, float>(out, x, row_slots, a_t, b_t, scale, used);
+    else add_rows<c10::BFloat16, float>(out, x, row_slots, a_t, b_t, scale, used);
   } else {
-    TORCH_CHECK(out.scalar_type() == torch::kBFloat16, "lora_add: float32 or bfloat16 rows");
-    add_rows<c10::BFloat16>(out, x, row_slots, a_t, b_t, scale, used);
+    if (float_rows) add_rows<float, c10::BFloat16>(out, x, row_slots, a_t, b_t, scale, used);
+    else add_rows<c10::BFloat16, c10::BFloat16>(out, x, row_slots, a_t, b_t, scale, used);
   }
 }
 

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from inhouse.engine.errors import AdapterError
+from inhouse.engine.lora.stack import PartWeights
 from inhouse.engine.models.llama import LlamaArgs
 
 CONFIG_FILE = "adapter_config.json"
@@ -42,15 +43,6 @@ _KEY = re.compile(
     r"^(?:base_model\.model\.)?(?:model\.)?layers\.(\d+)\.(?:self_attn|mlp)\."
     r"(\w+)\.lora_([AB])(?:\.\w+)?\.weight$"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class PartWeights:
-    """One checkpoint projection's low-rank pair: ``A [r, in]``, ``B [out, r]``, float32."""
-
-    a: torch.Tensor
-    b: torch.Tensor
-    scaling: float
 
 
 @dataclass(frozen=True, slots=True)

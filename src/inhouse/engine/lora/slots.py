@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from inhouse.engine.errors import AdapterError
 from inhouse.engine.lora.peft_adapter import PROJECTIONS, AdapterWeights, part_sizes
 from inhouse.engine.lora.stack import LoraStack
@@ -31,21 +33,26 @@ class LoadedAdapter:
 
 class AdapterSlots:
     """``max_loras`` slots of rank up to ``max_rank`` on every projection of ``model``; with
-    ``kernel``, products by the C++ kernel (see ``LoraStack``)."""
+    ``kernel``, products by the C++ kernel (see ``LoraStack``). The halves are float32 where
+    the model is ``exact`` (float32 weights and activations: PEFT's own numbers), else
+    bfloat16, half the bytes each step reads beside lossy weights."""
 
     def __init__(
-        self, model: LlamaForCausalLM, max_loras: int, max_rank: int, kernel: bool
+        self, model: LlamaForCausalLM, max_loras: int, max_rank: int, kernel: bool, exact: bool
     ) -> None:
         self.max_loras, self.max_rank = max_loras, max_rank
         self.args = model.args
         device = model.rope_cos.device
+        self.dtype = torch.float32 if exact else torch.bfloat16
         self.stacks: dict[tuple[int, str], LoraStack] = {}
         for index, layer in enumerate(model.layers):
             linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj)
             linears += (layer.mlp.gate_up_proj, layer.mlp.down_proj)
             for projection, linear in zip(PROJECTIONS, linears, strict=True):
                 outs, width = part_sizes(model.args, projection)
-                stack = LoraStack(max_loras, len(outs) * max_rank, width, sum(outs), device, kernel)
+                stack = LoraStack(
+                    max_loras, len(outs) * max_rank, width, sum(outs), device, kernel, self.dtype
+                )
                 self.stacks[index, projection] = linear.lora = stack
         model.lora_weights = [t for stack in self.stacks.values() for t in stack.tensors]
         self.adapters: dict[str, LoadedAdapter] = {}
@@ -99,5 +106,5 @@ def describe_adapters(slots: AdapterSlots | None) -> str:
     names = ", ".join(f"{a.name} (rank {a.rank})" for a in slots.adapters.values()) or "none yet"
     return (
         f"{names}; {slots.max_loras} slots of rank {slots.max_rank}, "
-        f"{slots.num_bytes / 2**20:.1f} MiB"
+        f"{slots.num_bytes / 2**20:.1f} MiB ({str(slots.dtype).removeprefix('torch.')})"
     )

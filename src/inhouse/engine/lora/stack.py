@@ -6,9 +6,17 @@ from dataclasses import dataclass
 
 import torch
 
-from inhouse.engine.lora.peft_adapter import PartWeights
-
 RANK_STEP = 8  # the kernel's lanes: a stack's rank columns, and those in use, come in eights
+OUT_BLOCK = 16  # B's columns a block, read front to back by the kernel (lora.cpp's kOutBlock)
+
+
+@dataclass(frozen=True, slots=True)
+class PartWeights:
+    """One checkpoint projection's low-rank pair: ``A [r, in]``, ``B [out, r]``, float32."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scaling: float
 
 
 @dataclass(slots=True)
@@ -36,11 +44,12 @@ class AdapterRows:
 
 
 class LoraStack:
-    """A fused projection's low-rank pairs for every slot, transposed for the products:
-    ``a_t [slots, in, rank]``, ``b_t [slots, rank, out]``, ``scale [slots, out]`` (each
-    part's scaling on its rows), float32; a slot's parts sit side by side in its first
-    ``used`` rank columns, zero beyond: zeros add nothing, so the padding leaves the products
-    as they were.
+    """A fused projection's low-rank pairs for every slot, laid out for the products:
+    ``a_t [slots, in, rank]`` (A transposed), ``b_t [slots, out / 16, rank, 16]`` (B
+    transposed, in blocks of 16 output columns, so a block's rank rows adjoin), ``scale
+    [slots, out]`` (each part's scaling on its rows, float32; out rounded up to 16), the
+    halves in ``dtype``; a slot's parts sit side by side in its first ``used`` rank
+    columns, zero beyond: zeros add nothing, so the padding leaves the products as they were.
 
     With ``kernel`` (a CPU with the C++ kernels built) each row is computed in one fixed
     order (``lora_add``), so its bits do not depend on the batch; elsewhere by torch's
@@ -54,11 +63,14 @@ class LoraStack:
         out_features: int,
         device: torch.device,
         kernel: bool,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         rank = -(-rank // RANK_STEP) * RANK_STEP
-        self.a_t = torch.zeros(slots, in_features, rank, device=device)
-        self.b_t = torch.zeros(slots, rank, out_features, device=device)
-        self.scale = torch.zeros(slots, out_features, device=device)
+        blocks = -(-out_features // OUT_BLOCK)
+        self.out_features = out_features
+        self.a_t = torch.zeros(slots, in_features, rank, device=device, dtype=dtype)
+        self.b_t = torch.zeros(slots, blocks, rank, OUT_BLOCK, device=device, dtype=dtype)
+        self.scale = torch.zeros(slots, blocks * OUT_BLOCK, device=device)
         self.used = torch.zeros(slots, dtype=torch.long, device=device)  # rank columns in use
         self.kernel = kernel
 
@@ -71,18 +83,26 @@ class LoraStack:
         """Put one adapter's parts (each at its first output row; None: not adapted) into
         ``slot``, their rank columns side by side."""
         self.a_t[slot].zero_()
-        self.b_t[slot].zero_()
         self.scale[slot].zero_()
+        b = torch.zeros(self.b_t.shape[2], self.scale.shape[1])  # B.T, [rank, out padded]
         low = 0
         for start, pair in parts:
             if pair is None:
                 continue
             rank, rows = pair.a.shape[0], pair.b.shape[0]
             self.a_t[slot, :, low : low + rank] = pair.a.T
-            self.b_t[slot, low : low + rank, start : start + rows] = pair.b.T
+            b[low : low + rank, start : start + rows] = pair.b.T
             self.scale[slot, start : start + rows] = pair.scaling
             low += rank
+        blocks = self.b_t.shape[1]
+        self.b_t[slot] = b.view(-1, blocks, OUT_BLOCK).transpose(0, 1)
         self.used[slot] = -(-low // RANK_STEP) * RANK_STEP
+
+    def low_rank_halves(self, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(A.T [in, rank], B.T [rank, out], scale [out])`` of ``slot`` in float32."""
+        b = self.b_t[slot].transpose(0, 1).reshape(self.b_t.shape[2], -1)
+        out = self.out_features
+        return self.a_t[slot].float(), b[:, :out].float(), self.scale[slot, :out]
 
     @property
     def num_bytes(self) -> int:
@@ -97,6 +117,6 @@ class LoraStack:
             torch.ops.inhouse_cpu.lora_add(out, x.contiguous(), *args)
             return
         for slot, index in rows.groups:
-            a_t, b_t, scale = self.a_t[slot], self.b_t[slot], self.scale[slot]
+            a_t, b_t, scale = self.low_rank_halves(slot)
             delta = (x.index_select(0, index).float() @ a_t @ b_t) * scale
             out.index_copy_(0, index, (out.index_select(0, index).float() + delta).to(out.dtype))

@@ -20,7 +20,7 @@ from inhouse.launch import BACKENDS
 from inhouse.manifests.command import checked_manifest
 
 if TYPE_CHECKING:
-    from inhouse.gateway.config import GatewayConfig
+    from inhouse.gateway.config import GatewayConfig, ModelRoute
     from inhouse.gateway.releases.store import NewRelease, ReleaseState, ReleaseStore
     from inhouse.manifests.manifest import Manifest
 
@@ -69,6 +69,13 @@ def canary_command(
         str | None, typer.Option(help="Model name the URL backend serves.")
     ] = None,
     kind: Annotated[str, typer.Option(help="Engine of an URL backend.")] = "inhouse",
+    adapter: Annotated[
+        str | None,
+        typer.Option(
+            help="For a LoRA adapter MODEL: the adapter version the candidate sends, as the "
+            "backends serve it (e.g. support-v2; default: MODEL itself)."
+        ),
+    ] = None,
     api_key_env: Annotated[
         str | None, typer.Option(help="Variable holding the URL backend's key (in the gateway).")
     ] = None,
@@ -89,7 +96,8 @@ def canary_command(
     database: DatabaseOption = None,
 ) -> None:
     """Send PERCENT of MODEL's keys to a candidate release (sticky per key), and mirror
-    SHADOW percent of the rest to it."""
+    SHADOW percent of the rest to it. MODEL may be a LoRA adapter: its candidate is another
+    version of it (--adapter) or the same name on other backends."""
     # SQLAlchemy: loaded when the command runs, not with the CLI.
     from inhouse.gateway.releases.store import BackendRef, Guardrails, NewRelease
 
@@ -102,7 +110,8 @@ def canary_command(
         digest, pinned = pinned_manifest(manifest) if manifest else (None, None)
         guard = _or_exit(lambda: Guardrails(max_error_rate, max_p99_ttft, min_agreement,
                                             min_samples, window))  # fmt: skip
-        new = NewRelease(refs, digest, pinned, _sampling(sampling), _cap(max_output), guard)
+        new = NewRelease(refs, digest, pinned, _sampling(sampling), _cap(max_output), guard,
+                         _adapter_version(settings, model, adapter))  # fmt: skip
     store = _store(config, database)
     state = _or_exit(lambda: store.canary(model, _first(settings, model), new, percent, shadow,
                                           _actor(by), reason))  # fmt: skip
@@ -204,10 +213,29 @@ def _first(settings: GatewayConfig, model: str) -> NewRelease | None:
 
     if not settings.models:
         return None
-    route = settings.model(model)
-    if route is None:
-        raise _fail(f"model {model!r} is not in the gateway config")
+    route = settings.model(model) or _base_of(settings, model)
     return NewRelease(tuple(BackendRef(name=b.name) for b in route.backends))
+
+
+def _base_of(settings: GatewayConfig, adapter: str) -> ModelRoute:
+    """The base model of a LoRA adapter: the one whose backends declare it in the config
+    (`adapters = [...]`)."""
+    routes = [m for m in settings.models if adapter in m.adapters]
+    if not routes:
+        raise _fail(f"{adapter!r} is not in the gateway config (neither a model nor an "
+                    "adapter its backends declare)")  # fmt: skip
+    return routes[0]
+
+
+def _adapter_version(settings: GatewayConfig, model: str, adapter: str | None) -> str | None:
+    """`--adapter`, checked: only for an adapter, never a model's name."""
+    if adapter is None:
+        return None
+    if settings.model(model) is not None:
+        raise _fail(f"--adapter is for a LoRA adapter's releases; {model!r} is a model")
+    if settings.model(adapter) is not None:
+        raise _fail(f"--adapter {adapter!r} is a model's name, not an adapter's")
+    return None if adapter == model else adapter
 
 
 def _check_names(settings: GatewayConfig, refs: Any) -> None:
@@ -233,6 +261,9 @@ def pinned_manifest(path: Path, pinned: Manifest | None = None) -> tuple[str, di
         "quantization": pinned.quantization,
         "files": pinned.files,
     }
+    if pinned.adapters:  # each adapter by its files' digest: the version the release serves
+        summary["adapters"] = {a.name: {"revision": a.revision, "files": a.files}
+                               for a in pinned.adapters}  # fmt: skip
     return digest, summary
 
 

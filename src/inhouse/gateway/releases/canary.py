@@ -1,6 +1,10 @@
 """Which release answers a request: the stable one, or the candidate for the keys whose
 bucket falls in its share, and whether the request is mirrored to the candidate.
 
+A LoRA adapter has releases of its own, kept under its public name: each sends the adapter
+version it names (`Release.adapter`, e.g. `support-v2` loaded beside `support`; default:
+the public name) to those of its replicas serving that version now.
+
 The bucket is a hash of the key's id and the candidate release's id, so a key stays on
 one release for as long as that candidate does (a person sees one model for a session),
 a new candidate draws a new set of keys, and raising the share only adds keys.
@@ -42,6 +46,17 @@ class Answering:
     sampling: dict[str, Any]
     max_output: int | None
     candidate: bool
+    adapter: str | None = None  # the adapter version it sends (None: the one asked for)
+
+    def sends(self, asked: str | None) -> str | None:
+        """The adapter sent upstream for a request that asked for `asked` (None: the base)."""
+        return None if asked is None else self.adapter or asked
+
+    def replicas(self, asked: str | None) -> list[Backend]:
+        """Its replicas that can answer a request for `asked`: for an adapter, those that
+        serve the version it sends now."""
+        sent = self.sends(asked)
+        return self.pool if sent is None else [b for b in self.pool if sent in b.adapters]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +73,12 @@ class ReleasePick:
         assert self.stable is not None
         return ReleasePick(self.stable)
 
-    def routable(self) -> ReleasePick:
-        """This pick, or the stable one when no replica of the candidate is up (a request
-        never waits for a candidate that is down)."""
-        if self.stable is None or any(b.state is BackendState.UP for b in self.answering.pool):
+    def routable(self, asked: str | None = None) -> ReleasePick:
+        """This pick, or the stable one when no replica of the candidate (serving the
+        adapter version, for an adapter `asked` for) is up (a request never waits for a
+        candidate that is down)."""
+        up = (b.state is BackendState.UP for b in self.answering.replicas(asked))
+        if self.stable is None or any(up):
             return self
         return self.on_stable()
 
@@ -105,22 +122,26 @@ class ReleaseRouter:
         # upstream model, kind or key variable gets its own replica, never the old one's.
         self._extra: dict[tuple[str, BackendRef], Backend] = {}
 
-    async def pick(self, key: ApiKey, route: ModelRoute) -> ReleasePick | None:
-        """The release for this key's request; None while the model has no releases."""
+    async def pick(
+        self, key: ApiKey, route: ModelRoute, adapter: str | None = None
+    ) -> ReleasePick | None:
+        """The release for this key's request (for `adapter` on `route`'s replicas, when
+        one is asked for); None while the model or adapter has no releases."""
+        name = adapter or route.name
         if self.store.reads_inline:
-            state = self.store.state(route.name)
+            state = self.store.state(name)
         else:
-            state = await asyncio.to_thread(self.store.state, route.name)
+            state = await asyncio.to_thread(self.store.state, name)
         if state is None:
             return None
-        view = self._views.get(route.name)
+        view = self._views.get(name)
         if (
             view is None
             or view.state.version != state.version
             or view.generation != self._router.generation
         ):
-            loaded = await asyncio.to_thread(self.store.releases, route.name)
-            view = self._views[route.name] = self._resolve(route, state, loaded)
+            loaded = await asyncio.to_thread(self.store.releases, name)
+            view = self._views[name] = self._resolve(route, state, loaded)
             self._forget_unused()
             self._on_change(state)
         candidate = view.candidate
@@ -154,7 +175,8 @@ class ReleaseRouter:
             log.warning("release %d of %r names no backend this gateway knows; its "
                         "configured backends answer", release.number, route.name)  # fmt: skip
             found = self._router.backends[route.name]
-        return Answering(release.number, found, release.sampling, release.max_output, candidate)
+        return Answering(release.number, found, release.sampling, release.max_output, candidate,
+                         release.adapter)  # fmt: skip
 
     def _forget_unused(self) -> None:
         """Stop routing to and checking URL backends no current release names."""

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import ColumnElement, Engine, and_, or_, select
 
 from inhouse.eval.stats import PairedDifference, Proportion, paired_difference, wilson
 from inhouse.gateway.db import audit_log, shadow_pairs
@@ -88,8 +88,16 @@ def percentiles(values: list[float]) -> Percentiles:
     return Percentiles(len(ordered), rank(0.50), rank(0.99))
 
 
+def released_as(name: str) -> ColumnElement[bool]:
+    """The audit rows of the releases kept under `name`: a LoRA adapter's requests, or
+    else the model's own (not its adapters'; names of models and adapters never clash)."""
+    c = audit_log.c
+    return or_(c.adapter == name, and_(c.model == name, c.adapter.is_(None)))
+
+
 def live_figures(db: Engine, model: str, release: int, since: float) -> LiveFigures:
-    """The release's requests answered since `since` (newest `MAX_ROWS`)."""
+    """The release's requests answered since `since` (newest `MAX_ROWS`); `model` may
+    name an adapter."""
     c = audit_log.c
     query = (
         select(
@@ -101,7 +109,7 @@ def live_figures(db: Engine, model: str, release: int, since: float) -> LiveFigu
             c.refusal,
             c.tool_calls_valid,
         )
-        .where(c.model == model, c.release == release, c.ts >= since)
+        .where(released_as(model), c.release == release, c.ts >= since)
         .order_by(c.id.desc())
         .limit(MAX_ROWS)
     )

@@ -105,14 +105,15 @@ class ShadowMirror:
         target = None if call.release is None else call.release.shadow
         if target is None:
             return
-        model = call.route.name
+        model = call.release_name
         if not ENDPOINTS[call.endpoint].generates or not _may_mirror(call, target):
             self._metrics.shadow.labels(model, "skipped").inc()
             return
         if len(self._tasks) >= self._settings.shadow_max_in_flight:
             self._metrics.shadow.labels(model, "dropped").inc()
             return
-        ready = [b for b in target.pool if takes(b, SHADOW_CLASS, call.route.interactive_seats)]
+        seats = call.route.interactive_seats
+        ready = [b for b in target.replicas(call.adapter) if takes(b, SHADOW_CLASS, seats)]
         if not ready:
             self._metrics.shadow.labels(model, "skipped").inc()
             return
@@ -135,7 +136,7 @@ class ShadowMirror:
         finally:
             backend.in_flight -= 1
         if copy.error is not None:
-            self._metrics.shadow.labels(call.route.name, copy.error).inc()
+            self._metrics.shadow.labels(call.release_name, copy.error).inc()
         try:
             primary = await asyncio.wait_for(asyncio.shield(ticket.primary), self._primary_wait)
         except TimeoutError:
@@ -152,7 +153,7 @@ class ShadowMirror:
         forward = prepare(
             backend.upstream, call.endpoint, apply_release(streamed, target),
             self._keys.cache_salt(call.key), capped(call.output_cap, target),
-            SHADOW_CLASS,
+            SHADOW_CLASS, target.sends(call.adapter),
         )  # fmt: skip
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -189,7 +190,7 @@ class ShadowMirror:
         keep = call.key.log_content
         pair = {
             "ts": call.ts,
-            "model": call.route.name,
+            "model": call.release_name,
             "primary_release": call.release.answering.number,
             "shadow_release": target.number,
             "key_name": call.key.name,

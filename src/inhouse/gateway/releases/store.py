@@ -1,5 +1,6 @@
-"""The release store: numbered, immutable releases per public model, which one is stable,
-which one is the candidate and its shares, and every change to them (who, when, what, why).
+"""The release store: numbered, immutable releases per public model (or LoRA adapter), which
+one is stable, which one is the candidate and its shares, and every change to them (who,
+when, what, why).
 
 A release is what a model's requests are answered by: its backends (named backends of the
 gateway config, or URLs), the manifest they serve, and the sampling defaults and output
@@ -89,6 +90,7 @@ class Release:
     sampling: dict[str, Any] = field(default_factory=dict)
     max_output: int | None = None
     guardrails: Guardrails = field(default_factory=Guardrails)
+    adapter: str | None = None  # an adapter's release: the version it sends (`canary`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,7 @@ class NewRelease:
     sampling: dict[str, Any] = field(default_factory=dict)
     max_output: int | None = None
     guardrails: Guardrails = field(default_factory=Guardrails)
+    adapter: str | None = None
 
 
 class ReleaseStore:
@@ -290,6 +293,8 @@ class ReleaseStore:
         except IntegrityError:
             raise ReleaseError(f"{model!r} was changed meanwhile; run the command again") from None
         detail = {"backends": [asdict(b) for b in new.backends], "manifest": new.manifest_digest}
+        if new.adapter is not None:
+            detail["adapter"] = new.adapter
         self._log(conn, model, actor, "create", number, detail, None)
         return number
 
@@ -332,6 +337,7 @@ def _encode(new: NewRelease) -> dict[str, Any]:
         "sampling": json.dumps(new.sampling),
         "max_output": new.max_output,
         "guardrails": json.dumps(asdict(new.guardrails)),
+        "adapter": new.adapter,
     }
 
 
@@ -352,4 +358,5 @@ def _release(row: Any) -> Release:
         sampling=json.loads(row["sampling"] or "{}"),
         max_output=row["max_output"],
         guardrails=Guardrails(**guardrails),
+        adapter=row["adapter"],
     )
