@@ -1,5 +1,6 @@
 """The plan's adapter memory is the engine's: ``AdapterSlots.num_bytes`` of a real engine
-equals ``inhouse.plan.adapters`` for the same model, slots and rank."""
+equals ``inhouse.plan.adapters`` for the same model, slots and rank, with bfloat16 halves
+(what a plan starts) and float32 ones (an exact engine)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,23 @@ from inhouse.plan.source import load_model
 
 
 @pytest.mark.parametrize(
-    ("folder_fixture", "slots", "rank"),
-    [("tiny_llama_folder", 3, 5), ("tiny_qwen3_folder", 2, 16), ("tiny_qwen2_folder", 1, 1)],
+    ("folder_fixture", "slots", "rank", "exact"),
+    [
+        ("tiny_llama_folder", 3, 5, True),
+        ("tiny_llama_folder", 3, 5, False),
+        ("tiny_qwen3_folder", 2, 16, False),
+        ("tiny_qwen2_folder", 1, 1, True),
+    ],
 )
-def test_the_engines_slots_hold_what_the_plan_counts(folder_fixture, slots, rank, request):
+def test_the_engines_slots_hold_what_the_plan_counts(folder_fixture, slots, rank, exact, request):
     folder = request.getfixturevalue(folder_fixture)
+    dtype = {"dtype": "float32", "quantization": "none"} if exact else {"dtype": "bfloat16"}
     config = EngineConfig(
-        model=str(folder), dtype="float32", max_model_len=64, kv_cache_memory=2**22,
-        max_loras=slots, max_lora_rank=rank,
+        model=str(folder), max_model_len=64, kv_cache_memory=2**22, max_loras=slots,
+        max_lora_rank=rank, **dtype,
     )  # fmt: skip
     engine = LLMEngine(config)
     spec = load_model(str(folder)).spec
+    assert engine.core.adapters.num_bytes == slots * inhouse_slot_bytes(spec, rank, exact)
     memory = adapter_memory(spec, slots, rank)
-    assert engine.core.adapters.num_bytes == slots * inhouse_slot_bytes(spec, rank)
-    assert memory.inhouse_slot_bytes == inhouse_slot_bytes(spec, rank)
-    assert memory.total >= engine.core.adapters.num_bytes  # the larger of two layouts
+    assert memory.inhouse_slot_bytes == inhouse_slot_bytes(spec, rank, exact=False)

@@ -4,9 +4,11 @@ An engine that serves adapters keeps ``max_loras`` slots of rank up to ``max_lor
 every layer's four fused projections, allocated at start whether filled or not, so the
 plan takes them out of the KV budget. Two layouts, each engine's own:
 
-    inhouse serve, per projection (float32, parts = 3 for qkv, 2 for gate_up, else 1):
-        cols = round_up(parts · rank, 8)
-        slot = (in · cols + cols · out + out) · 4 B     a_t, b_t and the per-row scale
+    inhouse serve, per projection (parts = 3 for qkv, 2 for gate_up, else 1):
+        cols = round_up(parts · rank, 8), rows = round_up(out, 16)
+        slot = (in · cols + cols · rows) · h + rows · 4 B     a_t, b_t, the per-row scale
+        h = 2 B (bfloat16), or 4 B where the engine is exact (float32, unquantized weights:
+        never what a plan starts)
     vLLM, per slice (lora_dtype auto: the model dtype, vllm.config.lora; one slice a part;
     rank: the smallest of its --max-lora-rank choices that holds it):
         slot = Σ slices (rank · in + out_slice · rank) · 2 B
@@ -27,7 +29,8 @@ from inhouse.plan.spec import ModelSpec
 DEFAULT_MAX_LORA_RANK = 16  # vLLM's --max-lora-rank default, and inhouse serve's
 DEFAULT_MAX_LORAS = 4  # slots once any adapter is given (room for loads at run time)
 RANK_STEP = 8  # inhouse's kernel lanes: a slot's rank columns come in eights
-INHOUSE_VALUE_BYTES = 4  # inhouse serve keeps adapters in float32
+OUT_BLOCK = 16  # inhouse's B blocks: a projection's output rows padded to sixteens
+SCALE_BYTES = 4  # inhouse's per-row scale is float32
 VLLM_VALUE_BYTES = 2  # vLLM keeps them in the model's dtype (bf16 or fp16 here)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # its --max-lora-rank choices
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
@@ -56,14 +59,16 @@ def projections(spec: ModelSpec) -> tuple[Projection, ...]:
     )
 
 
-def inhouse_slot_bytes(spec: ModelSpec, max_rank: int) -> int:
-    """One slot's bytes in ``inhouse serve`` (``AdapterSlots.num_bytes`` ÷ slots)."""
-    values = 0
+def inhouse_slot_bytes(spec: ModelSpec, max_rank: int, exact: bool = False) -> int:
+    """One slot's bytes in ``inhouse serve`` (``AdapterSlots.num_bytes`` ÷ slots): halves in
+    bfloat16, or float32 where ``exact``."""
+    half = 4 if exact else 2
+    total = 0
     for p in projections(spec):
         cols = -(-len(p.outs) * max_rank // RANK_STEP) * RANK_STEP
-        out = sum(p.outs)
-        values += p.in_features * cols + cols * out + out
-    return spec.num_layers * values * INHOUSE_VALUE_BYTES
+        rows = -(-sum(p.outs) // OUT_BLOCK) * OUT_BLOCK
+        total += (p.in_features * cols + cols * rows) * half + rows * SCALE_BYTES
+    return spec.num_layers * total
 
 
 def vllm_rank(max_rank: int) -> int | None:
