@@ -147,7 +147,8 @@ def avx2_build_outputs(module: str, saved: Path) -> dict[str, np.ndarray]:
         "assert load_kernels().isa == 'avx2';"
         "np.savez(sys.argv[1], **m.kernel_outputs())"
     )
-    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    here = Path(__file__).parent  # the test modules, and tests/ (pytest's pythonpath)
+    path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "INHOUSE_KERNELS_ISA": "avx2", "PYTHONPATH": path}
     done = subprocess.run(
         [sys.executable, "-c", script, str(saved)], env=env, capture_output=True, text=True
