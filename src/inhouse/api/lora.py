@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# An adapter's name is what requests give as ``model``: printable, no spaces.
-ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$"
+from inhouse.plan.adapters import NAME as ADAPTER_NAME  # what requests give as ``model``
 
 
 class LoadLoraAdapterRequest(BaseModel):
     """Load the PEFT adapter at ``lora_path`` (a folder on the server) as ``lora_name``."""
 
     model_config = ConfigDict(extra="forbid")
-    lora_name: str = Field(pattern=ADAPTER_NAME)
+    lora_name: str = Field(pattern=ADAPTER_NAME.pattern)
     lora_path: str = Field(min_length=1, max_length=4096)
 
 

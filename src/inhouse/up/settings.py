@@ -29,7 +29,7 @@ class AdapterOptions:
 
     modules: tuple[tuple[str, str], ...] = ()
     max_loras: int | None = None
-    max_lora_rank: int | None = None
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
 
     @classmethod
     def parse(
@@ -43,7 +43,8 @@ class AdapterOptions:
         if max_lora_rank is not None and max_lora_rank < 1:
             raise PlanError(f"--max-lora-rank must be at least 1, not {max_lora_rank}")
         default_max_loras(len(modules), max_loras)  # PlanError: fewer slots than modules
-        return cls(modules, max_loras, max_lora_rank)
+        rank = DEFAULT_MAX_LORA_RANK if max_lora_rank is None else max_lora_rank
+        return cls(modules, max_loras, rank)
 
     @property
     def slots(self) -> int:
@@ -62,7 +63,7 @@ class AdapterOptions:
             settings,
             lora_modules=self.modules,
             max_loras=self.slots,
-            max_lora_rank=self.max_lora_rank or DEFAULT_MAX_LORA_RANK,
+            max_lora_rank=self.max_lora_rank,
         )
 
 
@@ -93,7 +94,7 @@ def plan_inputs(
         kv_dtype=kv_dtype,
         lora_modules=adapters.modules,
         max_loras=adapters.max_loras,
-        max_lora_rank=adapters.max_lora_rank or DEFAULT_MAX_LORA_RANK,
+        max_lora_rank=adapters.max_lora_rank,
     )
 
 

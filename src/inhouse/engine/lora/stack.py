@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-RANK_STEP = 8  # the kernel's lanes: a stack's rank columns, and those in use, come in eights
-OUT_BLOCK = 16  # B's columns a block, read front to back by the kernel (lora.cpp's kOutBlock)
+from inhouse.plan.adapters import OUT_BLOCK, RANK_STEP  # the layout the plan counts too
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +21,18 @@ class PartWeights:
 @dataclass(slots=True)
 class AdapterRows:
     """A step's rows by adapter: ``row_slots [T]``, each row's slot (-1: the base), for the
-    C++ kernel, and ``groups``, ``(slot, row indices)`` for each slot in use, for torch."""
+    C++ kernel, and ``groups``, ``(slot, row indices)`` for each slot in use, for torch
+    (found on first use: the kernel's steps never need them)."""
 
     row_slots: torch.Tensor
-    groups: list[tuple[int, torch.Tensor]]
+    _groups: list[tuple[int, torch.Tensor]] | None = None
+
+    @property
+    def groups(self) -> list[tuple[int, torch.Tensor]]:
+        if self._groups is None:
+            slots = sorted(set(self.row_slots.tolist()) - {-1})
+            self._groups = [(s, (self.row_slots == s).nonzero().flatten()) for s in slots]
+        return self._groups
 
     @classmethod
     def of_entries(
@@ -36,11 +43,7 @@ class AdapterRows:
         if all(slot < 0 for slot in slots):
             return None
         per_row = [slot for slot, count in zip(slots, counts, strict=True) for _ in range(count)]
-        row_slots = torch.tensor(per_row, dtype=torch.long, device=device)
-        groups = [
-            (slot, (row_slots == slot).nonzero().flatten()) for slot in sorted(set(slots) - {-1})
-        ]
-        return cls(row_slots, groups)
+        return cls(torch.tensor(per_row, dtype=torch.long, device=device))
 
 
 class LoraStack:
