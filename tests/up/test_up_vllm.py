@@ -127,22 +127,24 @@ def test_both_replicas_answer_through_the_gateway(up_vllm: dict) -> None:
     assert sum(served.values()) >= 12 and all(count >= 1 for count in served.values()), served
 
 
-def running_and_finished(up: dict) -> tuple[float, float]:
-    """Over both replicas: sequences running (`vllm:num_requests_running`) and requests
-    finished other than by an abort (`vllm:request_success_total`)."""
-    running = finished = 0.0
+def held_and_finished(up: dict) -> tuple[float, float]:
+    """Over both replicas: sequences held, running or waiting (`vllm:num_requests_running`,
+    `vllm:num_requests_waiting`: a request vLLM's priority policy preempts waits, still
+    holding its place), and requests finished other than by an abort
+    (`vllm:request_success_total`)."""
+    held = finished = 0.0
     for _, url in replicas(up["log"]).values():
         for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
             for sample in family.samples:
-                if sample.name == "vllm:num_requests_running":
-                    running += sample.value
+                if sample.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                    held += sample.value
                 elif sample.name == "vllm:request_success_total":
                     finished += sample.value * (sample.labels["finished_reason"] != "abort")
-    return running, finished
+    return held, finished
 
 
 def test_a_client_that_disconnects_frees_its_sequence(up_vllm: dict) -> None:
-    """Over 20 disconnects, each sequence is freed (running back to 0); the times are
+    """Over 20 disconnects, each sequence is freed (held back to 0); the times are
     printed, not judged (speed is measured, not asserted: docs/engines.md has the figures
     against the issue's 1 s). A wait during which another request finished (the gateway's
     health probe, a 1-token chat on each replica every 10 s) is reported apart."""
@@ -163,15 +165,16 @@ def test_a_client_that_disconnects_frees_its_sequence(up_vllm: dict) -> None:
             assert answer.status_code == 200
             lines = answer.iter_lines()
             next(lines)
-            deadline = time.monotonic() + 10  # vLLM's gauge follows its scheduler's steps
-            while running_and_finished(up_vllm)[0] < 1 and time.monotonic() < deadline:
+            # vLLM's gauges follow its scheduler's steps; a loaded host slows both
+            deadline = time.monotonic() + 60
+            while held_and_finished(up_vllm)[0] < 1 and time.monotonic() < deadline:
                 next(lines)
-            running, finished = running_and_finished(up_vllm)
-            assert running >= 1
+            held, finished = held_and_finished(up_vllm)
+            assert held >= 1
         gone = time.monotonic()
-        while running > 0 and time.monotonic() - gone < 10:
+        while held > 0 and time.monotonic() - gone < 10:
             time.sleep(0.05)
-            running, now_finished = running_and_finished(up_vllm)
+            held, now_finished = held_and_finished(up_vllm)
         (alone if now_finished == finished else shared).append(time.monotonic() - gone)
     print(
         f"sequence freed after disconnect: {[f'{s:.2f} s' for s in alone]}; "
