@@ -40,7 +40,7 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up);
 // lora.cpp: LoRA adapters' products on their rows.
 void lora_add(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& row_slots,
               const torch::Tensor& a_t, const torch::Tensor& b_t, const torch::Tensor& scale,
-              const torch::Tensor& used);
+              const torch::Tensor& layout);
 
 // norms.cpp: residual update and RMSNorm.
 torch::Tensor add_rms_norm(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,

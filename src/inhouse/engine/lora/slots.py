@@ -50,9 +50,7 @@ class AdapterSlots:
             linears += (layer.mlp.gate_up_proj, layer.mlp.down_proj)
             for projection, linear in zip(PROJECTIONS, linears, strict=True):
                 outs, width = part_sizes(model.args, projection)
-                stack = LoraStack(
-                    max_loras, len(outs) * max_rank, width, sum(outs), device, kernel, self.dtype
-                )
+                stack = LoraStack(max_loras, max_rank, outs, width, device, kernel, self.dtype)
                 self.stacks[index, projection] = linear.lora = stack
         model.lora_weights = [t for stack in self.stacks.values() for t in stack.tensors]
         self.adapters: dict[str, LoadedAdapter] = {}
@@ -90,13 +88,8 @@ class AdapterSlots:
 
     def _write(self, slot: int, weights: AdapterWeights) -> None:
         for (layer, projection), stack in self.stacks.items():
-            outs, _ = part_sizes(self.args, projection)
-            starts = [sum(outs[:part]) for part in range(len(outs))]
-            parts = [
-                (start, weights.parts.get((layer, projection, part)))
-                for part, start in enumerate(starts)
-            ]
-            stack.write(slot, parts)
+            parts = range(len(part_sizes(self.args, projection)[0]))
+            stack.write(slot, [weights.parts.get((layer, projection, part)) for part in parts])
 
 
 def describe_adapters(slots: AdapterSlots | None) -> str:
