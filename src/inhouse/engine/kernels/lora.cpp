@@ -68,6 +68,17 @@ constexpr int64_t kOutBlock = 16;  // B is stored [width / 16][rank][16]: a bloc
 
 
 #ifdef INHOUSE_AVX2
+// p[0:8] = round(p[0:8] + delta), rounded to p's type as a scalar store rounds it. The empty
+// asm hands delta over as a finished value: the compiler may not fuse the product that made
+// it into this sum (a fused multiply-add would round once, not twice, and only where it chose).
+template <typename T>
+inline __m256 added(const T* p, __m256 delta) {
+  asm("" : "+x"(delta));
+  return _mm256_add_ps(load8(p), delta);
+}
+inline void add_into8(float* p, __m256 delta) { store8(p, added(p, delta)); }
+inline void add_into8(c10::BFloat16* p, __m256 delta) { store8(p, round_bf16(added(p, delta))); }
+
 // outs[r][o : o + 16 * kBlocks] for kRows rows: each load of B shared by every row,
 // kRows * kBlocks * 2 independent sums in registers (enough to hide the FMA's latency), each
 // block's B read front to back (`block`: kBlocks blocks of `cap` rows of 16 columns, summed
@@ -95,9 +106,16 @@ void add_blocks(T* const* outs, const float* lows, int64_t stride, int64_t cap, 
   for (int j = 0; j < kBlocks; ++j) {
     const int64_t at = o + j * kOutBlock, lanes = std::min<int64_t>(kOutBlock, width - at);
     for (int r = 0; r < kRows; ++r) {
+      const __m256 low = _mm256_mul_ps(acc[r][j][0], _mm256_loadu_ps(scale + at));
+      const __m256 high = _mm256_mul_ps(acc[r][j][1], _mm256_loadu_ps(scale + at + 8));
+      if (lanes == kOutBlock) {
+        add_into8(outs[r] + at, low);
+        add_into8(outs[r] + at + 8, high);
+        continue;
+      }
       alignas(32) float delta[16];
-      _mm256_store_ps(delta, _mm256_mul_ps(acc[r][j][0], _mm256_loadu_ps(scale + at)));
-      _mm256_store_ps(delta + 8, _mm256_mul_ps(acc[r][j][1], _mm256_loadu_ps(scale + at + 8)));
+      _mm256_store_ps(delta, low);
+      _mm256_store_ps(delta + 8, high);
       for (int64_t l = 0; l < lanes; ++l)
         outs[r][at + l] = static_cast<T>(as_float(outs[r][at + l]) + delta[l]);
     }
