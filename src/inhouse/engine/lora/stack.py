@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +73,7 @@ class LoraStack:
         device: torch.device,
         kernel: bool,
         dtype: torch.dtype = torch.float32,
+        layers: int | None = None,
     ) -> None:
         self.part_rank = -(-max_rank // RANK_STEP) * RANK_STEP
         self.starts = [sum(parts[:i]) for i in range(len(parts))]
@@ -80,12 +82,20 @@ class LoraStack:
         rank = len(parts) * self.part_rank
         cap = self.part_rank if self.blocks_own_part else rank
         blocks = -(-self.out_features // OUT_BLOCK)
-        self.a_t = torch.zeros(slots, in_features, rank, device=device, dtype=dtype)
-        self.b_t = torch.zeros(slots, blocks, cap, OUT_BLOCK, device=device, dtype=dtype)
-        self.scale = torch.zeros(slots, blocks * OUT_BLOCK, device=device)
-        self.layout = torch.zeros(slots, 2 + blocks, dtype=torch.long, device=device)
-        self.layout[:, 2:] = -1
+        lead = () if layers is None else (layers,)  # every layer's, for decode_layers
+        self.a_t = torch.zeros(*lead, slots, in_features, rank, device=device, dtype=dtype)
+        self.b_t = torch.zeros(*lead, slots, blocks, cap, OUT_BLOCK, device=device, dtype=dtype)
+        self.scale = torch.zeros(*lead, slots, blocks * OUT_BLOCK, device=device)
+        self.layout = torch.zeros(*lead, slots, 2 + blocks, dtype=torch.long, device=device)
+        self.layout[..., 2:] = -1
         self.kernel = kernel
+
+    def layer(self, index: int) -> LoraStack:
+        """Layer ``index``'s stacks of a stack of every layer's: views, written through."""
+        view = copy.copy(self)
+        view.a_t, view.b_t = self.a_t[index], self.b_t[index]
+        view.scale, view.layout = self.scale[index], self.layout[index]
+        return view
 
     @property
     def tensors(self) -> list[torch.Tensor]:
