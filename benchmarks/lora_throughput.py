@@ -4,7 +4,8 @@ same way with and without them.
 
 - c=16: 16 chat streams at once, all on the base, against 16 spread evenly over the adapters
   (one batch holding every adapter and its rows);
-- c=1: one stream at a time, the base against one adapter.
+- c=1: one stream at a time (the four questions one after another), the base against one
+  adapter.
 
 Each round runs base then adapters, the order reversed every other round, so a drifting host
 weighs on both alike; output tok/s is completion tokens over the wall time of the round's
@@ -57,12 +58,14 @@ def ask(client: httpx.Client, url: str, model: str, question: str, new_tokens: i
 
 
 def round_tok_s(url: str, models: list[str], concurrency: int, new_tokens: int) -> float:
-    """``concurrency`` requests at once, request ``i`` to ``models[i % len]``; output tok/s."""
+    """``concurrency`` requests at once (at least ``len(QUESTIONS)`` in all, one after another
+    at c=1: one request alone is too short to time), request ``i`` to ``models[i % len]``;
+    output tok/s."""
     with httpx.Client() as client, ThreadPoolExecutor(concurrency) as pool:
         start = time.perf_counter()
         jobs = [
             pool.submit(ask, client, url, models[i % len(models)], QUESTIONS[i % 4], new_tokens)
-            for i in range(concurrency)
+            for i in range(max(concurrency, len(QUESTIONS)))
         ]
         tokens = sum(job.result() for job in jobs)
         return tokens / (time.perf_counter() - start)

@@ -271,10 +271,13 @@ def test_the_slots_are_counted_in_the_default_kv_budget(tiny_llama_folder, tmp_p
     adapters = _adapters(_hf(tiny_llama_folder), tmp_path, names=("support",))
     engine = _engine(str(tiny_llama_folder), adapters, kv_cache_memory=None, max_lora_rank=8)
     # 4 slots (the default), 3 layers: qkv 64 -> 128 (3 parts), o 64 -> 64, gate_up 64 -> 192
-    # (2 parts), down 96 -> 64, float32: A [in, parts * 8], B [parts * 8, out], a scale per out
-    per_layer = (64 * 24 + 24 * 128 + 128) + (64 * 8 + 8 * 64 + 64)
-    per_layer += (64 * 16 + 16 * 192 + 192) + (96 * 8 + 8 * 64 + 64)
-    expected = 4 * 3 * per_layer * 4
+    # (2 parts), down 96 -> 64, float32: A [in, parts * 8], B in blocks of 16 outputs holding
+    # their own part's 8 rank rows (every part starts on a block), a scale per out; int64
+    # layout entries, 2 + one per block
+    per_layer = (64 * 24 + 8 * 128 + 128) + (64 * 8 + 8 * 64 + 64)
+    per_layer += (64 * 16 + 8 * 192 + 192) + (96 * 8 + 8 * 64 + 64)
+    layout = (2 + 128 // 16) + (2 + 64 // 16) + (2 + 192 // 16) + (2 + 64 // 16)
+    expected = 4 * 3 * (per_layer * 4 + layout * 8)
     budget = engine.info.budget
     assert budget.adapter_bytes == engine.core.adapters.num_bytes == expected
     assert f"less {expected / 2**20:.1f} MiB of LoRA adapter slots" in budget.reason

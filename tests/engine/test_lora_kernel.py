@@ -10,44 +10,57 @@ from engine_helpers import needs_kernels
 from inhouse.engine.lora.stack import AdapterRows, LoraStack, PartWeights
 
 IN, OUT = 96, 88  # 88: the last block of 16 output columns is partial
+# Two parts: the second starting on a block (each block holds its own part's rank rows), or
+# inside one (each block holds every part's).
+LAYOUTS = {"blocks-own-part": [48, 40], "blocks-every-part": [40, 48]}
 
 
-def _stack(kernel: bool, ranks: list[list[int]], halves=torch.float32) -> LoraStack:
-    """Slots with parts of ``ranks[slot]`` (two parts of 40 output rows each), their halves
-    in ``halves``."""
-    gen = torch.Generator().manual_seed(3)
-    stack = LoraStack(len(ranks), 2 * 16, IN, OUT, torch.device("cpu"), kernel, halves)
-    for slot, parts in enumerate(ranks):
-        pairs = []
-        for part, rank in enumerate(parts):
-            if rank == 0:
-                pairs.append((40 * part, None))
-                continue
-            a, b = torch.randn(rank, IN, generator=gen), torch.randn(40, rank, generator=gen)
-            pairs.append((40 * part, PartWeights(a, b, 0.5 + slot)))
-        stack.write(slot, pairs)
-    return stack
+class Adapters:
+    """A stack of slots with parts of ``ranks[slot]`` (0: the part not adapted), and the
+    pairs it was written from, rounded to its halves' dtype: the reference's inputs."""
 
+    def __init__(self, kernel: bool, ranks: list[list[int]], halves=torch.float32,
+                 parts: list[int] = LAYOUTS["blocks-own-part"]) -> None:  # fmt: skip
+        gen = torch.Generator().manual_seed(3)
+        self.stack = LoraStack(len(ranks), 16, parts, IN, torch.device("cpu"), kernel, halves)
+        self.pairs: list[list[tuple[int, PartWeights]]] = []
+        for slot, slot_ranks in enumerate(ranks):
+            written, kept = [], []
+            for part, rank in enumerate(slot_ranks):
+                if rank == 0:
+                    written.append(None)
+                    continue
+                a = torch.randn(rank, IN, generator=gen).to(halves).float()
+                b = torch.randn(parts[part], rank, generator=gen).to(halves).float()
+                written.append(PartWeights(a, b, 0.5 + slot))
+                kept.append((sum(parts[:part]), written[-1]))
+            self.stack.write(slot, written)
+            self.pairs.append(kept)
 
-def _reference(stack: LoraStack, out: torch.Tensor, x: torch.Tensor, slots: list[int]):
-    expected = out.double().clone()
-    for row, slot in enumerate(slots):
-        if slot >= 0:
-            a_t, b_t, scale = (h.double() for h in stack.low_rank_halves(slot))
-            expected[row] += ((x[row].double() @ a_t) @ b_t) * scale
-    return expected
+    def reference(self, out: torch.Tensor, x: torch.Tensor, slots: list[int]) -> torch.Tensor:
+        """In float64, part by part from the pairs themselves."""
+        expected = out.double().clone()
+        for row, slot in enumerate(slots):
+            for start, pair in self.pairs[slot] if slot >= 0 else []:
+                low = x[row].double() @ pair.a.double().T
+                expected[row, start : start + pair.b.shape[0]] += (
+                    low @ pair.b.double().T
+                ) * pair.scaling
+        return expected
 
 
 @pytest.mark.parametrize("kernel", [pytest.param(True, marks=needs_kernels), False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("halves", [torch.float32, torch.bfloat16])
-def test_the_product_matches_float64_for_mixed_rows(kernel, dtype, halves):
-    stack = _stack(kernel, [[8, 0], [3, 16], [0, 5]], halves)
+@pytest.mark.parametrize("parts", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_the_product_matches_float64_for_mixed_rows(kernel, dtype, halves, parts):
+    adapters = Adapters(kernel, [[8, 0], [3, 16], [0, 5]], halves, parts)
+    stack = adapters.stack
     slots = [0, -1, 2, 1, 1, 0, -1, 2, 1, 0, 0, 1, 2]
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(len(slots), IN, generator=gen).to(dtype)
     out = torch.randn(len(slots), OUT, generator=gen).to(dtype)
-    expected = _reference(stack, out, x, slots)
+    expected = adapters.reference(out, x, slots)
     rows = AdapterRows.of_entries(slots, [1] * len(slots), torch.device("cpu"))
     got = out.clone()
     stack.add_to(got, x, rows)
@@ -59,8 +72,9 @@ def test_the_product_matches_float64_for_mixed_rows(kernel, dtype, halves):
 
 @needs_kernels
 @pytest.mark.parametrize("halves", [torch.float32, torch.bfloat16])
-def test_a_rows_bits_do_not_depend_on_what_shares_its_call(halves):
-    stack = _stack(True, [[8, 8], [16, 16], [2, 0]], halves)
+@pytest.mark.parametrize("parts", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_a_rows_bits_do_not_depend_on_what_shares_its_call(halves, parts):
+    stack = Adapters(True, [[8, 8], [16, 16], [2, 0]], halves, parts).stack
     gen = torch.Generator().manual_seed(9)
     slots = [1, 0, 1, 2, 1, 1, 1, 0, 2, 1]
     x = torch.randn(len(slots), IN, generator=gen)
@@ -74,11 +88,13 @@ def test_a_rows_bits_do_not_depend_on_what_shares_its_call(halves):
 
 
 @needs_kernels
-def test_a_broken_scale_is_caught():
+@pytest.mark.parametrize("parts", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_a_broken_scale_is_caught(parts):
     """The reference is sharp enough to see one part's scaling off by 1 %."""
-    stack = _stack(True, [[8, 8]])
+    adapters = Adapters(True, [[8, 8]], parts=parts)
+    stack = adapters.stack
     x, out = torch.randn(4, IN), torch.randn(4, OUT)
-    expected = _reference(stack, out, x, [0] * 4)
+    expected = adapters.reference(out, x, [0] * 4)
     stack.scale[0, :40] *= 1.01
     got = out.clone()
     stack.add_to(got, x, AdapterRows.of_entries([0] * 4, [1] * 4, x.device))

@@ -31,6 +31,7 @@ DEFAULT_MAX_LORAS = 4  # slots once any adapter is given (room for loads at run 
 RANK_STEP = 8  # inhouse's kernel lanes: a slot's rank columns come in eights
 OUT_BLOCK = 16  # inhouse's B blocks: a projection's output rows padded to sixteens
 SCALE_BYTES = 4  # inhouse's per-row scale is float32
+LAYOUT_BYTES = 8  # inhouse's per-block layout entries are int64
 VLLM_VALUE_BYTES = 2  # vLLM keeps them in the model's dtype (bf16 or fp16 here)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # its --max-lora-rank choices
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
@@ -61,13 +62,17 @@ def projections(spec: ModelSpec) -> tuple[Projection, ...]:
 
 def inhouse_slot_bytes(spec: ModelSpec, max_rank: int, exact: bool = False) -> int:
     """One slot's bytes in ``inhouse serve`` (``AdapterSlots.num_bytes`` ÷ slots): halves in
-    bfloat16, or float32 where ``exact``."""
+    bfloat16, or float32 where ``exact``; a B block holds one part's rank rows where every
+    part starts on a block, else every part's."""
     half = 4 if exact else 2
+    part = -(-max_rank // RANK_STEP) * RANK_STEP
     total = 0
     for p in projections(spec):
-        cols = -(-len(p.outs) * max_rank // RANK_STEP) * RANK_STEP
+        cols = len(p.outs) * part
         rows = -(-sum(p.outs) // OUT_BLOCK) * OUT_BLOCK
-        total += (p.in_features * cols + cols * rows) * half + rows * SCALE_BYTES
+        own = all(sum(p.outs[:i]) % OUT_BLOCK == 0 for i in range(len(p.outs)))
+        total += (p.in_features * cols + (part if own else cols) * rows) * half
+        total += rows * SCALE_BYTES + (2 + rows // OUT_BLOCK) * LAYOUT_BYTES
     return spec.num_layers * total
 
 

@@ -12,15 +12,15 @@ namespace inhouse {
 namespace {
 
 constexpr size_t kLayerWeights = 18;
-constexpr size_t kLayerAdapters = 16;  // a_t, b_t, scale, used for qkv, o, gate_up, down
+constexpr size_t kAdapterStacks = 16;  // a_t, b_t, scale, layout for qkv, o, gate_up, down
 
-// `y` with each row's adapter product added (lora.cpp), when the step has adapter rows.
+// `y` with each row's adapter product added (lora.cpp), when the step has adapter rows:
+// projection `at / 4`'s stacks at `layer`.
 torch::Tensor adapted(torch::Tensor y, const torch::Tensor& x,
                       const c10::optional<torch::Tensor>& lora_rows,
-                      at::TensorList lora, size_t at) {
+                      at::TensorList lora, size_t at, int64_t layer) {
   if (lora_rows.has_value())
-    lora_add(y, x.reshape({x.size(0), -1}), *lora_rows, lora[at], lora[at + 1], lora[at + 2],
-             lora[at + 3]);
+    lora_add_layer(y, x, *lora_rows, lora[at], lora[at + 1], lora[at + 2], lora[at + 3], layer);
   return y;
 }
 
@@ -34,7 +34,8 @@ torch::Tensor adapted(torch::Tensor y, const torch::Tensor& x,
 // thread may set while this runs) ends the call before the next layer, returning an empty
 // tensor: the step was abandoned (its K/V writes so far are recomputed, the same bits, later).
 // With `lora_rows` (each row's adapter slot, -1: none) every projection adds its rows' adapter
-// products, `lora` holding kLayerAdapters stacks a layer, as the Python path adds them.
+// products, `lora` holding kAdapterStacks stacks, each with every layer's, as the Python path
+// adds them.
 torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,
                             const torch::Tensor& cos, const torch::Tensor& sin,
                             torch::Tensor kv_caches, const torch::Tensor& slots,
@@ -55,28 +56,26 @@ torch::Tensor decode_layers(torch::Tensor residual, const c10::optional<torch::T
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * static_cast<int64_t>(kLayerWeights) &&
                   static_cast<int64_t>(windows.size()) == layers,
               "one set of weights and one window per layer");
-  TORCH_CHECK(!lora_rows.has_value() ||
-                  static_cast<int64_t>(lora.size()) == layers * static_cast<int64_t>(kLayerAdapters),
-              "one set of adapter stacks per layer");
+  TORCH_CHECK(!lora_rows.has_value() || lora.size() == kAdapterStacks,
+              "four adapter stacks for each of qkv, o, gate_up and down");
   c10::optional<torch::Tensor> added = delta;
   for (int64_t l = 0; l < layers; ++l) {
     if (stop_flag != nullptr && *stop_flag != 0) return torch::empty({0}, residual.options());
     const size_t at = static_cast<size_t>(l) * kLayerWeights;
-    const size_t ad = static_cast<size_t>(l) * kLayerAdapters;
     torch::Tensor k_cache = kv_caches[l][0], v_cache = kv_caches[l][1];
     const torch::Tensor x = add_rms_norm(residual, added, *weights.get(at), eps);
-    const torch::Tensor qkv = adapted(linear_any(x, weights, at + 1), x, lora_rows, lora, ad)
+    const torch::Tensor qkv = adapted(linear_any(x, weights, at + 1), x, lora_rows, lora, 0, l)
                                   .view({tokens, heads + 2 * kv_heads, dim});
     const torch::Tensor q = rope_write_kv(qkv, cos, sin, k_cache, v_cache, slots, heads);
     const torch::Tensor attended = paged_attention_rows(q, k_cache, v_cache, block_tables,
                                                         row_seq, context_lens, block_size, scale,
                                                         windows[l], false, c10::nullopt);
     const torch::Tensor o =
-        adapted(linear_any(attended, weights, at + 5), attended, lora_rows, lora, ad + 4);
+        adapted(linear_any(attended, weights, at + 5), attended, lora_rows, lora, 4, l);
     const torch::Tensor h = add_rms_norm(residual, o, *weights.get(at + 9), eps);
-    const torch::Tensor gate_up = adapted(linear_any(h, weights, at + 10), h, lora_rows, lora, ad + 8);
+    const torch::Tensor gate_up = adapted(linear_any(h, weights, at + 10), h, lora_rows, lora, 8, l);
     const torch::Tensor act = silu_mul(gate_up);
-    added = adapted(linear_any(act, weights, at + 14), act, lora_rows, lora, ad + 12);
+    added = adapted(linear_any(act, weights, at + 14), act, lora_rows, lora, 12, l);
   }
   return *added;
 }

@@ -40,7 +40,10 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up);
 // lora.cpp: LoRA adapters' products on their rows.
 void lora_add(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& row_slots,
               const torch::Tensor& a_t, const torch::Tensor& b_t, const torch::Tensor& scale,
-              const torch::Tensor& used);
+              const torch::Tensor& layout);
+void lora_add_layer(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& row_slots,
+                    const torch::Tensor& a_t, const torch::Tensor& b_t, const torch::Tensor& scale,
+                    const torch::Tensor& layout, int64_t layer);
 
 // norms.cpp: residual update and RMSNorm.
 torch::Tensor add_rms_norm(torch::Tensor residual, const c10::optional<torch::Tensor>& delta,

@@ -34,7 +34,7 @@ TORCH_LIBRARY(inhouse_cpu, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def(
       "lora_add(Tensor(a!) out, Tensor x, Tensor row_slots, Tensor a_t, Tensor b_t, "
-      "Tensor scale, Tensor used) -> ()");
+      "Tensor scale, Tensor layout) -> ()");
   m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
   m.def("quantize_q8(Tensor weight) -> (Tensor, Tensor)");
   m.def("quantize_q4(Tensor weight) -> (Tensor, Tensor, Tensor)");

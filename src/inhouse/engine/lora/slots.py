@@ -44,23 +44,33 @@ class AdapterSlots:
         self.args = model.args
         device = model.rope_cos.device
         self.dtype = torch.float32 if exact else torch.bfloat16
+        # one stack of every layer a projection (decode_layers takes 16 tensors a step)
+        self.model_stacks = {
+            projection: LoraStack(
+                max_loras,
+                max_rank,
+                *part_sizes(model.args, projection),
+                device,
+                kernel,
+                self.dtype,
+                layers=len(model.layers),
+            )
+            for projection in PROJECTIONS
+        }
         self.stacks: dict[tuple[int, str], LoraStack] = {}
         for index, layer in enumerate(model.layers):
             linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj)
             linears += (layer.mlp.gate_up_proj, layer.mlp.down_proj)
             for projection, linear in zip(PROJECTIONS, linears, strict=True):
-                outs, width = part_sizes(model.args, projection)
-                stack = LoraStack(
-                    max_loras, len(outs) * max_rank, width, sum(outs), device, kernel, self.dtype
-                )
+                stack = self.model_stacks[projection].layer(index)
                 self.stacks[index, projection] = linear.lora = stack
-        model.lora_weights = [t for stack in self.stacks.values() for t in stack.tensors]
+        model.lora_weights = [t for stack in self.model_stacks.values() for t in stack.tensors]
         self.adapters: dict[str, LoadedAdapter] = {}
 
     @property
     def num_bytes(self) -> int:
         """Memory the slots hold, whether filled or not."""
-        return sum(stack.num_bytes for stack in self.stacks.values())
+        return sum(stack.num_bytes for stack in self.model_stacks.values())
 
     def install(
         self, name: str, weights: AdapterWeights, in_use: Callable[[int], bool]
@@ -90,13 +100,8 @@ class AdapterSlots:
 
     def _write(self, slot: int, weights: AdapterWeights) -> None:
         for (layer, projection), stack in self.stacks.items():
-            outs, _ = part_sizes(self.args, projection)
-            starts = [sum(outs[:part]) for part in range(len(outs))]
-            parts = [
-                (start, weights.parts.get((layer, projection, part)))
-                for part, start in enumerate(starts)
-            ]
-            stack.write(slot, parts)
+            parts = range(len(part_sizes(self.args, projection)[0]))
+            stack.write(slot, [weights.parts.get((layer, projection, part)) for part in parts])
 
 
 def describe_adapters(slots: AdapterSlots | None) -> str:

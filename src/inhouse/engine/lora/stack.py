@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -48,11 +49,16 @@ class AdapterRows:
 
 class LoraStack:
     """A fused projection's low-rank pairs for every slot, laid out for the products:
-    ``a_t [slots, in, rank]`` (A transposed), ``b_t [slots, out / 16, rank, 16]`` (B
-    transposed, in blocks of 16 output columns, so a block's rank rows adjoin), ``scale
-    [slots, out]`` (each part's scaling on its rows, float32; out rounded up to 16), the
-    halves in ``dtype``; a slot's parts sit side by side in its first ``used`` rank
-    columns, zero beyond: zeros add nothing, so the padding leaves the products as they were.
+    ``a_t [slots, in, rank]`` (A transposed, a slot's parts side by side in its rank
+    columns, each at a multiple of its rank rounded up to 8), ``b_t [slots, out / 16, cap,
+    16]`` (B transposed, in blocks of 16 output columns, so a block's rank rows adjoin),
+    ``scale [slots, out]`` (each part's scaling on its rows, float32; out rounded up to 16),
+    the halves in ``dtype``, and ``layout [slots, 2 + out / 16]``: the rank columns in use,
+    each block's rows in use, and each block's first rank column (-1: no part there).
+
+    Where every part starts on a block, a block holds only its own part's rows (``cap`` is
+    one part's rank): a fused qkv's B is a third of the dense one, and so are its reads.
+    Otherwise a block holds every rank row (zeros outside its parts add nothing).
 
     With ``kernel`` (a CPU with the C++ kernels built) each row is computed in one fixed
     order (``lora_add``), so its bits do not depend on the batch; elsewhere by torch's
@@ -61,62 +67,91 @@ class LoraStack:
     def __init__(
         self,
         slots: int,
-        rank: int,
+        max_rank: int,
+        parts: list[int],
         in_features: int,
-        out_features: int,
         device: torch.device,
         kernel: bool,
         dtype: torch.dtype = torch.float32,
+        layers: int | None = None,
     ) -> None:
-        rank = -(-rank // RANK_STEP) * RANK_STEP
-        blocks = -(-out_features // OUT_BLOCK)
-        self.out_features = out_features
-        self.a_t = torch.zeros(slots, in_features, rank, device=device, dtype=dtype)
-        self.b_t = torch.zeros(slots, blocks, rank, OUT_BLOCK, device=device, dtype=dtype)
-        self.scale = torch.zeros(slots, blocks * OUT_BLOCK, device=device)
-        self.used = torch.zeros(slots, dtype=torch.long, device=device)  # rank columns in use
+        self.part_rank = -(-max_rank // RANK_STEP) * RANK_STEP
+        self.starts = [sum(parts[:i]) for i in range(len(parts))]
+        self.out_features = sum(parts)
+        self.blocks_own_part = all(start % OUT_BLOCK == 0 for start in self.starts)
+        rank = len(parts) * self.part_rank
+        cap = self.part_rank if self.blocks_own_part else rank
+        blocks = -(-self.out_features // OUT_BLOCK)
+        lead = () if layers is None else (layers,)  # every layer's, for decode_layers
+        self.a_t = torch.zeros(*lead, slots, in_features, rank, device=device, dtype=dtype)
+        self.b_t = torch.zeros(*lead, slots, blocks, cap, OUT_BLOCK, device=device, dtype=dtype)
+        self.scale = torch.zeros(*lead, slots, blocks * OUT_BLOCK, device=device)
+        self.layout = torch.zeros(*lead, slots, 2 + blocks, dtype=torch.long, device=device)
+        self.layout[..., 2:] = -1
         self.kernel = kernel
+
+    def layer(self, index: int) -> LoraStack:
+        """Layer ``index``'s stacks of a stack of every layer's: views, written through."""
+        view = copy.copy(self)
+        view.a_t, view.b_t = self.a_t[index], self.b_t[index]
+        view.scale, view.layout = self.scale[index], self.layout[index]
+        return view
 
     @property
     def tensors(self) -> list[torch.Tensor]:
         """What ``decode_layers`` takes for this projection."""
-        return [self.a_t, self.b_t, self.scale, self.used]
+        return [self.a_t, self.b_t, self.scale, self.layout]
 
-    def write(self, slot: int, parts: list[tuple[int, PartWeights | None]]) -> None:
-        """Put one adapter's parts (each at its first output row; None: not adapted) into
-        ``slot``, their rank columns side by side."""
+    def write(self, slot: int, parts: list[PartWeights | None]) -> None:
+        """Put one adapter's parts (one per part of the projection; None: not adapted) into
+        ``slot``."""
+        pairs = zip(self.starts, parts, strict=True)
+        adapted = [(start, pair) for start, pair in pairs if pair is not None]
+        step = -(-max((pair.a.shape[0] for _, pair in adapted), default=0) // RANK_STEP)
+        step *= RANK_STEP
+        rank, blocks = self.a_t.shape[2], self.b_t.shape[1]
+        b = torch.zeros(rank, blocks * OUT_BLOCK)  # B.T, dense
+        first = torch.full((blocks,), -1, dtype=torch.long)
         self.a_t[slot].zero_()
         self.scale[slot].zero_()
-        b = torch.zeros(self.b_t.shape[2], self.scale.shape[1])  # B.T, [rank, out padded]
-        low = 0
-        for start, pair in parts:
-            if pair is None:
-                continue
-            rank, rows = pair.a.shape[0], pair.b.shape[0]
-            self.a_t[slot, :, low : low + rank] = pair.a.T
-            b[low : low + rank, start : start + rows] = pair.b.T
+        for index, (start, pair) in enumerate(adapted):
+            low, (r, rows) = index * step, (pair.a.shape[0], pair.b.shape[0])
+            self.a_t[slot, :, low : low + r] = pair.a.T
+            b[low : low + r, start : start + rows] = pair.b.T
             self.scale[slot, start : start + rows] = pair.scaling
-            low += rank
-        blocks = self.b_t.shape[1]
-        self.b_t[slot] = b.view(-1, blocks, OUT_BLOCK).transpose(0, 1)
-        self.used[slot] = -(-low // RANK_STEP) * RANK_STEP
+            covered = slice(start // OUT_BLOCK, -(-(start + rows) // OUT_BLOCK))
+            first[covered] = low if self.blocks_own_part else 0
+        used = len(adapted) * step
+        by_block = b.view(rank, blocks, OUT_BLOCK).transpose(0, 1)  # [blocks, rank, 16]
+        if self.blocks_own_part:
+            cap = self.b_t.shape[2]
+            taken = first.clamp(min=0)[:, None] + torch.arange(cap)
+            by_block = by_block.gather(1, taken[:, :, None].expand(-1, -1, OUT_BLOCK))
+            by_block[first < 0] = 0
+        self.b_t[slot] = by_block
+        self.layout[slot, :2] = torch.tensor([used, step if self.blocks_own_part else used])
+        self.layout[slot, 2:] = first
 
     def low_rank_halves(self, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(A.T [in, rank], B.T [rank, out], scale [out])`` of ``slot`` in float32."""
-        b = self.b_t[slot].transpose(0, 1).reshape(self.b_t.shape[2], -1)
+        rank, (blocks, cap) = self.a_t.shape[2], self.b_t.shape[1:3]
+        b = torch.zeros(rank, blocks, OUT_BLOCK)
+        for block, first in enumerate(self.layout[slot, 2:].tolist()):
+            if first >= 0:
+                b[first : first + cap, block] = self.b_t[slot, block].float()
         out = self.out_features
-        return self.a_t[slot].float(), b[:, :out].float(), self.scale[slot, :out]
+        return self.a_t[slot].float(), b.view(rank, -1)[:, :out], self.scale[slot, :out]
 
     @property
     def num_bytes(self) -> int:
-        return self.a_t.nbytes + self.b_t.nbytes + self.scale.nbytes
+        return self.a_t.nbytes + self.b_t.nbytes + self.scale.nbytes + self.layout.nbytes
 
     def add_to(self, out: torch.Tensor, x: torch.Tensor, rows: AdapterRows) -> None:
         """``out[r] += (x[r] @ A.T @ B.T) * scaling`` for each row with an adapter, computed
         in float32 and rounded once into ``out``'s dtype, as PEFT adds it."""
         x = x.reshape(x.shape[0], -1)
         if self.kernel:
-            args = (rows.row_slots, self.a_t, self.b_t, self.scale, self.used)
+            args = (rows.row_slots, self.a_t, self.b_t, self.scale, self.layout)
             torch.ops.inhouse_cpu.lora_add(out, x.contiguous(), *args)
             return
         for slot, index in rows.groups:
