@@ -281,15 +281,16 @@ void add_rows(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& r
 }  // namespace
 
 // Adds each row's adapter product to ``out [T, width]`` from ``x [T, in]`` (or ``[T, ...]``
-// holding ``in`` a row: no view to make; both float32, or both bfloat16): ``row_slots [T]`` is each row's adapter slot (-1: the base, untouched);
-// per slot, ``a_t [S, in, rank]`` (its parts side by side in the rank columns), ``b_t [S,
-// width / 16, cap, 16]`` (B's 16-column blocks, each read front to back; float32 or bfloat16,
-// summed in float32 as PEFT computes an adapter), ``scale [S, width rounded up to 16]``
-// (float32) and ``layout [S, 2 + width / 16]``: the rank columns in use, the rows of each
-// block in use (both multiples of 8), and each block's first rank column (-1: none). A row's
-// bits depend on nothing but its own inputs and slot. With `layer` (not -1) the four hold
-// every layer's stacks ([layers, S, ...]) and that layer's are used: one tensor each for a
-// whole model's projection, so a decode step hands over 16 tensors, not 16 a layer.
+// holding ``in`` a row: no view to make; both float32, or both bfloat16): ``row_slots [T]``
+// is each row's adapter slot (-1: the base, untouched); per slot, ``a_t [S, in, rank]`` (its
+// parts side by side in the rank columns), ``b_t [S, width / 16, cap, 16]`` (B's 16-column
+// blocks, each read front to back; float32 or bfloat16, summed in float32 as PEFT computes
+// an adapter), ``scale [S, width rounded up to 16]`` (float32) and ``layout [S, 2 + width /
+// 16]``: the rank columns in use, the rows of each block in use (both multiples of 8), and
+// each block's first rank column (-1: none). A row's bits depend on nothing but its own
+// inputs and slot. With `layer` (not -1) the four hold every layer's stacks ([layers, S,
+// ...]) and that layer's are used: one tensor each for a whole model's projection, so a
+// decode step hands over 16 tensors, not 16 a layer.
 void lora_add_layer(torch::Tensor out, const torch::Tensor& x, const torch::Tensor& row_slots,
                     const torch::Tensor& a_t, const torch::Tensor& b_t, const torch::Tensor& scale,
                     const torch::Tensor& layout, int64_t layer) {
