@@ -144,7 +144,7 @@ struct SlotB {
 // across the rows, kBlocks at a time; a row's sums are the same whatever block, run or range.
 template <int kRows, int kBlocks, typename T, typename W>
 void add_runs(T* const* outs, const float* lows, int64_t stride, const SlotB<W>& b,
-                  int64_t width, int64_t o_begin, int64_t o_end) {
+              int64_t width, int64_t o_begin, int64_t o_end) {
   const int64_t blocks = (o_end + kOutBlock - 1) / kOutBlock;
   for (int64_t j = o_begin / kOutBlock; j < blocks;) {
     const int64_t first = b.first[j];
@@ -199,11 +199,11 @@ struct LayerStack {
   LayerStack(const torch::Tensor& a_t, const torch::Tensor& b_t, const torch::Tensor& scale_t,
              const torch::Tensor& layout_t, int64_t layer) {
     const int64_t lead = layer < 0 ? 0 : 1;  // a leading layer dimension
-    const int64_t at = std::max<int64_t>(layer, 0);
-    a = static_cast<const char*>(a_t.data_ptr()) + at * (lead ? a_t.stride(0) : 0) * a_t.element_size();
-    b = static_cast<const char*>(b_t.data_ptr()) + at * (lead ? b_t.stride(0) : 0) * b_t.element_size();
-    scale = scale_t.data_ptr<float>() + at * (lead ? scale_t.stride(0) : 0);
-    layout = layout_t.data_ptr<int64_t>() + at * (lead ? layout_t.stride(0) : 0);
+    const int64_t at = lead * layer;  // 0 without one
+    a = static_cast<const char*>(a_t.data_ptr()) + at * a_t.stride(0) * a_t.element_size();
+    b = static_cast<const char*>(b_t.data_ptr()) + at * b_t.stride(0) * b_t.element_size();
+    scale = scale_t.data_ptr<float>() + at * scale_t.stride(0);
+    layout = layout_t.data_ptr<int64_t>() + at * layout_t.stride(0);
     a_slot = a_t.stride(lead);
     b_slot = b_t.stride(lead);
     scale_slot = scale_t.stride(lead);

@@ -135,10 +135,11 @@ class LoraStack:
     def low_rank_halves(self, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(A.T [in, rank], B.T [rank, out], scale [out])`` of ``slot`` in float32."""
         rank, (blocks, cap) = self.a_t.shape[2], self.b_t.shape[1:3]
-        b = torch.zeros(rank, blocks, OUT_BLOCK)
-        for block, first in enumerate(self.layout[slot, 2:].tolist()):
-            if first >= 0:
-                b[first : first + cap, block] = self.b_t[slot, block].float()
+        first = self.layout[slot, 2:]
+        kept = (first >= 0).nonzero().flatten()  # blocks some part writes
+        rows = first[kept, None] + torch.arange(cap, device=first.device)  # [kept, cap]
+        b = torch.zeros(rank, blocks, OUT_BLOCK, device=self.b_t.device)
+        b[rows, kept[:, None]] = self.b_t[slot, kept].float()
         out = self.out_features
         return self.a_t[slot].float(), b.view(rank, -1)[:, :out], self.scale[slot, :out]
 
