@@ -24,24 +24,34 @@ inline float as_float(c10::BFloat16 v) { return static_cast<float>(v); }
 // step streams: four adapters of rank 16 on every projection of a 135M model are 116 MB of
 // float32, more than its q4 weights).
 
+constexpr int64_t kInputWays = 4;  // partial sums of the first pass, inputs i % 4 apart
+
 #ifdef INHOUSE_AVX2
-// low[k0 : k0 + 8 * kChunks] = x @ a_t's columns there, accumulators in registers.
+// low[k0 : k0 + 8 * kChunks] = x @ a_t's columns there, kInputWays sums a lane in registers
+// (one sum a lane waited on each multiply-add's latency: a one-row call is that chain).
 template <int kChunks, typename T, typename W>
 void low_rank_chunks(const T* x, const W* a_t, int64_t in, int64_t rank, float* low) {
-  __m256 acc[kChunks];
-  for (int j = 0; j < kChunks; ++j) acc[j] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < in; ++i) {
+  __m256 acc[kInputWays][kChunks];
+  for (auto& way : acc)
+    for (auto& lane : way) lane = _mm256_setzero_ps();
+  const auto add_input = [&](int64_t i, __m256* way) {
     const __m256 xi = _mm256_set1_ps(as_float(x[i]));
     const W* a = a_t + i * rank;
-    for (int j = 0; j < kChunks; ++j) acc[j] = _mm256_fmadd_ps(xi, load8(a + 8 * j), acc[j]);
-  }
-  for (int j = 0; j < kChunks; ++j) _mm256_storeu_ps(low + 8 * j, acc[j]);
+    for (int j = 0; j < kChunks; ++j) way[j] = _mm256_fmadd_ps(xi, load8(a + 8 * j), way[j]);
+  };
+  int64_t i = 0;
+  for (; i + kInputWays <= in; i += kInputWays)
+    for (int w = 0; w < kInputWays; ++w) add_input(i + w, acc[w]);  // unrolled: registers
+  for (; i < in; ++i) add_input(i, acc[i % kInputWays]);
+  for (int j = 0; j < kChunks; ++j)
+    _mm256_storeu_ps(low + 8 * j, _mm256_add_ps(_mm256_add_ps(acc[0][j], acc[1][j]),
+                                                _mm256_add_ps(acc[2][j], acc[3][j])));
 }
 #endif
 
 // low[k0 : k0 + lanes] = x[0:in] @ a_t[:, k0 : k0 + lanes] (a_t's rows `rank` apart, `lanes`
-// a multiple of 8, at most kRankChunk): each lane sums over the input in order, with fused
-// multiply-adds.
+// a multiple of 8, at most kRankChunk): each lane sums the inputs i = w mod kInputWays in
+// order with fused multiply-adds, for each w, then adds those sums as (0 + 1) + (2 + 3).
 template <typename T, typename W>
 void low_rank(const T* x, const W* a_t, int64_t in, int64_t rank, int64_t k0, int64_t lanes,
               float* low) {
@@ -53,13 +63,14 @@ void low_rank(const T* x, const W* a_t, int64_t in, int64_t rank, int64_t k0, in
     default: low_rank_chunks<4>(x, a_t + k0, in, rank, low + k0); break;
   }
 #else
-  float acc[32] = {};
+  float acc[kInputWays][32] = {};
   for (int64_t i = 0; i < in; ++i) {
     const float xi = as_float(x[i]);
+    float* way = acc[i % kInputWays];
     for (int64_t k = 0; k < lanes; ++k)
-      acc[k] = std::fma(xi, as_float(a_t[i * rank + k0 + k]), acc[k]);
+      way[k] = std::fma(xi, as_float(a_t[i * rank + k0 + k]), way[k]);
   }
-  for (int64_t k = 0; k < lanes; ++k) low[k0 + k] = acc[k];
+  for (int64_t k = 0; k < lanes; ++k) low[k0 + k] = (acc[0][k] + acc[1][k]) + (acc[2][k] + acc[3][k]);
 #endif
 }
 
