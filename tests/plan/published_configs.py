@@ -135,3 +135,98 @@ DEEPSEEK_V3: dict[str, Any] = {
     "v_head_dim": 128,
     "vocab_size": 129280,
 }
+
+# https://huggingface.co/Qwen/Qwen2-VL-2B-Instruct/blob/main/config.json (vision-language)
+QWEN2_VL_2B_INSTRUCT: dict[str, Any] = {
+    "architectures": ["Qwen2VLForConditionalGeneration"],
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "vision_token_id": 151654,
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "hidden_act": "silu",
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 28,
+    "model_type": "qwen2_vl",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+    "vision_config": {
+        "depth": 32,
+        "embed_dim": 1280,
+        "mlp_ratio": 4,
+        "num_heads": 16,
+        "in_chans": 3,
+        "hidden_size": 1536,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "vocab_size": 151936,
+}
+# ... and its preprocessor_config.json
+QWEN2_VL_2B_INSTRUCT_PROCESSOR: dict[str, Any] = {
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_processor_type": "Qwen2VLImageProcessor",
+}
+
+# https://huggingface.co/HuggingFaceTB/SmolVLM2-500M-Video-Instruct/blob/main/config.json
+SMOLVLM2_500M: dict[str, Any] = {
+    "architectures": ["SmolVLMForConditionalGeneration"],
+    "image_token_id": 49190,
+    "model_type": "smolvlm",
+    "pad_token_id": 128002,
+    "scale_factor": 4,
+    "text_config": {
+        "architectures": ["VLlama3ForCausalLM"],
+        "head_dim": 64,
+        "hidden_size": 960,
+        "intermediate_size": 2560,
+        "max_position_embeddings": 8192,
+        "model_type": "llama",
+        "num_attention_heads": 15,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 5,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 100000,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 49280,
+    },
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "vision_config": {
+        "hidden_size": 768,
+        "image_size": 512,
+        "max_image_size": {"longest_edge": 512},
+        "model_type": "smolvlm_vision",
+        "num_attention_heads": 12,
+        "patch_size": 16,
+        "size": {"longest_edge": 2048},
+        "tie_word_embeddings": False,
+        "use_base_siglip": False,
+    },
+    "vocab_size": 49280,
+}
+# ... its preprocessor_config.json and processor_config.json (resize policy, image_seq_len)
+SMOLVLM2_500M_PROCESSOR: dict[str, Any] = {
+    "do_image_splitting": True,
+    "max_image_size": {"longest_edge": 512},
+    "size": {"longest_edge": 2048},
+    "image_processor_type": "SmolVLMImageProcessor",
+    "image_seq_len": 64,
+}

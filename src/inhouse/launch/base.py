@@ -43,6 +43,7 @@ class LaunchSettings:
     lora_modules: tuple[tuple[str, str], ...] = ()  # LoRA adapters (name, path) loaded at start
     max_loras: int = 0  # adapter slots (0: adapters off)
     max_lora_rank: int | None = None  # None: the engine's default (16 for inhouse and vLLM)
+    images_per_prompt: int | None = None  # a vision-language model's image limit a prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +163,7 @@ def shell_line(program: str, argv: list[str], env: dict[str, str] | None = None)
     """A shell line with one option (and its values) per continued line, after `env`."""
     assignments = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
     lines = [" ".join([*assignments, program])]
-    for token in argv:
+    for token in map(shlex.quote, argv):
         if token.startswith("-") or len(lines) == 1:
             lines.append(token)
         else:

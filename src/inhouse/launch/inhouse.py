@@ -84,6 +84,8 @@ class InhouseEngine(Engine):
                 f"inhouse serve does not load {settings.weights} weights "
                 "(it reads 16-bit safetensors and GGUF)"
             )
+        if settings.images_per_prompt is not None:
+            flags.lacks("inhouse serve reads text only: serve a vision-language model with vLLM")
 
     def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
         self.address_flags(endpoint.host, endpoint.port, flags)

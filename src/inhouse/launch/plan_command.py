@@ -73,6 +73,18 @@ def plan(
     max_lora_rank: int = typer.Option(
         DEFAULT_MAX_LORA_RANK, "--max-lora-rank", help="Largest adapter rank a slot holds."
     ),
+    images_per_prompt: int | None = typer.Option(
+        None,
+        "--images-per-prompt",
+        help="A vision-language model: images one prompt may hold (emitted as vLLM's "
+        "--limit-mm-per-prompt). Default 1.",
+    ),
+    image_size: str = typer.Option(
+        "1024x1024",
+        "--image-size",
+        help="A vision-language model: the images' WIDTHxHEIGHT as clients send them; the "
+        "model's processor decides the tokens.",
+    ),
     emit: str | None = typer.Option(
         None,
         "--emit",
@@ -170,6 +182,7 @@ def plan(
     from inhouse.plan.scheduling import check_policy
     from inhouse.plan.source import load_model
     from inhouse.plan.step_costs import CpuTarget
+    from inhouse.plan.vision import parse_image_size
 
     wants_latency = latency or cpu or profile is not None or batch_load is not None
     if emit is not None and emit not in ENGINES:
@@ -193,6 +206,8 @@ def plan(
             lora_modules=tuple(parse_lora_modules(lora_modules or []).items()),
             max_loras=max_loras,
             max_lora_rank=max_lora_rank,
+            images_per_prompt=images_per_prompt,
+            image_size=parse_image_size(image_size),
         )
         result = make_plan(load_model(model), inputs)
         report = None

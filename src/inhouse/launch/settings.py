@@ -36,4 +36,5 @@ def settings_from_plan(plan: Plan) -> LaunchSettings:
         lora_modules=plan.inputs.lora_modules,
         max_loras=plan.adapters.slots,
         max_lora_rank=plan.adapters.max_rank if plan.adapters.slots else None,
+        images_per_prompt=plan.vision.images if plan.vision.encoder else None,
     )

@@ -17,6 +17,7 @@ the first one's compiled kernels. Compilation itself stays on.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from inhouse.launch.base import Endpoint, Engine, Flags, LaunchSettings, lora_pairs
@@ -91,6 +92,8 @@ class VllmEngine(Engine):
             )
         if settings.max_loras:
             self._lora_flags(settings, flags)
+        if settings.images_per_prompt is not None:
+            flags.add("--limit-mm-per-prompt", json.dumps({"image": settings.images_per_prompt}))
         if settings.kv_dtype in ("fp8", "int8"):
             flags.add("--kv-cache-dtype", "fp8")
             if settings.kv_dtype == "int8":

@@ -63,8 +63,26 @@ def plan_as_dict(plan: Plan) -> dict[str, Any]:
             "vllm_slot_bytes": plan.adapters.vllm_slot_bytes,
             "total_bytes": plan.adapters.total,
         },
+        "vision": _vision(plan),
         "kv_cache": asdict(plan.kv_cache),
         "context_table": [asdict(row) for row in plan.table],
         "roofline": asdict(plan.roofline) if plan.roofline else None,
         "flags": {"max_num_seqs": plan.max_num_seqs},
+    }
+
+
+def _vision(plan: Plan) -> dict[str, Any] | None:
+    """The image encoder's figures (None for a text model)."""
+    vision = plan.vision
+    if vision.encoder is None:
+        return None
+    return {
+        "family": vision.encoder.family,
+        "encoder_params": vision.encoder.params,
+        "encoder_layers": vision.encoder.layers,
+        "images_per_prompt": vision.images,
+        "image_size": list(vision.image_size),
+        "tokens_per_image": vision.tokens_per_image,
+        "weight_bytes": vision.weight_bytes,
+        "activation_bytes": vision.activation_bytes,
     }

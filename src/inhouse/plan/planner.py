@@ -18,6 +18,7 @@ from inhouse.plan.formats import kv_dtype_bytes, weight_format
 from inhouse.plan.gpus import GpuSpec, find_gpu
 from inhouse.plan.source import ModelSource
 from inhouse.plan.units import binary
+from inhouse.plan.vision import DEFAULT_IMAGE_SIZE, VisionMemory, vision_memory
 from inhouse.plan.weights import WeightBytes, gguf_weight_bytes, weight_bytes
 
 DEFAULT_GPU = "RTX 4090"  # the 24 GB card of seed 000's worked example
@@ -45,6 +46,8 @@ class PlanInputs:
     lora_modules: tuple[tuple[str, str], ...] = ()  # LoRA adapters (name, path) loaded at start
     max_loras: int | None = None  # adapter slots; None: max(modules, 4) with any module, else 0
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    images_per_prompt: int | None = None  # None: 1 for a vision-language model, else 0
+    image_size: tuple[int, int] = DEFAULT_IMAGE_SIZE  # width, height as clients send them
 
     @property
     def lora_slots(self) -> int:
@@ -82,6 +85,7 @@ class Plan:
     weights: WeightBytes  # all GPUs together
     weights_per_gpu: int
     adapters: AdapterMemory  # LoRA slots, taken from the KV budget (0 slots: none)
+    vision: VisionMemory  # the image encoder and its activations (none: a text model)
     kv_budget: int
     kv_bytes_per_token: int
     kv_bytes_per_sequence: int
@@ -160,6 +164,7 @@ def _verdict(
     weights: int,
     overhead: int,
     adapters: int,
+    images: int,
     concurrent: int,
     longest: int,
     avg: int,
@@ -168,6 +173,7 @@ def _verdict(
     """Why the model does not fit, or "" when it does."""
     if kv_budget <= 0:
         slots = f", adapter slots ({binary(adapters)})" if adapters else ""
+        slots += f", the image encoder ({binary(images)})" if images else ""
         return (
             f"the weights ({binary(weights)} per GPU){slots} and overhead ({binary(overhead)}) "
             f"exceed the {binary(usable)} usable per GPU; use quantized --weights, more GPUs "
@@ -210,22 +216,26 @@ def make_plan(model: ModelSource, inputs: PlanInputs) -> Plan:
     if overhead is None:
         overhead = capacity.default_overhead_bytes(spec.total_params)
     adapters = adapter_memory(spec, inputs.lora_slots, inputs.max_lora_rank, inputs.tp)
+    vision = vision_memory(model.vision, inputs.images_per_prompt, inputs.image_size, inputs.tp)
     kv_budget = capacity.kv_budget_bytes(vram, inputs.util, weights_per_gpu, overhead)
-    kv_budget -= adapters.total
+    kv_budget -= adapters.total + vision.total
     model_max = spec.max_position_embeddings
     if inputs.max_model_len and inputs.max_model_len > model_max:
         raise PlanError(
             f"--max-model-len {inputs.max_model_len:,} exceeds the {model_max:,} positions "
             f"{spec.name} supports"
         )
-    avg = inputs.avg_context or min(DEFAULT_AVG_CONTEXT, inputs.max_model_len or model_max)
+    room = (inputs.max_model_len or model_max) - vision.prompt_tokens  # the images' tokens first
+    text = inputs.avg_context or max(1, min(DEFAULT_AVG_CONTEXT, room))
+    avg = text + vision.prompt_tokens  # a prompt's images are tokens in its sequence too
     if avg > (inputs.max_model_len or model_max):
         limit = (
             f"--max-model-len {inputs.max_model_len:,}"
             if inputs.max_model_len
             else (f"the {model_max:,} positions {spec.name} supports")
         )
-        raise PlanError(f"--avg-context {avg:,} is longer than {limit}")
+        images = f" with its images' {vision.prompt_tokens:,} tokens" if vision.images else ""
+        raise PlanError(f"--avg-context {text:,}{images} is longer than {limit}")
     longest = min(capacity.largest_context(spec, kv_budget, inputs.kv_dtype, inputs.tp), model_max)
     max_model_len = inputs.max_model_len or _default_max_model_len(model_max, avg, longest)
     kv_seq = capacity.kv_bytes_per_sequence(spec, avg, inputs.kv_dtype, inputs.tp)
@@ -236,6 +246,7 @@ def make_plan(model: ModelSource, inputs: PlanInputs) -> Plan:
         weights=weights_per_gpu,
         overhead=overhead,
         adapters=adapters.total,
+        images=vision.total,
         concurrent=concurrent,
         longest=longest,
         avg=avg,
@@ -265,6 +276,7 @@ def make_plan(model: ModelSource, inputs: PlanInputs) -> Plan:
         weights=weights,
         weights_per_gpu=weights_per_gpu,
         adapters=adapters,
+        vision=vision,
         kv_budget=kv_budget,
         kv_bytes_per_token=kv_token,
         kv_bytes_per_sequence=kv_seq,

@@ -59,8 +59,46 @@ def _adapter_rows(plan: Plan) -> list[tuple[str, str, str]]:
     return [("adapters", binary(memory.total), how)]
 
 
+def _vision_rows(plan: Plan) -> list[tuple[str, str, str]]:
+    """The image encoder's weights and one prompt's encoding (a text model: no rows)."""
+    vision = plan.vision
+    if vision.encoder is None:
+        return []
+    width, height = vision.image_size
+    return [
+        (
+            "vision encoder",
+            binary(vision.weight_bytes),
+            f"{count(vision.encoder.params)} params, bf16",
+        ),
+        (
+            "image activations",
+            binary(vision.activation_bytes),
+            f"encoding {vision.images} image(s) of {width}×{height} at once",
+        ),
+    ]
+
+
 def _kv_budget_formula(plan: Plan) -> str:
-    return "usable − weights − overhead" + (" − adapters" if plan.adapters.slots else "")
+    return (
+        "usable − weights − overhead"
+        + (" − adapters" if plan.adapters.slots else "")
+        + (" − vision" if plan.vision.encoder else "")
+    )
+
+
+def vision_line(plan: Plan) -> str:
+    """What an image costs a prompt ("" for a text model)."""
+    vision = plan.vision
+    if vision.encoder is None:
+        return ""
+    width, height = vision.image_size
+    return (
+        f"vision: {vision.encoder.family} encoder, {count(vision.encoder.params)} params, "
+        f"{vision.encoder.layers} layers · {vision.tokens_per_image:,} tokens per {width}×{height} "
+        f"image · {vision.images} image(s) a prompt (--limit-mm-per-prompt) add "
+        f"{vision.prompt_tokens:,} tokens to each sequence"
+    )
 
 
 def _memory_table(plan: Plan) -> Table:
@@ -80,6 +118,7 @@ def _memory_table(plan: Plan) -> Table:
             "default by model size" if plan.overhead_is_default else "--overhead",
         ),
         *_adapter_rows(plan),
+        *_vision_rows(plan),
         ("free for KV cache", binary(plan.kv_budget), _kv_budget_formula(plan)),
         ("KV per token", binary(plan.kv_bytes_per_token), f"{plan.inputs.kv_dtype}, all layers"),
         ("KV per sequence", binary(plan.kv_bytes_per_sequence), f"× {plan.avg_context:,} tokens"),
@@ -177,6 +216,8 @@ def render(plan: Plan, console: Console, *, explain: bool = False) -> None:
     console.print(f"[bold]inhouse plan[/] · {spec.name}")
     console.print(f"[dim]From the {plan.model.origin}[/]", soft_wrap=True)
     console.print(f"Model: {_model_line(plan)}", soft_wrap=True)
+    if line := vision_line(plan):
+        console.print(line, soft_wrap=True)
     console.print(f"GPU:   {_gpu_line(plan)}", soft_wrap=True)
     console.print("[dim]Units: GiB/MiB/KiB are binary (2^30…), GB is decimal (10^9).[/]")
     console.print(_memory_table(plan))

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from inhouse.manifests.bundled import default_chat_model
 from inhouse.plan.catalogue import catalogue_spec, checkpoint_format_of
 from inhouse.plan.errors import PlanError
 from inhouse.plan.gguf_header import TensorInventory, read_gguf
 from inhouse.plan.spec import ModelSpec, checkpoint_format, read_config_json, spec_from_hf_config
+from inhouse.plan.vision import VisionEncoder, vision_encoder
+
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")  # resize policy, seq len
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +25,16 @@ class ModelSource:
     origin: str
     reference: str  # what to pass to a server: the path, or the catalogue name
     gguf_tensors: TensorInventory | None = None
+    vision: VisionEncoder | None = None  # a vision-language model's image encoder
+
+
+def _processor(folder: Path) -> dict[str, Any]:
+    """The processor's settings beside a config.json (empty when it has none)."""
+    merged: dict[str, Any] = {}
+    for name in PROCESSOR_FILES:
+        if (folder / name).is_file():
+            merged.update(read_config_json(folder / name))
+    return merged
 
 
 def _from_config(path: Path) -> ModelSource:
@@ -31,6 +45,7 @@ def _from_config(path: Path) -> ModelSource:
         weights_format=checkpoint_format(config),
         origin=f"config {path}",
         reference=str(path.parent),
+        vision=vision_encoder(config, _processor(path.parent)),
     )
 
 
