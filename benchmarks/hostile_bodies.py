@@ -66,6 +66,37 @@ NUMBERS = ["5", 5.5, True, -1, 0, 2**31, 2**63, 2**64, -(2**63) - 1, None, [1], 
 STRINGS = [5, None, [], {}, True, "", SURROGATE, "x" * 1_000_000]
 
 
+PNG_1X1 = (  # a 1 × 1 PNG, base64
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
+IMAGE_PARTS: dict[str, Any] = {  # seed 004's image 400s and the SSRF door
+    "type image": {"type": "image", "image": f"data:image/png;base64,{PNG_1X1}"},
+    "type input_image": {"type": "input_image", "image_url": "x"},
+    "url not base64": {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@"}},
+    "url text/plain": {"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGk="}},
+    "url metadata": {"type": "image_url", "image_url": {"url": "http://169.254.169.254/"}},
+    "url file": {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}},
+    "url [::1": {"type": "image_url", "image_url": {"url": "https://[::1"}},
+    "url surrogate": {
+        "type": "image_url",
+        "image_url": {"url": "data:image/png;base64," + SURROGATE},
+    },
+    "url 12 MB": {
+        "type": "image_url",
+        "image_url": {"url": "data:image/png;base64," + "A" * 12_000_000},
+    },
+    "5 pngs": [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG_1X1}"}}] * 5,
+}
+
+
+def _image_message(parts: Any) -> list[dict[str, Any]]:
+    content = [
+        {"type": "text", "text": "What is this?"},
+        *(parts if isinstance(parts, list) else [parts]),
+    ]
+    return [{"role": "user", "content": content}]
+
+
 def _chat(model: str) -> list[Attack]:
     def body(**fields: Any) -> dict[str, Any]:
         return {"model": model, "messages": HI, "max_tokens": OUTPUT, **fields}
@@ -91,6 +122,7 @@ def _chat(model: str) -> list[Attack]:
             "key surrogate": [{"role": "user", "content": "x", SURROGATE: 1}],
             "junk part": [{"role": "user", "content": [{"type": "junk"}]}],
             "image junk": [{"role": "user", "content": [{"type": "image_url", "image_url": 5}]}],
+            **{f"image {what}": _image_message(part) for what, part in IMAGE_PARTS.items()},
             "10^5 messages": [{"role": "user", "content": "a"}] * 100_000,
             "1 MiB content": [{"role": "user", "content": "hello " * 175_000}],
             "deep content": json.loads(f'[{{"role": "user", "content": {_nested(70)}}}]'),

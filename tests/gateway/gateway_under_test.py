@@ -57,22 +57,23 @@ class Gateway:
 
 def gateway_config(
     port: int, db_url: str, upstream: str, backend_key: str, extra: dict[str, Any],
-    adapters: tuple[str, ...] = (),
+    adapters: tuple[str, ...] = (), vision: bool = False,
 ) -> str:  # fmt: skip
-    def route(name: str, model: str) -> dict[str, Any]:
+    def route(name: str, model: str, *more: str) -> dict[str, Any]:
         backend = {
             "name": f"canned-{name}", "url": upstream, "api_key": backend_key, "model": model,
-            "kind": "vllm", "capabilities": ["chat", "completions", "embeddings"],
+            "kind": "vllm", "capabilities": ["chat", "completions", "embeddings", *more],
             "max_context": MAX_CONTEXT,
         }  # fmt: skip
         if adapters and name == "m":
             backend["adapters"] = list(adapters)
         return {"name": name, "backends": [backend]}
 
+    routes = [route("m", "up-model"), route("slow", SLOW_MODEL)]
     return gateway_toml(
         {"port": port, "database": db_url, "drain_timeout_s": 1, "metrics_token_env": TOKEN_ENV,
          **extra},
-        [route("m", "up-model"), route("slow", SLOW_MODEL)],
+        [*routes, route("eyes", "vision-model", "vision")] if vision else routes,
         health={"interval_s": 1},
         audit={"flush_interval_s": 0.2},
     )  # fmt: skip
@@ -80,10 +81,11 @@ def gateway_config(
 
 def start_gateway(
     base: Path, canned: Canned, extra: dict[str, Any] | None = None, database: str | None = None,
-    adapters: tuple[str, ...] = (),
+    adapters: tuple[str, ...] = (), vision: bool = False,
 ) -> Gateway:  # fmt: skip
     """A gateway in `base` in front of `canned`, once its /health says 200; `extra` keys
-    go into its [gateway] table; model `m`'s backend declares `adapters`. Its database is a
+    go into its [gateway] table; model `m`'s backend declares `adapters`; with `vision` a
+    model `eyes` takes images (its backend declares the capability). Its database is a
     SQLite file in `base`, or `database` (a PostgreSQL URL; its pepper file is made in
     `base`)."""
     base.mkdir(parents=True, exist_ok=True)
@@ -92,7 +94,9 @@ def start_gateway(
     extra = {**(extra or {}), **({"pepper_file": str(pepper_file)} if pepper_file else {})}
     backend_key, token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     config = base / "inhouse.toml"
-    config.write_text(gateway_config(port, db_url, canned.url, backend_key, extra, adapters))
+    config.write_text(
+        gateway_config(port, db_url, canned.url, backend_key, extra, adapters, vision)
+    )
     args = [*inhouse_command(), "gateway", "--config", str(config)]
     process = Process(args, base / "gateway.log", {TOKEN_ENV: token})
     pepper = load_pepper(GatewayConfig(models=(), database=db_url, pepper_file=pepper_file))

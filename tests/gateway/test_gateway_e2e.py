@@ -406,7 +406,7 @@ def test_image_to_a_text_only_model_is_refused_at_the_gateway(stack: Stack) -> N
 
 def test_an_oversized_body_is_refused_unread_and_the_gateway_keeps_serving(stack: Stack) -> None:
     secret = stack.key("bulky")
-    words = "word " * (9 * 2**20 // 5)  # 9 MiB of prompt, over the 8 MiB default
+    words = "word " * (30 * 10**6 // 5)  # 30 MB of prompt, over the 20 MiB default
     body = json.dumps({"model": "smol", "messages": [{"role": "user", "content": words}]})
     url, auth = f"{stack.gateway_url}/v1/chat/completions", {"authorization": f"Bearer {secret}"}
     declared = httpx.post(url, content=body, headers=auth, timeout=30)

@@ -128,7 +128,15 @@ def test_refusal_only_when_no_upstream_could_serve() -> None:
     router = _router(_route(), UP, UP)
     image = read_needs(
         "chat/completions",
-        {"messages": [{"content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        {
+            "messages": [
+                {
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                    ]
+                }
+            ]
+        },
     )
     assert router.capability_gap(router.routes["m"], image, True) == "model does not support vision"
 

@@ -22,6 +22,10 @@ DatabaseOption = Annotated[
 AdaptersOption = Annotated[
     str | None, typer.Option(help="Comma-separated LoRA adapters allowed, or 'all'.")
 ]
+MaxImagesOption = Annotated[
+    int | None,
+    typer.Option(help="Images one request may hold, below the model's (update: 0, no limit)."),
+]
 
 
 def load_settings(path: Path) -> Any:

@@ -27,7 +27,7 @@ from inhouse.gateway.config_values import (
     reject_unknown,
     seconds,
 )
-from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
+from inhouse.gateway.images import DEFAULT_IMAGES_PER_PROMPT, IMAGE_BODY_BYTES
 from inhouse.launch import BACKENDS
 
 DEFAULT_HOLD_TTL_S = 30.0  # see `holds`
@@ -111,6 +111,7 @@ class ModelRoute:
     interactive_seats: int = DEFAULT_INTERACTIVE_SEATS  # of each replica's max_num_seqs
     routing: Literal["prefix", "least-loaded"] = "prefix"
     prefix_slack: int = DEFAULT_PREFIX_SLACK  # requests above the least-loaded (`affinity`)
+    images_per_prompt: int = DEFAULT_IMAGES_PER_PROMPT  # image parts a request may hold
 
     def max_wait(self, priority: str) -> float:
         """How long a request of class `priority` may wait in this model's queue."""
@@ -177,9 +178,10 @@ class GatewayConfig:
     drain_timeout_s: float = 30.0
     keep_alive_s: float = KEEP_ALIVE_S
     access_log: bool = True
-    max_request_body: int = DEFAULT_MAX_BODY_BYTES
+    max_request_body: int = IMAGE_BODY_BYTES
     metrics_token: str | None = None  # from $`metrics_token_env`; None: /metrics is public
     trusted_proxies: tuple[str, ...] = ()  # addresses/networks whose X-Forwarded-For counts
+    image_url_hosts: frozenset[str] = frozenset()  # hosts an http(s) image URL may name
     health: HealthSettings = field(default_factory=HealthSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
     releases: ReleaseSettings = field(default_factory=ReleaseSettings)
@@ -241,10 +243,13 @@ def parse_config(data: dict[str, Any]) -> GatewayConfig:
         keep_alive_s=seconds(gw.get("keep_alive_s", KEEP_ALIVE_S), "gateway.keep_alive_s"),
         access_log=bool(gw.get("access_log", True)),
         max_request_body=positive_int(
-            gw.get("max_request_body", DEFAULT_MAX_BODY_BYTES), "gateway.max_request_body"
+            gw.get("max_request_body", IMAGE_BODY_BYTES), "gateway.max_request_body"
         ),
         metrics_token=env_secret(gw, "metrics_token_env", "gateway"),
         trusted_proxies=networks(gw.get("trusted_proxies", []), "gateway.trusted_proxies"),
+        image_url_hosts=frozenset(
+            h.lower() for h in name_list(gw.get("image_url_hosts", []), "gateway.image_url_hosts")
+        ),
         health=HealthSettings(**health),
         audit=_audit_settings(audit),
         releases=ReleaseSettings(**release),
@@ -273,6 +278,7 @@ GATEWAY_KEYS = {
     "max_request_body",
     "metrics_token_env",
     "trusted_proxies",
+    "image_url_hosts",
 }
 MODEL_KEYS = {
     "name",
@@ -288,6 +294,7 @@ MODEL_KEYS = {
     "interactive_seats",
     "routing",
     "prefix_slack",
+    "images_per_prompt",
 }
 UPSTREAM_KEYS = {
     "name",
@@ -376,6 +383,9 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
         interactive_seats=non_negative_int(seats, f"{where}.interactive_seats"),
         routing=routing,
         prefix_slack=non_negative_int(slack, f"{where}.prefix_slack"),
+        images_per_prompt=non_negative_int(
+            raw.get("images_per_prompt", DEFAULT_IMAGES_PER_PROMPT), f"{where}.images_per_prompt"
+        ),
     )
 
 

@@ -56,6 +56,7 @@ api_keys = Table(
     Column("priority", String(16)),
     Column("allow_degrade", Boolean),
     Column("adapters", Text),  # the LoRA adapters it may use (NULL: all; `name_lists`)
+    Column("max_images", Integer),  # image parts a request may hold (NULL: the model's limit)
 )
 
 audit_log = Table(
@@ -98,10 +99,12 @@ audit_log = Table(
     Column("hold", String(32)),
     # The LoRA adapter asked for (its base model in `model`), NULL for the base model.
     Column("adapter", String(200)),
+    Column("images", Integer),  # image parts in the request (never the images themselves)
     # Usage reports scan a time range and group: covering indexes keep them off the table.
     Index(
         "ix_audit_usage",
         *("ts", "key_name", "team", "model", "status", "prompt_tokens", "completion_tokens"),
+        "images",
     ),
     Index("ix_audit_retry", "key_name", "prompt_hash", "ts"),
 )
@@ -119,6 +122,7 @@ usage_daily = Table(
     Column("errors", Integer, nullable=False),
     Column("prompt_tokens", Integer, nullable=False),
     Column("completion_tokens", Integer, nullable=False),
+    Column("images", Integer),  # image parts the requests held (NULL on rows from before)
 )
 
 # Journal segments whose rows are committed: a segment found on disk after a crash and

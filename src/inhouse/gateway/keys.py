@@ -89,6 +89,7 @@ class ApiKey:
     admin: bool  # may use the admin console and its API
     priority: str  # its class: interactive, default or batch (`priority`)
     allow_degrade: bool  # may be answered by a smaller model under overload (`degrade`)
+    max_images: int | None  # image parts one request may hold, below the model's (`images`)
 
     def window_at(self, now: float) -> int:
         """Index of the quota period containing `now` (periods start at key creation)."""
@@ -128,6 +129,7 @@ EDITABLE = frozenset(
         "admin",
         "priority",
         "allow_degrade",
+        "max_images",
     }
 )
 

@@ -14,6 +14,7 @@ from inhouse.gateway.cli_options import (
     AdaptersOption,
     ConfigOption,
     DatabaseOption,
+    MaxImagesOption,
     parse_period,
     settings_for,
     short_time,
@@ -55,6 +56,7 @@ def keys_create(
     no_degrade: Annotated[
         bool, typer.Option(help="Never answer from a smaller model under overload: wait or 429.")
     ] = False,
+    max_images: MaxImagesOption = None,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
@@ -66,6 +68,7 @@ def keys_create(
         "rpm": rpm,
         "tpm": tpm,
         "max_concurrent": max_concurrent,
+        "max_images": max_images,
         "quota_tokens": quota_tokens,
         "quota_period_s": parse_period(period) if quota_tokens is not None else None,
         "expires_at": _expiry(expires),
@@ -154,6 +157,7 @@ def keys_update(
     degrade: Annotated[
         bool | None, typer.Option(help="May be answered by a smaller model under overload.")
     ] = None,
+    max_images: MaxImagesOption = None,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
@@ -168,6 +172,7 @@ def keys_update(
         ("tpm", tpm),
         ("max_concurrent", max_concurrent),
         ("quota_tokens", quota_tokens),
+        ("max_images", max_images),
     ):
         if value is not None:
             changes[field] = value or None

@@ -21,6 +21,7 @@ class Needs:
     choices: int
     prompt_bound: int = 0
     batch_longest: tuple[int, int] | None = None  # a batch's longest prompt: estimate, bound
+    images: int = 0  # image parts of a chat request (`images`)
 
     def longest(self) -> tuple[int, int]:
         """Estimate and bound of the longest single prompt (the whole prompt unless a batch)."""

@@ -27,6 +27,7 @@ from inhouse.api.errors import invalid_fields, invalid_request, not_found
 from inhouse.gateway.adapters.served import base_of
 from inhouse.gateway.config import GatewayConfig, ModelRoute
 from inhouse.gateway.endpoints import ENDPOINTS, Endpoint
+from inhouse.gateway.images import ImageRefused, count_images, images_limit_message
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import Needs
 from inhouse.gateway.priority import DEFAULT_CLASS, BadPriority, effective_class
@@ -35,8 +36,6 @@ from inhouse.gateway.routing import Router
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
 TEMPLATE_TOKENS = 64
-
-IMAGE_PARTS = ("image_url", "input_image", "image")
 
 
 class BadRequest(ValueError):
@@ -47,9 +46,19 @@ class BadRequest(ValueError):
         self.param = param
 
 
-def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
-    """Inspect an OpenAI request body for the capabilities and tokens it needs."""
+def read_needs(
+    endpoint: str, body: dict[str, Any], image_hosts: frozenset[str] = frozenset()
+) -> Needs:
+    """Inspect an OpenAI request body for the capabilities and tokens it needs (its image
+    parts checked first, so a misspelt one gets its own message; http(s) image URLs only
+    on `image_hosts`)."""
     route = ENDPOINTS[endpoint]
+    images = 0
+    if route.prompt == "messages" and isinstance(body.get("messages"), list):
+        try:
+            images = count_images(body["messages"], image_hosts)
+        except ImageRefused as err:
+            raise BadRequest(str(err), err.param) from None
     fields = _checked_fields(route, body)
     features = {route.feature}
     longest: tuple[int, int] | None = None
@@ -58,7 +67,7 @@ def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("'messages' must be a non-empty list", "messages")
-        chars, size, images = _message_chars(messages)
+        chars, size = _message_chars(messages)
         prompt = math.ceil(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages)
         bound = size + TEMPLATE_TOKENS * len(messages)
         if images:
@@ -85,7 +94,7 @@ def read_needs(endpoint: str, body: dict[str, Any]) -> Needs:
         choices = fields.n
     if isinstance(fields, CompletionRequest):  # every prompt shape: text, ids, or a batch
         choices *= len(fields.prompts())
-    return Needs(frozenset(features), prompt, output, choices, bound, longest)
+    return Needs(frozenset(features), prompt, output, choices, bound, longest, images)
 
 
 def _checked_fields(endpoint: Endpoint, body: dict[str, Any]) -> RequestModel:
@@ -121,10 +130,9 @@ def tools_bound(body: dict[str, Any]) -> int:
     return len(json.dumps(tools).encode()) + TEMPLATE_TOKENS if tools else 0
 
 
-def _message_chars(messages: list[Any]) -> tuple[int, int, bool]:
-    """Characters and UTF-8 bytes of the messages' text, and whether any holds an image."""
+def _message_chars(messages: list[Any]) -> tuple[int, int]:
+    """Characters and UTF-8 bytes of the messages' text."""
     chars = size = 0
-    images = False
     for message in messages:
         if not isinstance(message, dict):
             raise BadRequest("each message must be an object", "messages")
@@ -132,7 +140,6 @@ def _message_chars(messages: list[Any]) -> tuple[int, int, bool]:
         if isinstance(texts[0], list):
             parts = [p for p in texts[0] if isinstance(p, dict)]
             texts = [str(p.get("text", "")) for p in parts if p.get("type") == "text"]
-            images = images or any(p.get("type") in IMAGE_PARTS for p in parts)
         for key in ("tool_calls", "name", "tool_call_id"):
             if message.get(key):
                 texts.append(json.dumps(message[key]))
@@ -140,7 +147,7 @@ def _message_chars(messages: list[Any]) -> tuple[int, int, bool]:
             if isinstance(text, str):
                 chars += len(text)
                 size += _utf8_size(text)
-    return chars, size, images
+    return chars, size
 
 
 def _utf8_size(text: str) -> int:
@@ -186,12 +193,19 @@ def parse(
     base model (`adapters.served`)."""
     route, adapter = _route(config, router, key, model)
     try:
-        needs = read_needs(endpoint, body)
+        needs = read_needs(endpoint, body, config.image_url_hosts)
     except BadRequest as err:
         raise invalid_request(str(err), err.param) from None
     gap = router.capability_gap(route, needs, key.allow_fallback)
     if gap is not None:
         raise invalid_request(f"{gap} (model {route.name!r})", code="unsupported_capability")
+    for limit, whose in (
+        (key.max_images, "this key"),
+        (route.images_per_prompt, f"model {route.name!r}"),
+    ):
+        if limit is not None and needs.images > limit:
+            message = images_limit_message(needs.images, limit, whose)
+            raise invalid_request(message, "messages", code="too_many_images")
     try:
         priority = effective_class(key.priority, body)
     except BadPriority as err:

@@ -16,6 +16,7 @@ from inhouse.api.errors import CLIENT_CLOSED, APIError
 from inhouse.gateway.audit.writer import AuditRecord, AuditWriter, Redactor
 from inhouse.gateway.call import Call, Outcome
 from inhouse.gateway.holds import Charge
+from inhouse.gateway.images import without_images
 from inhouse.gateway.keys import ApiKey, KeyStore
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.gateway.releases.answer_checks import NOT_CHECKED, AnswerChecks, check_answer
@@ -61,6 +62,8 @@ class Ledger:
         if not key.log_content:
             return None
         content = body.get("messages", body.get("prompt", body.get("input")))
+        if isinstance(content, list) and "messages" in body:
+            content = without_images(content)  # the audit keeps their count, never them
         return self._redact(content if isinstance(content, str) else json.dumps(content))
 
     def prompt_hash(self, keys: KeyStore, body: dict[str, Any]) -> str | None:
@@ -152,6 +155,7 @@ class Ledger:
                 degraded_from=call.degraded_from,
                 hold=call.hold,
                 adapter=call.adapter,
+                images=call.needs.images or None,
             )
         )
 

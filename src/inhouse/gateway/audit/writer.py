@@ -77,6 +77,7 @@ class AuditRecord:
     degraded_from: str | None = None  # the model asked for, when a smaller one answered
     hold: str | None = None  # the hold its tokens were reserved under (`holds`)
     adapter: str | None = None  # the LoRA adapter asked for (`model` is its base)
+    images: int | None = None  # image parts the request held (None: none, or refused before)
 
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))

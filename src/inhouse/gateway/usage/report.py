@@ -35,6 +35,7 @@ class UsageRow:
     errors: int
     prompt_tokens: int
     completion_tokens: int
+    images: int
     cost: float
 
     @property
@@ -77,7 +78,7 @@ def usage(
     totals: dict[str, list[int]] = {}
     for part in parts:
         for group, *sums in part:
-            into = totals.setdefault(_label(by, group), [0, 0, 0, 0])
+            into = totals.setdefault(_label(by, group), [0, 0, 0, 0, 0])
             for i, value in enumerate(sums):
                 into[i] += int(value or 0)
     prices = prices or TokenPrices()
@@ -96,6 +97,7 @@ def _sums(c: Any, requests: Any, errors: Any) -> tuple[Any, ...]:
         errors,
         func.coalesce(func.sum(c.prompt_tokens), 0),
         func.coalesce(func.sum(c.completion_tokens), 0),
+        func.coalesce(func.sum(c.images), 0),
     )
 
 
@@ -155,7 +157,9 @@ def _label(by: str, value: Any) -> str:
     return str(value)
 
 
-COLUMNS = ("group", "requests", "errors", "prompt_tokens", "completion_tokens", "tokens", "cost")
+COLUMNS = (
+    "group", "requests", "errors", "prompt_tokens", "completion_tokens", "tokens", "images", "cost",
+)  # fmt: skip
 
 
 def as_records(rows: list[UsageRow]) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from inhouse.gateway.db import audit_log, schema_marks, usage_daily
 
 DAY_S = 86400
 KEYS = ("day", "key_name", "team", "model")
-SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens")
+SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens", "images")
 BACKFILLED = "usage-rollup-backfilled"  # in schema_marks once the backfill ran
 DIALECTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 
@@ -37,11 +37,12 @@ def summed(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         key = (int(ts // DAY_S), row.get("key_name") or "", row.get("team") or "",
                row.get("model") or "")  # fmt: skip
-        sums = groups.setdefault(key, [0, 0, 0, 0])
+        sums = groups.setdefault(key, [0, 0, 0, 0, 0])
         sums[0] += 1
         sums[1] += int((row.get("status") or 0) >= 400)
         sums[2] += row.get("prompt_tokens") or 0
         sums[3] += row.get("completion_tokens") or 0
+        sums[4] += row.get("images") or 0
     return [dict(zip(KEYS + SUMS, (*k, *v), strict=True)) for k, v in groups.items()]
 
 
@@ -56,7 +57,7 @@ def add(conn: Connection, rows: Iterable[dict[str, Any]]) -> None:
     excluded = statement.excluded
     statement = statement.on_conflict_do_update(
         index_elements=list(KEYS),
-        set_={name: usage_daily.c[name] + excluded[name] for name in SUMS},
+        set_={name: func.coalesce(usage_daily.c[name], 0) + excluded[name] for name in SUMS},
     )
     conn.execute(statement, values)
 
@@ -75,7 +76,7 @@ def backfill(db: Engine) -> None:
     keys = (day, *(func.coalesce(column, "") for column in (c.key_name, c.team, c.model)))
     grouped = select(
         *keys, func.count(), func.sum(case((c.status >= 400, 1), else_=0)),
-        func.sum(c.prompt_tokens), func.sum(c.completion_tokens),
+        func.sum(c.prompt_tokens), func.sum(c.completion_tokens), func.sum(c.images),
     ).group_by(*keys)  # fmt: skip
     try:
         with db.begin() as conn:
