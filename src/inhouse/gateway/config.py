@@ -27,8 +27,9 @@ from inhouse.gateway.config_values import (
     reject_unknown,
     seconds,
 )
-from inhouse.gateway.images import DEFAULT_IMAGES_PER_PROMPT, IMAGE_BODY_BYTES
+from inhouse.gateway.images import IMAGE_BODY_BYTES
 from inhouse.launch import BACKENDS
+from inhouse.plan.vision import DEFAULT_IMAGES_PER_PROMPT  # one limit: the plan's, vLLM's, ours
 
 DEFAULT_HOLD_TTL_S = 30.0  # see `holds`
 CAPABILITIES = frozenset({"chat", "completions", "embeddings", "tools", "json_schema", "vision"})

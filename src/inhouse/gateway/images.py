@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-DEFAULT_IMAGES_PER_PROMPT = 4  # seed 004's `--limit-mm-per-prompt '{"image": 4}'`
 # The gateway's default body cap: base64 makes an image a third larger (seed 004: a 2 MB
 # photo is 2.7 MB of JSON), so four of them pass 8 MiB; the seed's nginx takes 20m.
 IMAGE_BODY_BYTES = 20 * 2**20

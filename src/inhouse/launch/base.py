@@ -101,6 +101,7 @@ class Backend:
     saltable: bool = False  # accepts vLLM's `cache_salt`
     tokenizes: bool = False  # its `/tokenize` answers a prompt's token count
     prioritized: bool = False  # takes vLLM's per-request `priority` integer
+    images: bool = False  # serves a vision-language model's image parts
     metrics: MetricNames | None = None  # what the router, bench and observe read
 
 

@@ -77,7 +77,7 @@ def plan(
         None,
         "--images-per-prompt",
         help="A vision-language model: images one prompt may hold (emitted as vLLM's "
-        "--limit-mm-per-prompt). Default 1.",
+        "--limit-mm-per-prompt, and the gateway's images_per_prompt). Default 4.",
     ),
     image_size: str = typer.Option(
         "1024x1024",

@@ -29,6 +29,7 @@ class SglangEngine(Engine):
     documented = "sglang.txt"
     start_timeout_s = 1800.0
     features = ("chat", "completions", "tools", "json_schema")
+    images = True
     saltable = True  # vLLM's `cache_salt`, since SGLang 0.5
     tokenizes = True
     # SGLang 0.5.23's sglang.srt.observability.metrics_collector

@@ -46,6 +46,7 @@ class VllmEngine(Engine):
     documented = "vllm.txt"
     start_timeout_s = 1800.0  # weights download, load, torch.compile and CUDA graphs
     features = ("chat", "completions", "tools", "json_schema")
+    images = True
     saltable = tokenizes = True
     prioritized = True  # with --scheduling-policy priority, which serving_flags passes
     metrics = vllm_names("vllm:", older=True)

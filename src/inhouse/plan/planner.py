@@ -46,7 +46,7 @@ class PlanInputs:
     lora_modules: tuple[tuple[str, str], ...] = ()  # LoRA adapters (name, path) loaded at start
     max_loras: int | None = None  # adapter slots; None: max(modules, 4) with any module, else 0
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
-    images_per_prompt: int | None = None  # None: 1 for a vision-language model, else 0
+    images_per_prompt: int | None = None  # None: 4 for a vision-language model, else 0
     image_size: tuple[int, int] = DEFAULT_IMAGE_SIZE  # width, height as clients send them
 
     @property

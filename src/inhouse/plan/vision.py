@@ -21,6 +21,7 @@ from typing import Any
 
 from inhouse.plan.errors import PlanError
 
+DEFAULT_IMAGES_PER_PROMPT = 4  # seed 004's `--limit-mm-per-prompt '{"image": 4}'`
 DEFAULT_IMAGE_SIZE = (1024, 1024)  # seed 004: long edges of 1,024–1,568 px read tables and text
 ACTIVATION_WIDTHS = 6  # residual, normed, q, k, v and attention output: hidden-wide tensors a patch
 MAX_TILED_EDGE = 4096  # Idefics3/SmolVLM processors' cap on an image's longest edge
@@ -301,14 +302,15 @@ class VisionMemory:
 def vision_memory(
     encoder: VisionEncoder | None, images: int | None, image_size: tuple[int, int], tp: int
 ) -> VisionMemory:
-    """The memory for ``images`` images a prompt (None: 1 for a vision model, else 0)."""
+    """The memory for ``images`` images a prompt (None: DEFAULT_IMAGES_PER_PROMPT for a
+    vision model, else 0)."""
     if encoder is None:
         if images:
             raise PlanError(
                 "--images-per-prompt needs a vision-language model: this one reads text only"
             )
         return VisionMemory(None, 0, image_size, 0, 0, 0)
-    count = 1 if images is None else images
+    count = DEFAULT_IMAGES_PER_PROMPT if images is None else images
     if count < 0:
         raise PlanError(f"--images-per-prompt must be 0 or more, not {count}")
     width, height = image_size

@@ -196,6 +196,7 @@ def up_command(
             settings.max_num_seqs,
             routing,
             adapters.names,
+            settings.images_per_prompt,
         )
         secret = ensure_admin_key(config)
         if secret is not None:

@@ -24,12 +24,15 @@ def up_config(
     max_num_seqs: int | None = None,
     routing: str = "prefix",
     adapters: tuple[str, ...] = (),
+    images_per_prompt: int | None = None,
 ) -> GatewayConfig:
     """The gateway config `inhouse up` runs with: one backend per replica, queue policy,
     the chat model's `routing` (`gateway.affinity`), each chat backend with the
     `max_num_seqs` its replica was started with (where set), so the gateway keeps seats of
     each for interactive requests (`gateway.seats`), and the LoRA `adapters` every replica
-    serves from the start, routed before the first health check lists them."""
+    serves from the start, routed before the first health check lists them; a
+    vision-language model's replicas (on an engine that serves images) take image parts,
+    as many a request as `images_per_prompt`, the limit they were started with."""
     from inhouse.gateway.config import parse_config
 
     def backend(replica: Replica, features: list[str]) -> dict[str, object]:
@@ -42,12 +45,15 @@ def up_config(
             "capabilities": features,
         }
 
-    chat = [backend(r, list(engine.features)) for r in replicas]
+    images = images_per_prompt is not None and engine.images
+    chat = [backend(r, [*engine.features, *(["vision"] if images else [])]) for r in replicas]
     if max_num_seqs:
         chat = [{**b, "max_num_seqs": max_num_seqs} for b in chat]
     if adapters:
         chat = [{**b, "adapters": list(adapters)} for b in chat]
     models = [{"name": chat_name, "backends": chat, "routing": routing}]
+    if images:
+        models[0]["images_per_prompt"] = images_per_prompt
     if embeddings:
         embedders = [backend(r, ["embeddings"]) for r in replicas]
         models.append({"name": EMBEDDING_MODEL_NAME, "backends": embedders})

@@ -109,6 +109,7 @@ def launch_settings(
     from inhouse.manifests.bundled import BundledModelMissing
     from inhouse.plan.planner import make_plan
     from inhouse.plan.source import load_model
+    from inhouse.plan.vision import DEFAULT_IMAGES_PER_PROMPT
 
     try:
         source = load_model(model)
@@ -119,6 +120,7 @@ def launch_settings(
             model=source.reference,
             gguf=source.gguf_tensors is not None,
             max_model_len=max_model_len,
+            images_per_prompt=DEFAULT_IMAGES_PER_PROMPT if source.vision else None,
         )
     else:
         plan = make_plan(source, inputs)
