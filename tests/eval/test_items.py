@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections import Counter
 from pathlib import Path
@@ -51,3 +52,22 @@ def test_bad_lines_are_named_with_file_and_line(tmp_path: Path) -> None:
 def test_an_empty_set_is_refused(tmp_path: Path) -> None:
     with pytest.raises(EvalSetError, match="has no items"):
         load_eval_set(_set(tmp_path, "// only a comment"))
+
+
+def test_an_image_file_beside_the_set_is_sent_as_a_data_uri(tmp_path: Path) -> None:
+    png = b"\x89PNG\r\n\x1a\n" + b"pixels"
+    (tmp_path / "chart.png").write_bytes(png)
+    image = {"type": "image_url", "image_url": {"url": "file:chart.png", "detail": "low"}}
+    asked = [{"type": "text", "text": "Which bar is tallest?"}, image]
+    line = {"id": "i", "messages": [{"role": "user", "content": asked}], "expected": "b"}
+    line["grader"] = "exact"
+    (item,) = load_eval_set(_set(tmp_path, json.dumps(line)))
+    part = item.messages[0]["content"][1]
+    assert part["image_url"] == {
+        "url": "data:image/png;base64," + base64.b64encode(png).decode(),
+        "detail": "low",
+    }
+    for url, message in (("file:missing.png", "No such file"), ("file:set.jsonl", "image type")):
+        image["image_url"]["url"] = url
+        with pytest.raises(EvalSetError, match=rf"set\.jsonl:1: image .*{message}"):
+            load_eval_set(_set(tmp_path, json.dumps(line)))

@@ -29,6 +29,7 @@ class DatasetChoice(StrEnum):
     random = "random"
     jsonl = "jsonl"
     shared_prefix = "shared-prefix"
+    random_mm = "random-mm"
 
 
 class EndpointChoice(StrEnum):
@@ -44,7 +45,8 @@ ApiKey = Annotated[
     str | None, typer.Option(envvar="INHOUSE_API_KEY", help="Bearer key, if the server wants one.")
 ]
 Dataset = Annotated[
-    DatasetChoice, typer.Option(help="random, jsonl (real prompts) or shared-prefix.")
+    DatasetChoice,
+    typer.Option(help="random, jsonl (real prompts), shared-prefix or random-mm (with images)."),
 ]
 DatasetPath = Annotated[
     Path | None, typer.Option(help="JSONL file: {messages} or {prompt} per line.")
@@ -96,6 +98,8 @@ def _settings(
     temperature: float,
     ignore_eos: bool,
     out: Path | None,
+    images_per_prompt: int = 1,
+    image_size: str = "512x512",
     **load_options: object,
 ) -> SessionSettings:
     """The options both commands share, checked; `load_options` are each command's own."""
@@ -106,6 +110,8 @@ def _settings(
         SessionSettings,
         SettingsError,
     )
+    from inhouse.plan.errors import PlanError
+    from inhouse.plan.vision import parse_image_size
 
     try:
         return SessionSettings(
@@ -127,6 +133,8 @@ def _settings(
                 prefix_len=prefix_len,
                 num_questions=num_questions,
                 num_prefixes=num_prefixes,
+                images_per_prompt=images_per_prompt,
+                image_size=parse_image_size(image_size),
             ),
             slo=parse_slo(slo or ""),
             seed=seed,
@@ -134,7 +142,7 @@ def _settings(
             out=out,
             metrics_urls=tuple(metrics_url or ()),
         )
-    except (SettingsError, ValueError) as exc:
+    except (SettingsError, ValueError, PlanError) as exc:
         raise typer.BadParameter(str(exc)) from exc
 
 
@@ -166,6 +174,12 @@ def run(
     num_prefixes: NumPrefixes = 1,
     metrics_url: MetricsUrl = None,
     num_prompts: Annotated[int | None, typer.Option(help="Requests to send (default 100).")] = None,
+    images_per_prompt: Annotated[
+        int, typer.Option(help="random-mm: images after each prompt's text.")
+    ] = 1,
+    image_size: Annotated[
+        str, typer.Option(help="random-mm: the images' WIDTHxHEIGHT in pixels.")
+    ] = "512x512",
     max_concurrency: Annotated[
         int | None, typer.Option(help="Closed loop: this many in flight (caps --request-rate).")
     ] = None,

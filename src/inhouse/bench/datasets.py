@@ -1,10 +1,14 @@
-"""Prompts shaped like real traffic: random token lengths, JSONL of real prompts, shared prefix."""
+"""Prompts shaped like real traffic: random token lengths, JSONL of real prompts, shared
+prefix, and random prompts with generated images (vLLM bench's random-mm)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import random
-from dataclasses import dataclass
+import struct
+import zlib
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -121,6 +125,56 @@ async def random_dataset(
         text = await text_of_tokens(rng, text_tokens, counter)
         requests.append(_as_request(index, text, endpoint, output_len.draw(rng), intended))
     return requests
+
+
+IMAGE_BLOCK = 8  # pixels a side of one random colour: distinct images that still compress
+
+
+def png_image(width: int, height: int, rng: random.Random) -> bytes:
+    """A PNG of random 8 × 8 colour blocks: every call's image differs, so no server cache
+    answers one twice, and it stays small enough to send by the hundred."""
+    blocks = -(-width // IMAGE_BLOCK)
+    rows = []
+    for _ in range(-(-height // IMAGE_BLOCK)):
+        colours = [rng.randbytes(3) * IMAGE_BLOCK for _ in range(blocks)]
+        rows += [b"\x00" + b"".join(colours)[: 3 * width]] * IMAGE_BLOCK
+    pixels = b"".join(rows[:height])
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(pixels))
+        + chunk(b"IEND", b"")
+    )
+
+
+def image_part(width: int, height: int, rng: random.Random) -> dict[str, object]:
+    """An `image_url` content part holding a new PNG as a data URI."""
+    encoded = base64.b64encode(png_image(width, height, rng)).decode()
+    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{encoded}"}}
+
+
+def with_images(
+    requests: list[BenchRequest], images: int, size: tuple[int, int], seed: int
+) -> list[BenchRequest]:
+    """Chat requests with `images` new images of `size` after each one's text; their token
+    count is the server's to tell (`usage`), so no intended length is kept."""
+    rng = random.Random(seed + 1)
+    shaped = []
+    for request in requests:
+        assert request.messages is not None
+        text = {"type": "text", "text": request.messages[-1]["content"]}
+        content = [text, *(image_part(*size, rng) for _ in range(images))]
+        message = {**request.messages[-1], "content": content}
+        messages = (*request.messages[:-1], message)
+        shaped.append(replace(request, messages=messages, intended_input_tokens=None))
+    return shaped
 
 
 async def shared_prefix_dataset(

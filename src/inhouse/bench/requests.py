@@ -21,7 +21,7 @@ class BenchRequest:
 
     index: int
     max_tokens: int
-    messages: tuple[dict[str, str], ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None  # a content: text, or parts
     prompt: str | None = None
     intended_input_tokens: int | None = None
 

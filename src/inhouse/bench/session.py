@@ -18,6 +18,7 @@ from inhouse.bench.datasets import (
     random_dataset,
     read_jsonl,
     shared_prefix_dataset,
+    with_images,
 )
 from inhouse.bench.loadgen import LoadShape
 from inhouse.bench.predicted import Comparison, Prediction, compare
@@ -56,7 +57,7 @@ async def build_dataset(
     overhead = 0
     if settings.endpoint == "chat" and isinstance(counter, ServerTokenCounter):
         overhead = await counter.chat_overhead()
-    return await random_dataset(
+    requests = await random_dataset(
         count,
         LengthSpec(settings.input_len, settings.len_spread),
         output,
@@ -65,6 +66,9 @@ async def build_dataset(
         counter=counter,
         template_overhead=overhead,
     )
+    if settings.kind == "random-mm":
+        return with_images(requests, settings.images_per_prompt, settings.image_size, seed)
+    return requests
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from inhouse.bench.metrics import Slo
 from inhouse.bench.requests import Endpoint
 
-DatasetKind = Literal["random", "jsonl", "shared-prefix"]
+DatasetKind = Literal["random", "jsonl", "shared-prefix", "random-mm"]
 
 
 class SettingsError(ValueError):
@@ -29,6 +29,8 @@ class DatasetSettings:
     prefix_len: int = 1024
     num_questions: int = 16
     num_prefixes: int = 1  # shared-prefix: distinct prefixes (documents), each asked every question
+    images_per_prompt: int = 1  # random-mm: images after each prompt's text
+    image_size: tuple[int, int] = (512, 512)  # random-mm: their width and height in pixels
 
     def __post_init__(self) -> None:
         if self.kind == "jsonl" and self.path is None:
@@ -44,6 +46,10 @@ class DatasetSettings:
             )
         if not 0 <= self.len_spread < 1:
             raise SettingsError("--len-spread must lie in [0, 1)")
+        if self.kind == "random-mm" and self.endpoint != "chat":
+            raise SettingsError("--dataset random-mm sends images: it needs --endpoint chat")
+        if self.images_per_prompt < 0 or min(self.image_size) < 1:
+            raise SettingsError("--images-per-prompt must be 0 or more, --image-size positive")
 
 
 @dataclass(slots=True, frozen=True)

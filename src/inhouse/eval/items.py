@@ -2,12 +2,16 @@
 
 ``{"id", "messages" | "prompt", "expected", "grader", "tags", "max_tokens", "tolerance",
 "tools", "tool_choice", "response_format"}``; ``id``, a prompt and ``grader`` are required.
+An ``image_url`` part may name a file beside the set (``"url": "file:chart.png"``): it is
+sent as a data URI, so a set and its images travel as one folder.
 """
 
 from __future__ import annotations
 
+import base64
 import json
-from dataclasses import dataclass, field
+import mimetypes
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -57,7 +61,7 @@ def load_eval_set(path: Path) -> list[EvalItem]:
             continue
         where = f"{path}:{number}"
         try:
-            item = parse_item(json.loads(line))
+            item = with_image_files(parse_item(json.loads(line)), path.parent)
         except json.JSONDecodeError as err:
             raise EvalSetError(f"{where}: not JSON ({err.msg})") from None
         except (ValueError, TypeError) as err:
@@ -69,6 +73,36 @@ def load_eval_set(path: Path) -> list[EvalItem]:
     if not items:
         raise EvalSetError(f"{path} has no items")
     return items
+
+
+def with_image_files(item: EvalItem, folder: Path) -> EvalItem:
+    """The item with each ``file:`` image URL read from `folder` into a data URI."""
+    if item.messages is None:
+        return item
+    messages = []
+    for message in item.messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = [_image_file(part, folder) for part in content]
+            message = {**message, "content": content}
+        messages.append(message)
+    return replace(item, messages=messages)
+
+
+def _image_file(part: Any, folder: Path) -> Any:
+    image = part.get("image_url") if isinstance(part, dict) else None
+    url = image.get("url") if isinstance(image, dict) else None
+    if not isinstance(url, str) or not url.startswith("file:"):
+        return part
+    path = folder / url.removeprefix("file:")
+    kind = mimetypes.guess_type(path.name)[0]
+    if kind is None or not kind.startswith("image/"):
+        raise ValueError(f"image {url!r} is not a known image type (.png, .jpg, .webp, .gif)")
+    try:
+        data = base64.b64encode(path.read_bytes()).decode()
+    except OSError as err:
+        raise ValueError(f"image {url!r}: {err.strerror}") from None
+    return {**part, "image_url": {**image, "url": f"data:{kind};base64,{data}"}}
 
 
 def parse_item(data: Any) -> EvalItem:
