@@ -117,9 +117,6 @@ def without_images(messages: list[Any]) -> list[Any]:
     return kept
 
 
-def images_limit_message(count: int, limit: int, whose: str) -> str:
-    """The 400 for too many images, naming the limit and whose it is."""
-    return (
-        f"{count} images in one request: {whose} takes at most {limit} "
-        f"(limit-mm-per-prompt image={limit})"
-    )
+def images_limit_message(count: int, limit: int, whose: str, setting: str) -> str:
+    """The 400 for too many images, naming the limit, whose it is and the setting."""
+    return f"{count} images in one request: {whose} takes at most {limit} (its {setting})"

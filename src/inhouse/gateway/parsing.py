@@ -199,12 +199,12 @@ def parse(
     gap = router.capability_gap(route, needs, key.allow_fallback)
     if gap is not None:
         raise invalid_request(f"{gap} (model {route.name!r})", code="unsupported_capability")
-    for limit, whose in (
-        (key.max_images, "this key"),
-        (route.images_per_prompt, f"model {route.name!r}"),
+    for limit, whose, setting in (
+        (key.max_images, "this key", "max_images"),
+        (route.images_per_prompt, f"model {route.name!r}", "images_per_prompt"),
     ):
         if limit is not None and needs.images > limit:
-            message = images_limit_message(needs.images, limit, whose)
+            message = images_limit_message(needs.images, limit, whose, setting)
             raise invalid_request(message, "messages", code="too_many_images")
     try:
         priority = effective_class(key.priority, body)

@@ -25,6 +25,7 @@ inline float as_float(c10::BFloat16 v) { return static_cast<float>(v); }
 // float32, more than its q4 weights).
 
 constexpr int64_t kInputWays = 4;  // partial sums of the first pass, inputs i % 4 apart
+static_assert(kInputWays == 4, "the first pass adds its partial sums as (0 + 1) + (2 + 3)");
 
 #ifdef INHOUSE_AVX2
 // low[k0 : k0 + 8 * kChunks] = x @ a_t's columns there, kInputWays sums a lane in registers
