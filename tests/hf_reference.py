@@ -20,10 +20,11 @@ _CACHE_KWARG = _cache_kwarg()
 
 
 @torch.inference_mode()
-def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
-    """HF's forward with its own KV cache, argmax each step, no stopping at EOS."""
+def hf_greedy(model, prompt: list[int], new_tokens: int, **first: torch.Tensor) -> list[int]:
+    """HF's forward with its own KV cache, argmax each step, no stopping at EOS; ``first``:
+    more inputs of the prompt's forward (a vision model's pixel values)."""
     device = model.device
-    out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
+    out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True, **first)
     tokens = [int(out.logits[0, -1].argmax())]
     while len(tokens) < new_tokens:
         out = model(

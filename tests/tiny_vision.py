@@ -73,3 +73,22 @@ def save_tiny_idefics3(folder: Path, seed: int = 0) -> Path:
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
+
+
+def noise_image(seed: int, size: tuple[int, int]):
+    """An RGB PIL image of ``size`` (width, height), random pixels from ``seed``."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def data_uri(image) -> str:
+    """The image as a PNG data URI, as a client sends it."""
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()

@@ -25,7 +25,8 @@ from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImag
 
 from inhouse.plan.planner import PlanInputs, make_plan
 from inhouse.plan.source import load_model
-from inhouse.plan.vision import vision_encoder
+from inhouse.plan.errors import PlanError
+from inhouse.plan.vision import parse_image_limit, vision_encoder
 
 HF_CLASSES = {
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
@@ -126,3 +127,12 @@ def test_cli_prints_tokens_rows_json_and_vllm_limit(tmp_path: Path) -> None:
 def test_images_on_a_text_model_and_bad_sizes_are_one_sentence_errors() -> None:
     assert_one_sentence_error(run("--images-per-prompt", "2"), 2, "needs a vision-language model")
     assert_one_sentence_error(run("--image-size", "big"), 2, "--image-size takes WIDTHxHEIGHT")
+
+
+def test_the_image_limit_is_read_as_vllm_spells_it() -> None:
+    for text in ('{"image": 4}', "image=4", "4"):
+        assert parse_image_limit(text) == 4
+    assert parse_image_limit('{"image": 0}') == 0  # vLLM's way to serve a VLM text-only
+    for bad in ('{"video": 2}', '{"image": -1}', '{"image": "x"}', "images", "[4]"):
+        with pytest.raises(PlanError, match="--limit-mm-per-prompt"):
+            parse_image_limit(bad)

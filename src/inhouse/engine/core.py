@@ -157,6 +157,7 @@ class EngineCore:
                 cache_salt=request.cache_salt,
                 priority=request.priority,
                 adapter=adapter,
+                images=request.images,
                 arrival_time=request.arrival_time,
                 guide=params.guide_factory() if params.guide_factory else None,
             )

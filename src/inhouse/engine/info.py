@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from inhouse.engine.prompt_bound import max_token_bytes, refuse_surely_too_long
 
 if TYPE_CHECKING:
+    from inhouse.engine.images import ImageSide
     from inhouse.engine.kv_budget import KVBudget
     from inhouse.engine.models.loader import LoadedModel
     from inhouse.engine.speculative.config import SpeculativeConfig
@@ -39,6 +40,7 @@ class EngineInfo:
     budget: KVBudget
     speculative: SpeculativeConfig | None = None  # None: no speculative decoding
     max_token_bytes: int | None = None  # the longest token's bytes, where that bounds a count
+    images: ImageSide | None = None  # a vision-language model's image processor and encoder
 
     def refuse_surely_too_long(self, text: str) -> None:
         """Raise :class:`EngineInputError` for a prompt text that cannot fit
@@ -70,4 +72,5 @@ class EngineInfo:
             budget=budget,
             speculative=speculative,
             max_token_bytes=max_token_bytes(loaded.tokenizer),
+            images=loaded.images,
         )

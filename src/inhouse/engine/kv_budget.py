@@ -63,7 +63,9 @@ def plan_kv_budget(config: EngineConfig, loaded: LoadedModel, adapter_bytes: int
     """Size the KV cache from the config; lower a defaulted max_model_len to what fits. A
     default budget (a share of free memory) also holds the adapter slots' ``adapter_bytes``;
     ``--kv-cache-memory`` is the KV cache's alone."""
-    model_max = int(loaded.config_dict.get("max_position_embeddings") or MAX_DEFAULT_MODEL_LEN)
+    model_max = int(
+        getattr(loaded.hf_config, "max_position_embeddings", None) or MAX_DEFAULT_MODEL_LEN
+    )
     if config.max_model_len is not None and config.max_model_len > model_max:
         raise EngineConfigError(
             f"max_model_len {config.max_model_len} exceeds the model's "

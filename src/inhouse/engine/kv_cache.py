@@ -6,7 +6,8 @@ are attended on AMX tiles and a generated token's are not (``generated_apart``),
 that holds a generated token is hashed apart: a later prompt of the same tokens (the next
 turn of a chat) computes them as a prompt and finds only what a prompt computed, so its
 bits never depend on what the cache held. A LoRA adapter's blocks are keyed by its
-files' digest: they answer only the same adapter's prompts.
+files' digest: they answer only the same adapter's prompts. A block that holds an image's
+tokens is keyed by that image's digest as well: its token ids say only that an image is there.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from inhouse.engine.blocks import (
     hash_block_key,
     salt_key,
 )
+from inhouse.engine.images import image_block_key
 from inhouse.engine.sequence import Sequence
 
 
@@ -126,6 +128,8 @@ class KVCacheManager:
         size = self.block_size
         parent = seq.block_hashes[index - 1] if index else b""
         extra = self._first_block_extra(seq) if index == 0 else b""
+        if seq.images:
+            extra += image_block_key(seq.images, index * size, (index + 1) * size)
         if self.generated_apart and (index + 1) * size > seq.num_prompt_tokens:
             extra += b"generated"
         return block_key(parent, seq.token_ids[index * size : (index + 1) * size], extra)

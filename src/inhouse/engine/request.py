@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from inhouse.engine.images import PromptImage
 from inhouse.engine.sampling_params import SamplingParams
 
 
@@ -29,3 +30,4 @@ class EngineRequest:
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
     adapter: str | None = None  # a LoRA adapter's name (the request's ``model``); None: the base
+    images: tuple[PromptImage, ...] = ()  # placed in the prompt (see inhouse.engine.images)

@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from inhouse.engine.attention import build_attention_metadata
+from inhouse.engine.images import gather_image_rows
 from inhouse.engine.lora.stack import AdapterRows
 from inhouse.engine.models.loader import LoadedModel
 from inhouse.engine.sequence import Sequence
@@ -31,6 +32,7 @@ class ModelRunner:
                 f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
             )
         self.model = loaded.model
+        self.images = loaded.images
         self.device = loaded.device
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -127,7 +129,19 @@ class ModelRunner:
         input_ids = torch.tensor(tokens, dtype=torch.long).to(self.device)
         every_row = len(logit_rows) == len(tokens)  # each entry decodes (drafts included)
         rows = None if every_row else torch.tensor(logit_rows).to(self.device)
-        return self.model(input_ids, positions, self.kv_cache, meta, rows)
+        return self.model(input_ids, positions, self.kv_cache, meta, rows, self._image_rows(batch))
+
+    def _image_rows(
+        self, batch: list[tuple[Sequence, int]]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The step's rows that take an image's encoder rows, and those rows (None: none)."""
+        if self.images is None or not any(seq.images for seq, _ in batch):
+            return None
+        entries = [(seq.images, seq.num_computed_tokens, n) for seq, n in batch]
+        rows, features = gather_image_rows(entries, self.images.encode)
+        if not rows:
+            return None
+        return torch.tensor(rows, device=self.device), torch.cat(features).to(self.device)
 
 
 def _zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from inhouse.engine.images import PromptImage
     from inhouse.engine.lora.slots import LoadedAdapter
     from inhouse.engine.sampling_params import SamplingParams
 
@@ -42,6 +43,7 @@ class Sequence:
     priority: int = 0
     arrival_time: float = 0.0
     adapter: LoadedAdapter | None = None  # the LoRA adapter its tokens run with
+    images: tuple[PromptImage, ...] = ()  # the prompt's images, their tokens placed
     seq_id: int = field(default_factory=lambda: next(_seq_ids))
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0

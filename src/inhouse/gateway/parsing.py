@@ -24,10 +24,11 @@ from inhouse.api.chat import ChatFields
 from inhouse.api.common import RequestModel
 from inhouse.api.completions import CompletionRequest
 from inhouse.api.errors import invalid_fields, invalid_request, not_found
+from inhouse.api.image_url import ImageRefused, images_limit_message
 from inhouse.gateway.adapters.served import base_of
 from inhouse.gateway.config import GatewayConfig, ModelRoute
 from inhouse.gateway.endpoints import ENDPOINTS, Endpoint
-from inhouse.gateway.images import ImageRefused, count_images, images_limit_message
+from inhouse.gateway.images import count_images
 from inhouse.gateway.keys import ApiKey
 from inhouse.gateway.needs import Needs
 from inhouse.gateway.priority import DEFAULT_CLASS, BadPriority, effective_class

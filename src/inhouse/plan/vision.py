@@ -15,6 +15,7 @@ builds them (checked against its modules' own parameter counts):
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -271,6 +272,28 @@ def parse_image_size(text: str) -> tuple[int, int]:
     if len(numbers) not in (1, 2) or min(numbers) < 1:
         raise PlanError(f"--image-size takes WIDTHxHEIGHT in pixels (e.g. 1024x768), not {text!r}")
     return (numbers[0], numbers[-1])
+
+
+def parse_image_limit(text: str) -> int:
+    """vLLM's ``--limit-mm-per-prompt`` value (``{"image": 4}``; ``image=4`` and a bare number
+    are taken too): the images a prompt may hold."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        key, _, number = text.partition("=")
+        value = {key.strip(): number.strip()} if number else None
+    if isinstance(value, int):
+        value = {"image": value}
+    count = value.get("image") if isinstance(value, dict) and set(value) == {"image"} else None
+    try:
+        count = int(count)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        count = -1
+    if count < 0:
+        raise PlanError(
+            f'--limit-mm-per-prompt takes images a prompt may hold, as {{"image": 4}}, not {text!r}'
+        )
+    return count
 
 
 ENCODER_DTYPE_BYTES = 2  # the encoder runs in bf16/fp16 whatever the language model's weights

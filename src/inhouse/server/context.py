@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from inhouse.api.errors import APIError, not_found, service_unavailable
 from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
+from inhouse.plan.vision import DEFAULT_IMAGES_PER_PROMPT
 from inhouse.server.memory import HeapTrimmer
 from inhouse.server.metrics import ServerMetrics
 from inhouse.server.model_state import ModelState
@@ -56,6 +57,8 @@ class ServerConfig:
     embedding_model: Path | None = None
     embedding_model_name: str | None = None
     manifest: ManifestStatus = field(default_factory=ManifestStatus)
+    images_per_prompt: int = DEFAULT_IMAGES_PER_PROMPT  # a vision model's --limit-mm-per-prompt
+    allowed_media_domains: frozenset[str] = frozenset()  # hosts whose image URLs are fetched
 
     @property
     def embedding_name(self) -> str | None:

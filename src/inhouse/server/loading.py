@@ -48,7 +48,13 @@ class ContextLoader:
             info = engine.info
             template = read_chat_template(ctx.config.chat_template) or info.chat_template
             renderer = ChatRenderer(
-                info.tokenizer, template, ctx.model_name, info.refuse_surely_too_long
+                info.tokenizer,
+                template,
+                ctx.model_name,
+                info.refuse_surely_too_long,
+                info.images,
+                ctx.config.images_per_prompt,
+                ctx.config.allowed_media_domains,
             )
             grammars = GrammarCompiler(info.tokenizer, info.vocab_size, info.eos_token_ids)
             engine.start()

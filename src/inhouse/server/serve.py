@@ -7,6 +7,7 @@ fast for other subcommands.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import typer
 from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
 from inhouse.manifests.command import checked_manifest
 from inhouse.plan.units import parse_bytes
+from inhouse.plan.vision import DEFAULT_IMAGES_PER_PROMPT, parse_image_limit
 from inhouse.server.model_state import Phase
 
 if TYPE_CHECKING:
@@ -140,6 +142,19 @@ def serve_command(
     max_lora_rank: Annotated[
         int | None, typer.Option(help="Highest adapter rank a slot holds (default 16, vLLM's).")
     ] = None,
+    limit_mm_per_prompt: Annotated[
+        str,
+        typer.Option(
+            help='A vision model\'s images a prompt may hold, as vLLM takes it: {"image": 4}.'
+        ),
+    ] = json.dumps({"image": DEFAULT_IMAGES_PER_PROMPT}),
+    allowed_media_domains: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A host whose http(s) image URLs a vision model fetches (repeat for more); "
+            "by default only data URIs are read.",
+        ),
+    ] = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API."""
     pinned = None  # checked before the heavy imports: a mismatch exits at once
@@ -183,6 +198,7 @@ def serve_command(
             max_loras=max_loras,
             max_lora_rank=DEFAULT_MAX_LORA_RANK if max_lora_rank is None else max_lora_rank,
         )
+        images_per_prompt = parse_image_limit(limit_mm_per_prompt)
     except ValueError as err:  # a bad flag (EngineConfigError too): one line, exit 2
         raise typer.BadParameter(str(err)) from None
     gc.disable()  # the flags are good; on until the model is loaded (see _then_gc_on)
@@ -207,6 +223,8 @@ def serve_command(
         embedding_model=embedding_path,
         embedding_model_name=embedding_name,
         manifest=ManifestStatus.of(pinned),
+        images_per_prompt=images_per_prompt,
+        allowed_media_domains=frozenset(h.lower() for h in allowed_media_domains or []),
     )
     ctx = ServerContext.create(config, name)
     app = build_app(ctx, _then_gc_on(ContextLoader(engine_config)))

@@ -340,6 +340,7 @@ class LlamaForCausalLM(nn.Module):
         self.decode_weights: list[torch.Tensor | None] | None = None  # see fuse_cpu_ops
         self.bf16_tiles = False  # projections on the AMX tiles (see pack_bf16_tiles)
         self.lora_weights: list[torch.Tensor] = []  # adapter stacks, decode_layers' order
+        self.checkpoint_prefix = "model."  # its tensors' prefix; a VLM's: "model.text_model."
         self.lm_head = (
             self.embed_tokens
             if args.tie_word_embeddings
@@ -358,10 +359,14 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: torch.Tensor,
         meta: AttentionMetadata,
         logit_rows: torch.Tensor | None,
+        image_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Float32 logits at ``logit_rows`` (None: every row); ``kv_caches``: ``[layers, 2,
-        slots, heads, dim]``."""
+        slots, heads, dim]``; ``image_rows``: rows whose embeddings an image encoder's
+        output replaces, and that output."""
         h = self._embed(input_ids)
+        if image_rows is not None:
+            h[image_rows[0]] = image_rows[1].to(h.dtype)
         cos = self.rope_cos[positions].to(h.dtype)[:, None, :]
         sin = self.rope_sin[positions].to(h.dtype)[:, None, :]
         interrupt = meta.interrupt
@@ -505,11 +510,14 @@ class LlamaForCausalLM(nn.Module):
     def weight_target(self, hf_name: str) -> tuple[str, torch.Tensor] | None:
         """``(key, tensor to fill)`` for an HF-named checkpoint tensor; None if it is not needed.
 
-        q/k/v and gate/up land in their slice of the fused projection.
+        q/k/v and gate/up land in their slice of the fused projection. A vision-language
+        checkpoint's other towers (``model.vision_model.*``) are not the decoder's.
         """
-        name = hf_name.removeprefix("model.")
-        if name.startswith("rotary_emb") or (
-            name == "lm_head.weight" and self.args.tie_word_embeddings
+        name = hf_name.removeprefix(self.checkpoint_prefix)
+        if (
+            name.startswith("model.")
+            or name.startswith("rotary_emb")
+            or (name == "lm_head.weight" and self.args.tie_word_embeddings)
         ):
             return None
         module, _, leaf = name.rpartition(".")

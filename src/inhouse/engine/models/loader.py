@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from inhouse.engine.images import VISION_MODEL_TYPES, ImageSide, load_image_side
 from inhouse.engine.kernels.build import load_kernels
 from inhouse.engine.kernels.quant import KV_INT8_SCALE_BYTES
 from inhouse.engine.models.gguf_convert import convert_gguf, main_block_type
@@ -37,7 +38,7 @@ class LoadedModel:
     """A ready model and everything the engine and server need to know about it."""
 
     model: LlamaForCausalLM
-    hf_config: Any  # transformers.PretrainedConfig
+    hf_config: Any  # transformers.PretrainedConfig (a vision-language model's: its text part)
     config_dict: dict[str, Any]
     tokenizer: Any  # transformers PreTrainedTokenizerFast
     chat_template: str | None
@@ -52,6 +53,7 @@ class LoadedModel:
     path_reason: str = ""  # why this dtype and weight format were chosen on this machine
     attention_kernel: bool = False  # every query row attended by the C++ kernel, in place
     kv_cache_dtype: str = "auto"  # or "int8": see with_kv_cache_dtype
+    images: ImageSide | None = None  # a vision-language model's image processor and encoder
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -298,8 +300,13 @@ def load_model(
     precision = choose_precision(dtype, quantization, dev, source_blocks=_gguf_blocks(folder, path))
     torch_dtype, quant = precision.dtype, precision.quantization
     hf_config = AutoConfig.from_pretrained(folder)
+    vision = hf_config.model_type in VISION_MODEL_TYPES
+    if vision:
+        hf_config = hf_config.text_config
     weight_dtype = torch.float16 if quant == "fp16" else None
     model = build_model(hf_config, torch_dtype, dev, weight_dtype)
+    if vision:
+        model.checkpoint_prefix = "model.text_model."
     with torch.no_grad():
         if quant == "none":
             load_weights(model, folder)
@@ -312,6 +319,7 @@ def load_model(
     elif dev.type == "cpu" and torch_dtype == torch.bfloat16:
         reason += f"; {_bf16_products(model)}"
     tokenizer = AutoTokenizer.from_pretrained(folder)
+    images = load_image_side(folder, tokenizer, model.args.hidden_size) if vision else None
     return LoadedModel(
         model=model,
         hf_config=hf_config,
@@ -328,6 +336,7 @@ def load_model(
         quantization=quant,
         path_reason=reason,
         attention_kernel=_attention_kernel(dev, torch_dtype, quant),
+        images=images,
     )
 
 

@@ -85,8 +85,8 @@ async def _prepare(
     loaded = ctx.model.require()
     use_tools = bool(body.tools) and body.tool_choice != "none"
     tools = body.tools if use_tools else None
-    prompt_ids = await ctx.prompt_workers.run(
-        loaded.renderer.token_ids,
+    prompt = await ctx.prompt_workers.run(
+        loaded.renderer.prompt,
         body.messages,
         tools,
         body.add_generation_prompt,
@@ -104,11 +104,12 @@ async def _prepare(
     tool_choice = body.tool_choice if use_tools else None
     request = EngineRequest(
         request_id("chatcmpl"),
-        prompt_ids,
+        prompt.token_ids,
         params,
         body.cache_salt,
         priority=body.priority,
         adapter=adapter,
+        images=prompt.images,
     )
     return PreparedChat(request, lambda: translator_for(tool_choice, known), top)
 

@@ -1,0 +1,137 @@
+"""Images in our engine, on a tiny random Idefics3 (SmolVLM's family) that transformers saves:
+the encoder's rows equal transformers' own (padded tiles too), 10 image+text prompts give
+HF's greedy tokens with the prompt ids HF's processor writes, and the prefix cache keys
+blocks by image: a different image of the same size shares nothing from its first image
+block on, the same image again is a hit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import add, greedy, run_to_end, tiny_engine
+
+from hf_reference import hf_greedy
+from inhouse.engine.errors import EngineInputError
+from inhouse.engine.images import PromptImage, place_images
+from inhouse.engine.models.loader import LoadedModel, load_model
+from tiny_vision import noise_image, save_tiny_idefics3
+
+NEW_TOKENS = 10
+# (image sizes, text): 1-3 images each, wide, tall, tiny and square, split and not
+PROMPTS = [
+    ([(40, 60)], "What is in the picture?"),
+    ([(64, 64)], "Describe it."),
+    ([(90, 20), (20, 90)], "Compare the two."),
+    ([(8, 8)], "Is it dark?"),
+    ([(33, 65), (70, 10), (50, 50)], "Three pictures: which is widest?"),
+    ([(100, 31)], "Count the colours."),
+    ([(31, 100), (64, 32)], "Which one is taller?"),
+    ([(17, 23)], "Say one word."),
+    ([(64, 128)], "Read the text."),
+    ([(45, 45), (45, 45)], "Are they the same?"),
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_idefics3(tmp_path_factory.mktemp("tiny-idefics3"), seed=5)
+
+
+@pytest.fixture(scope="module")
+def loaded(folder: Path) -> LoadedModel:
+    return load_model(folder, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def hf(folder: Path):
+    from transformers import AutoProcessor, Idefics3ForConditionalGeneration
+
+    model = Idefics3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    return model.eval(), AutoProcessor.from_pretrained(folder)
+
+
+def chat_text(processor, count: int, text: str) -> str:
+    content = [{"type": "image"}] * count + [{"type": "text", "text": text}]
+    return processor.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True
+    )
+
+
+def our_prompt(loaded: LoadedModel, text: str, images: list) -> tuple[list[int], list]:
+    """The prompt as the server builds it: the template's image tokens replaced by the
+    image side's placeholders, tokenized whole, the images placed."""
+    side = loaded.images
+    assert side is not None
+    joined, placed = side.with_placeholders(text, images)
+    ids = loaded.tokenizer(joined, add_special_tokens=False)["input_ids"]
+    place_images(ids, placed, side.image_token_id)
+    return ids, placed
+
+
+def test_the_encoder_rows_equal_transformers_for_whole_and_padded_tiles(loaded, hf) -> None:
+    model, _ = hf
+    side = loaded.images
+    assert side is not None
+    for seed, size in enumerate([(40, 60), (100, 31), (8, 8)]):
+        image, _ = side.prepare(noise_image(seed, size))
+        pixels, mask = image.pixels, image.pixel_mask.clone()
+        mask[0, :, 20:] = False  # the first tile padded past column 20: its last patches masked
+        pixels[0, :, :, 20:] = 0.0
+        for tile_mask in (image.pixel_mask, mask):
+            with torch.no_grad():
+                theirs = model.model.get_image_features(pixels[None], tile_mask[None].long())
+            ours = side.tower(pixels, tile_mask)
+            torch.testing.assert_close(ours, theirs.pooler_output[0], rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_tokens_equal_hf_for_ten_image_and_text_prompts(loaded, hf) -> None:
+    model, processor = hf
+    engine = tiny_engine(loaded, max_model_len=512, block_size=4)
+    differ = 0
+    for i, (sizes, question) in enumerate(PROMPTS):
+        images = [noise_image(100 * i + k, size) for k, size in enumerate(sizes)]
+        text = chat_text(processor, len(images), question)
+        reference = processor(text=[text], images=[images], add_special_tokens=False,
+                              return_tensors="pt")  # fmt: skip
+        ids, placed = our_prompt(loaded, text, images)
+        assert ids == reference["input_ids"][0].tolist()
+        add(engine, f"r{i}", ids, greedy(NEW_TOKENS), images=tuple(placed))
+        ours = run_to_end(engine)[f"r{i}"].choices[0].token_ids
+        pixels = {k: reference[k] for k in ("pixel_values", "pixel_attention_mask")}
+        assert ours == hf_greedy(model, ids, NEW_TOKENS, **pixels), f"prompt {i}"
+        other = [noise_image(999 + k, size) for k, size in enumerate(sizes)]
+        ids_other, placed_other = our_prompt(loaded, text, other)
+        add(engine, f"o{i}", ids_other, greedy(NEW_TOKENS), images=tuple(placed_other))
+        differ += run_to_end(engine)[f"o{i}"].choices[0].token_ids != ours
+    assert differ >= 8, "the images hardly change the answers: are they read at all?"
+
+
+def cached_tokens(engine, request_id: str, ids: list[int], placed: list[PromptImage]) -> int:
+    add(engine, request_id, ids, greedy(2), images=tuple(placed))
+    return run_to_end(engine)[request_id].num_cached_tokens
+
+
+def test_the_prefix_cache_keys_blocks_by_image(loaded, hf) -> None:
+    _, processor = hf
+    engine = tiny_engine(loaded, max_model_len=512, block_size=4)
+    text = chat_text(processor, 1, "What is in the picture?")
+    first = our_prompt(loaded, text, [noise_image(1, (40, 60))])
+    again = our_prompt(loaded, text, [noise_image(1, (40, 60))])
+    other = our_prompt(loaded, text, [noise_image(2, (40, 60))])
+    assert first[0] == other[0]  # same size: the very same token ids
+    assert cached_tokens(engine, "first", *first) == 0
+    image_start = first[1][0].positions[0]
+    assert cached_tokens(engine, "other", *other) == image_start // 4 * 4
+    whole = (len(first[0]) - 1) // 4 * 4  # every full block but one the last token needs
+    assert cached_tokens(engine, "again", *again) == whole
+    assert again[1][0].features is None  # its rows came from the cache: never encoded
+
+
+def test_a_prompt_with_image_tokens_its_images_do_not_fill_is_refused(loaded) -> None:
+    side = loaded.images
+    image, _ = side.prepare(noise_image(0, (9, 9)))
+    ids = [5, 6, *[side.image_token_id] * (image.num_tokens + 1), 7]
+    with pytest.raises(EngineInputError, match="must not contain the model's image token"):
+        place_images(ids, [image], side.image_token_id)
