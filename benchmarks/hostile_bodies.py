@@ -4,6 +4,8 @@ as raw bytes, so lone surrogates, absurd numbers and broken UTF-8 arrive as writ
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from dataclasses import dataclass, replace
 from typing import Any
@@ -69,6 +71,17 @@ STRINGS = [5, None, [], {}, True, "", SURROGATE, "x" * 1_000_000]
 PNG_1X1 = (  # a 1 × 1 PNG, base64
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 )
+
+
+def _png_uri(width: int, height: int) -> str:
+    """A black 1-bit PNG of that size as a data URI (a 9000 x 9000 one is a few kB)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("1", (width, height)).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
 IMAGE_PARTS: dict[str, Any] = {  # seed 004's image 400s and the SSRF door
     "type image": {"type": "image", "image": f"data:image/png;base64,{PNG_1X1}"},
     "type input_image": {"type": "input_image", "image_url": "x"},
@@ -86,6 +99,13 @@ IMAGE_PARTS: dict[str, Any] = {  # seed 004's image 400s and the SSRF door
         "image_url": {"url": "data:image/png;base64," + "A" * 12_000_000},
     },
     "5 pngs": [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG_1X1}"}}] * 5,
+    "png 9000 x 9000": {"type": "image_url", "image_url": {"url": _png_uri(9000, 9000)}},
+    "png truncated": {"type": "image_url", "image_url": {"url": _png_uri(64, 64)[:200]}},
+    "png 1 x 4000": {"type": "image_url", "image_url": {"url": _png_uri(1, 4000)}},
+    "a stray image token": [
+        {"type": "text", "text": "<image><fake_token_around_image><global-img>"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG_1X1}"}},
+    ],
 }
 
 

@@ -11,7 +11,10 @@ attack. Every 4xx/5xx must be ``{"error": {"message", "type", "param", "code"}}`
 Serve's RSS (VmRSS of /proc/<pid>/status) is read after warm-up and after the suite.
 
     PYTHONPATH=$PWD/src .venv/bin/python benchmarks/hostile_suite.py [--examples 10] \
-        [--out hostile-suite.json]
+        [--out hostile-suite.json] [--model FOLDER --max-model-len N]
+
+``--model`` serves an HF folder instead (a vision model: the image attacks then reach its
+image processor and encoder).
 
 It prints the figures and writes them as JSON; the exit status is 1 when any answer
 broke the rules, a stream was harmed, /health took 1 s or more or serve's RSS grew by
@@ -292,7 +295,7 @@ def summary(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hostile-") as base, running_edges(
-        Path(base), MAX_MODEL_LEN, KV_CACHE_MEMORY
+        Path(base), args.max_model_len, KV_CACHE_MEMORY, model=args.model
     ) as edges:  # fmt: skip
         expected = warm_up(edges)
         rss_warm = rss_mb(edges.serve_pid)
@@ -323,7 +326,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report["host"] = host()
     report["command"] = " ".join(["benchmarks/hostile_suite.py", *sys.argv[1:]])
     report["settings"] = {
-        "max_model_len": MAX_MODEL_LEN, "kv_cache_memory": KV_CACHE_MEMORY,
+        "model": args.model or "bundled", "max_model_len": args.max_model_len,
+        "kv_cache_memory": KV_CACHE_MEMORY,
         "schemathesis_examples_per_operation_and_mode": args.examples, "seed": args.seed,
     }  # fmt: skip
     report["seconds"] = round(time.monotonic() - started, 1)
@@ -335,6 +339,8 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=10, help="per operation and mode")
     parser.add_argument("--seed", type=int, default=24)
     parser.add_argument("--out", type=Path, default=Path("hostile-suite.json"))
+    parser.add_argument("--model", help="serve this HF folder (default: the bundled model)")
+    parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     args = parser.parse_args()
     report = run(args)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -62,16 +62,21 @@ def _gateway_config(port: int, db_url: str, serve_url: str, serve_key: str) -> s
 
 @contextmanager
 def running_edges(
-    base: Path, max_model_len: int, kv_cache_memory: str, max_num_seqs: int = 32
+    base: Path,
+    max_model_len: int,
+    kv_cache_memory: str,
+    max_num_seqs: int = 32,
+    model: str | None = None,
 ) -> Iterator[Edges]:
-    """Start serve and the gateway (logs and database in `base`), yield them, stop them."""
+    """Start serve (on `model`, served under the bundled model's name; None: the bundled
+    model) and the gateway (logs and database in `base`), yield them, stop them."""
     serve_key = secrets.token_urlsafe(24)
     serve_port, gateway_port = free_port(), free_port()
     serve_url = f"http://127.0.0.1:{serve_port}"
     serve = Process(
         [*inhouse_command(), "serve", "--port", str(serve_port), "--max-model-len",
          str(max_model_len), "--kv-cache-memory", kv_cache_memory, "--max-num-seqs",
-         str(max_num_seqs)],
+         str(max_num_seqs), *([model, "--served-model-name", CHAT_MODEL] if model else [])],
         base / "serve.log",
         {"INHOUSE_API_KEY": serve_key},
     )  # fmt: skip

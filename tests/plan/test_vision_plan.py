@@ -23,9 +23,9 @@ from test_plan_cli import assert_one_sentence_error, run
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 
+from inhouse.plan.errors import PlanError
 from inhouse.plan.planner import PlanInputs, make_plan
 from inhouse.plan.source import load_model
-from inhouse.plan.errors import PlanError
 from inhouse.plan.vision import parse_image_limit, vision_encoder
 
 HF_CLASSES = {
@@ -121,7 +121,12 @@ def test_cli_prints_tokens_rows_json_and_vllm_limit(tmp_path: Path) -> None:
     assert numbers["vision"]["tokens_per_image"] == 1088  # 1024×1024: 4 × 4 tiles + the whole
     emitted = run(path, "--images-per-prompt", "4", "--emit", "vllm").stdout
     assert "--limit-mm-per-prompt '{\"image\": 4}'" in emitted
-    assert "reads text only" in run(path, "--emit", "inhouse").stdout
+    assert "not smolvlm: serve this one with vLLM" in run(path, "--emit", "inhouse").stdout
+    idefics3 = {**SMOLVLM2_500M, "model_type": "idefics3"}  # the family inhouse serve encodes
+    (tmp_path / "idefics3").mkdir()
+    path = str(folder(tmp_path / "idefics3", idefics3, SMOLVLM2_500M_PROCESSOR))
+    emitted = run(path, "--images-per-prompt", "3", "--emit", "inhouse").stdout
+    assert "--limit-mm-per-prompt '{\"image\": 3}'" in emitted
 
 
 def test_images_on_a_text_model_and_bad_sizes_are_one_sentence_errors() -> None:

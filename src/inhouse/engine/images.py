@@ -23,12 +23,12 @@ import torch
 
 from inhouse.engine.errors import EngineInputError
 from inhouse.engine.models.idefics3_vision import (
+    IMAGE,
     Idefics3Vision,
     idefics3_placeholder,
     load_idefics3_vision,
 )
-
-VISION_MODEL_TYPES = frozenset({"idefics3"})
+from inhouse.plan.vision import SERVED_MODEL_TYPES
 
 
 @dataclass(slots=True, eq=False)
@@ -139,12 +139,12 @@ class ImageSide:
 def load_image_side(folder: Path, tokenizer: Any, text_hidden: int) -> ImageSide | None:
     """The image side of a vision-language checkpoint in ``folder``; None for a text model."""
     config = json.loads((folder / "config.json").read_text())
-    if config.get("model_type") not in VISION_MODEL_TYPES:
+    if config.get("model_type") not in SERVED_MODEL_TYPES:
         return None
     from transformers import AutoImageProcessor
 
     tower = load_idefics3_vision(folder, text_hidden, torch.float32)
-    token = "<image>"
+    token = IMAGE
     token_id = config.get("image_token_id", tokenizer.convert_tokens_to_ids(token))
     if tokenizer.convert_tokens_to_ids(token) != token_id:
         raise ValueError(f"{folder}: the tokenizer's {token} is not config's image_token_id")

@@ -44,6 +44,7 @@ class LaunchSettings:
     max_loras: int = 0  # adapter slots (0: adapters off)
     max_lora_rank: int | None = None  # None: the engine's default (16 for inhouse and vLLM)
     images_per_prompt: int | None = None  # a vision-language model's image limit a prompt
+    vision_model_type: str | None = None  # its config's model_type
 
 
 @dataclass(frozen=True, slots=True)

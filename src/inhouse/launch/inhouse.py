@@ -12,6 +12,7 @@ from inhouse.launch.metric_names import vllm_names
 from inhouse.plan.planner import Plan
 from inhouse.plan.serve_path import Host, ServePath, choose_path
 from inhouse.plan.units import MIB
+from inhouse.plan.vision import SERVED_MODEL_TYPES
 
 # --dtype values `inhouse serve` accepts, by the plan's activation dtype.
 DTYPES = {"bfloat16": "bfloat16", "float16": "float16"}
@@ -44,6 +45,7 @@ class InhouseEngine(Engine):
     documented = ""  # our own flags: `inhouse serve --help` is their documentation
     start_timeout_s = 600.0
     features = ("chat", "completions", "tools", "json_schema")
+    images = True  # an Idefics3 model's (SERVED_MODEL_TYPES); other families are refused
     saltable = tokenizes = prioritized = True
     metrics = vllm_names("inhouse:")  # what server/metrics.py registers
 
@@ -85,7 +87,15 @@ class InhouseEngine(Engine):
                 "(it reads 16-bit safetensors and GGUF)"
             )
         if settings.images_per_prompt is not None:
-            flags.lacks("inhouse serve reads text only: serve a vision-language model with vLLM")
+            if settings.vision_model_type in SERVED_MODEL_TYPES:
+                flags.add(
+                    "--limit-mm-per-prompt", json.dumps({"image": settings.images_per_prompt})
+                )
+            else:
+                flags.lacks(
+                    f"inhouse serve encodes images of {', '.join(sorted(SERVED_MODEL_TYPES))} "
+                    f"models, not {settings.vision_model_type}: serve this one with vLLM"
+                )
 
     def serving_flags(self, endpoint: Endpoint, flags: Flags) -> dict[str, str]:
         self.address_flags(endpoint.host, endpoint.port, flags)

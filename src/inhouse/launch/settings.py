@@ -37,4 +37,5 @@ def settings_from_plan(plan: Plan) -> LaunchSettings:
         max_loras=plan.adapters.slots,
         max_lora_rank=plan.adapters.max_rank if plan.adapters.slots else None,
         images_per_prompt=plan.vision.images if plan.vision.encoder else None,
+        vision_model_type=plan.vision.encoder.model_type if plan.vision.encoder else None,
     )

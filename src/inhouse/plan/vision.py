@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inhouse.plan.errors import PlanError
@@ -25,6 +25,7 @@ from inhouse.plan.errors import PlanError
 DEFAULT_IMAGES_PER_PROMPT = 4  # seed 004's `--limit-mm-per-prompt '{"image": 4}'`
 DEFAULT_IMAGE_SIZE = (1024, 1024)  # seed 004: long edges of 1,024–1,568 px read tables and text
 ACTIVATION_WIDTHS = 6  # residual, normed, q, k, v and attention output: hidden-wide tensors a patch
+SERVED_MODEL_TYPES = frozenset({"idefics3"})  # config model types inhouse serve encodes itself
 MAX_TILED_EDGE = 4096  # Idefics3/SmolVLM processors' cap on an image's longest edge
 
 
@@ -40,6 +41,7 @@ class VisionEncoder:
     params: int  # the encoder and its projector
     output_width: int  # the language model's hidden size: one image token's embedding
     processor: dict[str, Any]  # the resize policy's numbers (family-specific keys)
+    model_type: str = ""  # the config's own (smolvlm is of the idefics3 family)
 
     def image_grid(self, width: int, height: int) -> tuple[int, int]:
         """(patches the encoder runs over, tokens the image becomes in the prompt)."""
@@ -251,15 +253,17 @@ def vision_encoder(
     processor = processor or {}
     family = config.get("model_type", "")
     if family in ("qwen2_vl", "qwen2_5_vl"):
-        return _qwen(config, vision, processor)
-    if family in ("idefics3", "smolvlm"):
-        return _idefics3(config, vision, processor)
-    if family == "llava":
-        return _llava(config, vision)
-    raise PlanError(
-        f"the vision encoder of a {family or 'model'} config is not planned "
-        "(Qwen2-VL, Qwen2.5-VL, Idefics3/SmolVLM and LLaVA are)"
-    )
+        encoder = _qwen(config, vision, processor)
+    elif family in ("idefics3", "smolvlm"):
+        encoder = _idefics3(config, vision, processor)
+    elif family == "llava":
+        encoder = _llava(config, vision)
+    else:
+        raise PlanError(
+            f"the vision encoder of a {family or 'model'} config is not planned "
+            "(Qwen2-VL, Qwen2.5-VL, Idefics3/SmolVLM and LLaVA are)"
+        )
+    return replace(encoder, model_type=family)
 
 
 def parse_image_size(text: str) -> tuple[int, int]:

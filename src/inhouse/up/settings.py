@@ -121,6 +121,7 @@ def launch_settings(
             gguf=source.gguf_tensors is not None,
             max_model_len=max_model_len,
             images_per_prompt=DEFAULT_IMAGES_PER_PROMPT if source.vision else None,
+            vision_model_type=source.vision.model_type if source.vision else None,
         )
     else:
         plan = make_plan(source, inputs)

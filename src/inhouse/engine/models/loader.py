@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from inhouse.engine.images import VISION_MODEL_TYPES, ImageSide, load_image_side
+from inhouse.engine.images import ImageSide, load_image_side
 from inhouse.engine.kernels.build import load_kernels
 from inhouse.engine.kernels.quant import KV_INT8_SCALE_BYTES
 from inhouse.engine.models.gguf_convert import convert_gguf, main_block_type
@@ -27,6 +27,7 @@ from inhouse.engine.models.row_blocks import describe_blocks
 from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
 from inhouse.manifests.hashing import CACHE_FILE, HashCache, default_cache_dir
 from inhouse.manifests.pickles import PickleRefused, refuse_pickle
+from inhouse.plan.vision import SERVED_MODEL_TYPES
 
 
 class ModelSourceError(ValueError):
@@ -300,7 +301,7 @@ def load_model(
     precision = choose_precision(dtype, quantization, dev, source_blocks=_gguf_blocks(folder, path))
     torch_dtype, quant = precision.dtype, precision.quantization
     hf_config = AutoConfig.from_pretrained(folder)
-    vision = hf_config.model_type in VISION_MODEL_TYPES
+    vision = hf_config.model_type in SERVED_MODEL_TYPES
     if vision:
         hf_config = hf_config.text_config
     weight_dtype = torch.float16 if quant == "fp16" else None
