@@ -14,6 +14,11 @@ from tiny_models import TINY_COMMON, TINY_VOCAB, _randomize, _tiny_tokenizer
 IMAGE_TOKENS = ("<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>")
 TILE, PATCH, SCALE = 32, 8, 2
 TOKENS_PER_TILE = (TILE // PATCH) ** 2 // SCALE**2
+IMAGE_SIZES = {  # the long edge scaled to two tiles, then cut into tiles and the whole
+    "size": {"longest_edge": 2 * TILE},
+    "max_image_size": {"longest_edge": TILE},
+    "do_image_splitting": True,
+}
 VISION_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
@@ -34,10 +39,7 @@ def tiny_processor():
     tokenizer = _tiny_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": list(IMAGE_TOKENS)})
     tokenizer.chat_template = VISION_TEMPLATE
-    images = Idefics3ImageProcessorPil(
-        size={"longest_edge": 2 * TILE}, max_image_size={"longest_edge": TILE},
-        do_image_splitting=True,
-    )  # fmt: skip
+    images = Idefics3ImageProcessorPil(**IMAGE_SIZES)
     return Idefics3Processor(
         image_processor=images, tokenizer=tokenizer, image_seq_len=TOKENS_PER_TILE,
         chat_template=VISION_TEMPLATE,
@@ -46,33 +48,51 @@ def tiny_processor():
 
 def save_tiny_idefics3(folder: Path, seed: int = 0) -> Path:
     """The checkpoint in `folder` (random weights from `seed`)."""
-    import torch
-    from transformers import (
-        Idefics3Config,
-        Idefics3ForConditionalGeneration,
-        Idefics3VisionConfig,
-        LlamaConfig,
-    )
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3VisionConfig
 
     processor = tiny_processor()
-    tokenizer = processor.tokenizer
+    _save(folder, seed, processor.tokenizer, Idefics3Config, Idefics3VisionConfig,
+          Idefics3ForConditionalGeneration)  # fmt: skip
+    processor.save_pretrained(folder)
+    return folder
+
+
+def save_tiny_smolvlm(folder: Path, seed: int = 0) -> Path:
+    """SmolVLM's own model type (the same design): the checkpoint, its tokenizer and its image
+    processor (SmolVLM's processor itself needs torchvision's video processor)."""
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
+    from transformers.models.smolvlm.configuration_smolvlm import SmolVLMVisionConfig
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import (
+        SmolVLMImageProcessorPil,
+    )
+
+    tokenizer = tiny_processor().tokenizer
+    _save(folder, seed, tokenizer, SmolVLMConfig, SmolVLMVisionConfig,
+          SmolVLMForConditionalGeneration)  # fmt: skip
+    tokenizer.save_pretrained(folder)
+    SmolVLMImageProcessorPil(**IMAGE_SIZES).save_pretrained(folder)
+    return folder
+
+
+def _save(folder: Path, seed: int, tokenizer, config_class, vision_class, model_class) -> None:
+    import torch
+    from transformers import LlamaConfig
+
     # head_dim 32: vLLM's CPU attention takes no smaller
     text = LlamaConfig(**{**TINY_COMMON, "vocab_size": TINY_VOCAB + len(IMAGE_TOKENS),
                           "num_attention_heads": 2, "num_key_value_heads": 1})  # fmt: skip
-    vision = Idefics3VisionConfig(
+    vision = vision_class(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
         image_size=TILE, patch_size=PATCH,
     )  # fmt: skip
-    config = Idefics3Config(
+    config = config_class(
         text_config=text.to_dict(), vision_config=vision.to_dict(), scale_factor=SCALE,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
     )  # fmt: skip
     torch.manual_seed(seed)
-    model = Idefics3ForConditionalGeneration(config).to(torch.float32)
+    model = model_class(config).to(torch.float32)
     _randomize(model, seed)
     model.save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return folder
 
 
 def noise_image(seed: int, size: tuple[int, int]):

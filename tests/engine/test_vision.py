@@ -1,8 +1,9 @@
-"""Images in our engine, on a tiny random Idefics3 (SmolVLM's family) that transformers saves:
-the encoder's rows equal transformers' own (padded tiles too), 10 image+text prompts give
-HF's greedy tokens with the prompt ids HF's processor writes, and the prefix cache keys
+"""Images in our engine, on tiny random Idefics3 and SmolVLM checkpoints that transformers
+saves: the encoder's rows equal transformers' own (padded tiles too), 10 image+text prompts
+give HF's greedy tokens with the prompt ids HF's processor writes, and the prefix cache keys
 blocks by image: a different image of the same size shares nothing from its first image
-block on, the same image again is a hit."""
+block on, the same image again is a hit. (SmolVLM's processor class needs torchvision's video
+processor, absent here: its prompt text comes from its module's own placeholder function.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from hf_reference import hf_greedy
 from inhouse.engine.errors import EngineInputError
 from inhouse.engine.images import PromptImage, place_images
 from inhouse.engine.models.loader import LoadedModel, load_model
-from tiny_vision import noise_image, save_tiny_idefics3
+from tiny_vision import noise_image, save_tiny_idefics3, save_tiny_smolvlm
 
 NEW_TOKENS = 10
 # (image sizes, text): 1-3 images each, wide, tall, tiny and square, split and not
@@ -34,9 +35,12 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_idefics3(tmp_path_factory.mktemp("tiny-idefics3"), seed=5)
+SAVERS = {"idefics3": save_tiny_idefics3, "smolvlm": save_tiny_smolvlm}
+
+
+@pytest.fixture(scope="module", params=sorted(SAVERS))
+def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return SAVERS[request.param](tmp_path_factory.mktemp(f"tiny-{request.param}"), seed=5)
 
 
 @pytest.fixture(scope="module")
@@ -44,18 +48,51 @@ def loaded(folder: Path) -> LoadedModel:
     return load_model(folder, dtype="float32")
 
 
+class Reference:
+    """Transformers' model and the inputs its processor gives."""
+
+    def __init__(self, folder: Path) -> None:
+        from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+        model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+        self.model = model.eval()
+        self.smolvlm = model.config.model_type == "smolvlm"
+        if self.smolvlm:
+            from transformers import AutoImageProcessor
+
+            self.images = AutoImageProcessor.from_pretrained(folder)
+            self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        else:
+            self.processor = AutoProcessor.from_pretrained(folder)
+            self.tokenizer = self.processor.tokenizer
+
+    def inputs(self, text: str, images: list) -> dict[str, torch.Tensor]:
+        if not self.smolvlm:
+            return self.processor(text=[text], images=[images], add_special_tokens=False,
+                                  return_tensors="pt")  # fmt: skip
+        from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+        out = self.images(images=[images], return_row_col_info=True, return_tensors="pt")
+        pieces = text.split("<image>")
+        seq_len = self.model.model.image_seq_len
+        for k, (rows, cols) in enumerate(zip(out["rows"][0], out["cols"][0], strict=True)):
+            placeholder = get_image_prompt_string(rows, cols, seq_len,
+                "<fake_token_around_image>", "<image>", "<global-img>")  # fmt: skip
+            pieces[k + 1] = placeholder + pieces[k + 1]
+        ids = self.tokenizer("".join(pieces), add_special_tokens=False, return_tensors="pt")
+        return {"input_ids": ids["input_ids"], "pixel_values": out["pixel_values"],
+                "pixel_attention_mask": out["pixel_attention_mask"]}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def hf(folder: Path):
-    from transformers import AutoProcessor, Idefics3ForConditionalGeneration
-
-    model = Idefics3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
-    return model.eval(), AutoProcessor.from_pretrained(folder)
+def hf(folder: Path) -> Reference:
+    return Reference(folder)
 
 
-def chat_text(processor, count: int, text: str) -> str:
+def chat_text(hf: Reference, count: int, text: str) -> str:
     content = [{"type": "image"}] * count + [{"type": "text", "text": text}]
-    return processor.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True
+    return hf.tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
     )
 
 
@@ -71,7 +108,7 @@ def our_prompt(loaded: LoadedModel, text: str, images: list) -> tuple[list[int],
 
 
 def test_the_encoder_rows_equal_transformers_for_whole_and_padded_tiles(loaded, hf) -> None:
-    model, _ = hf
+    model = hf.model
     side = loaded.images
     assert side is not None
     for seed, size in enumerate([(40, 60), (100, 31), (8, 8)]):
@@ -87,20 +124,18 @@ def test_the_encoder_rows_equal_transformers_for_whole_and_padded_tiles(loaded, 
 
 
 def test_greedy_tokens_equal_hf_for_ten_image_and_text_prompts(loaded, hf) -> None:
-    model, processor = hf
     engine = tiny_engine(loaded, max_model_len=512, block_size=4)
     differ = 0
     for i, (sizes, question) in enumerate(PROMPTS):
         images = [noise_image(100 * i + k, size) for k, size in enumerate(sizes)]
-        text = chat_text(processor, len(images), question)
-        reference = processor(text=[text], images=[images], add_special_tokens=False,
-                              return_tensors="pt")  # fmt: skip
+        text = chat_text(hf, len(images), question)
+        reference = hf.inputs(text, images)
         ids, placed = our_prompt(loaded, text, images)
         assert ids == reference["input_ids"][0].tolist()
         add(engine, f"r{i}", ids, greedy(NEW_TOKENS), images=tuple(placed))
         ours = run_to_end(engine)[f"r{i}"].choices[0].token_ids
         pixels = {k: reference[k] for k in ("pixel_values", "pixel_attention_mask")}
-        assert ours == hf_greedy(model, ids, NEW_TOKENS, **pixels), f"prompt {i}"
+        assert ours == hf_greedy(hf.model, ids, NEW_TOKENS, **pixels), f"prompt {i}"
         other = [noise_image(999 + k, size) for k, size in enumerate(sizes)]
         ids_other, placed_other = our_prompt(loaded, text, other)
         add(engine, f"o{i}", ids_other, greedy(NEW_TOKENS), images=tuple(placed_other))
@@ -114,9 +149,8 @@ def cached_tokens(engine, request_id: str, ids: list[int], placed: list[PromptIm
 
 
 def test_the_prefix_cache_keys_blocks_by_image(loaded, hf) -> None:
-    _, processor = hf
     engine = tiny_engine(loaded, max_model_len=512, block_size=4)
-    text = chat_text(processor, 1, "What is in the picture?")
+    text = chat_text(hf, 1, "What is in the picture?")
     first = our_prompt(loaded, text, [noise_image(1, (40, 60))])
     again = our_prompt(loaded, text, [noise_image(1, (40, 60))])
     other = our_prompt(loaded, text, [noise_image(2, (40, 60))])

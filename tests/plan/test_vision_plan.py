@@ -121,12 +121,11 @@ def test_cli_prints_tokens_rows_json_and_vllm_limit(tmp_path: Path) -> None:
     assert numbers["vision"]["tokens_per_image"] == 1088  # 1024×1024: 4 × 4 tiles + the whole
     emitted = run(path, "--images-per-prompt", "4", "--emit", "vllm").stdout
     assert "--limit-mm-per-prompt '{\"image\": 4}'" in emitted
-    assert "not smolvlm: serve this one with vLLM" in run(path, "--emit", "inhouse").stdout
-    idefics3 = {**SMOLVLM2_500M, "model_type": "idefics3"}  # the family inhouse serve encodes
-    (tmp_path / "idefics3").mkdir()
-    path = str(folder(tmp_path / "idefics3", idefics3, SMOLVLM2_500M_PROCESSOR))
     emitted = run(path, "--images-per-prompt", "3", "--emit", "inhouse").stdout
-    assert "--limit-mm-per-prompt '{\"image\": 3}'" in emitted
+    assert "--limit-mm-per-prompt '{\"image\": 3}'" in emitted  # a family we encode
+    (tmp_path / "qwen").mkdir()
+    path = str(folder(tmp_path / "qwen", QWEN2_VL_2B_INSTRUCT, QWEN2_VL_2B_INSTRUCT_PROCESSOR))
+    assert "not qwen2_vl: serve this one with vLLM" in run(path, "--emit", "inhouse").stdout
 
 
 def test_images_on_a_text_model_and_bad_sizes_are_one_sentence_errors() -> None:

@@ -25,7 +25,7 @@ from inhouse.plan.errors import PlanError
 DEFAULT_IMAGES_PER_PROMPT = 4  # seed 004's `--limit-mm-per-prompt '{"image": 4}'`
 DEFAULT_IMAGE_SIZE = (1024, 1024)  # seed 004: long edges of 1,024–1,568 px read tables and text
 ACTIVATION_WIDTHS = 6  # residual, normed, q, k, v and attention output: hidden-wide tensors a patch
-SERVED_MODEL_TYPES = frozenset({"idefics3"})  # config model types inhouse serve encodes itself
+SERVED_MODEL_TYPES = frozenset({"idefics3", "smolvlm"})  # model types inhouse serve encodes
 MAX_TILED_EDGE = 4096  # Idefics3/SmolVLM processors' cap on an image's longest edge
 
 

@@ -1,4 +1,4 @@
-"""Idefics3's image side (SmolVLM's family): a SigLIP encoder over the tiles of an image, and
+"""Idefics3's and SmolVLM's image side: a SigLIP encoder over the tiles of an image, and
 the connector that pixel-shuffles each tile's patches into fewer, wider rows and projects them
 into the decoder's embedding space. Its output rows stand in the prompt where the processor
 wrote the image token.
