@@ -159,8 +159,9 @@ def test_the_prefix_cache_keys_blocks_by_image(loaded, hf) -> None:
     image_start = first[1][0].positions[0]
     assert cached_tokens(engine, "other", *other) == image_start // 4 * 4
     whole = (len(first[0]) - 1) // 4 * 4  # every full block but one the last token needs
+    encoded = loaded.images.encoded
     assert cached_tokens(engine, "again", *again) == whole
-    assert again[1][0].features is None  # its rows came from the cache: never encoded
+    assert loaded.images.encoded == encoded  # its last rows from the encoder's recent images
 
 
 def test_a_prompt_with_image_tokens_its_images_do_not_fill_is_refused(loaded) -> None:

@@ -13,7 +13,7 @@ from inhouse.gateway.backends import read_load
 from inhouse.gateway.config import Upstream
 from inhouse.launch import BACKENDS, ENGINES
 from inhouse.launch.inhouse import InhouseEngine
-from inhouse.launch.metric_names import vllm_names
+from inhouse.launch.metric_names import OURS_ALONE, vllm_names
 from inhouse.observe.rules import ENGINE_PREFIX
 from inhouse.server.metrics import ServerMetrics
 
@@ -27,6 +27,7 @@ def our_exposition() -> str:
         prefix_cache_queries=100, prefix_cache_hits=40, num_preemptions=1, prompt_tokens=100,
         generation_tokens=20, num_steps=30,
         spec_decode=SpecDecodeCounters(4, 12, 7, [3, 2, 2]),
+        images_encoded=6, image_encode_seconds=0.25,
     )  # fmt: skip
     metrics = ServerMetrics("m", lambda: stats)
     metrics.observe_finished(RequestTiming("r", 0.0, 0.1, 0.3, 1.0, 10, 5, "stop"))
@@ -43,9 +44,10 @@ def test_names_are_under_the_engines_prefix_and_give_load(kind: str) -> None:
     names = BACKENDS[kind].metrics
     assert names is not None and names.waiting, "the router reads waiting from every scrape"
     assert all(name.startswith(names.prefix) for name in names.all_names())
-    if names.vllm_named:  # vLLM's names, and at most vLLM's older spellings besides
+    if names.vllm_named:  # vLLM's names, at most vLLM's older spellings and ours alone besides
         assert vllm_names(names.prefix).all_names() <= names.all_names()
-        assert names.all_names() <= vllm_names(names.prefix, older=True).all_names()
+        ours = {names.prefix + name for name in OURS_ALONE}
+        assert names.all_names() - ours <= vllm_names(names.prefix, older=True).all_names()
 
 
 def test_our_server_exposes_every_name_our_engine_declares() -> None:
@@ -62,6 +64,7 @@ def test_bench_and_the_router_read_our_server_in_its_declared_names() -> None:
     assert (reading.spec_drafts, reading.spec_draft_tokens, reading.spec_accepted_tokens) == (
         4, 12, 7,
     )  # fmt: skip
+    assert (reading.images_encoded, reading.image_encode_seconds) == (6, 0.25)
     assert read_load(page, "inhouse") == (2, 0.5)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import io
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,7 +146,9 @@ def test_the_same_image_again_hits_the_prefix_cache_and_another_does_not(
     block = 16  # serve's default block size
     assert cached(10) == 0
     assert cached(11) == ids.index(image_token) // block * block  # only the text before it
+    images_before = encoded(served)[0]
     assert cached(10) == (len(ids) - 1) // block * block  # all but the block of the last token
+    assert encoded(served)[0] == images_before  # its rows came from the cache: not encoded
 
 
 def test_image_misuse_is_a_400_naming_its_part_and_the_server_goes_on(served: Served) -> None:
@@ -179,3 +182,35 @@ def test_urls_are_fetched_from_an_allowed_host_and_redirects_are_not_followed(
     for path in ("/hop", "/missing.png"):
         with pytest.raises(openai.BadRequestError, match="could not be fetched"):
             ask(served, [image_part(f"{pictures}{path}")])
+
+
+def encoded(served: Served) -> tuple[float, float]:
+    """(images encoded, seconds) from serve's /metrics."""
+    from inhouse.http.prometheus import sample_totals
+
+    page = httpx.get(f"{served.url}/metrics", timeout=10).text
+    totals = sample_totals(page)
+    return totals["inhouse:images_encoded_total"], totals["inhouse:image_encode_seconds_total"]
+
+
+def test_bench_splits_ttft_into_encoding_and_the_rest_from_metrics(
+    served: Served, tmp_path: Path
+) -> None:
+    """`inhouse bench run --dataset random-mm` on serve: its images counted by /metrics as
+    encoded, once each, and the report's TTFT split into encoding and the rest."""
+    from typer.testing import CliRunner
+
+    from inhouse.cli import app
+
+    before, _ = encoded(served)
+    argv = ["bench", "run", "--base-url", served.url, "--model", served.model, "--api-key",
+            SERVE_KEY, "--dataset", "random-mm", "--images-per-prompt", "2", "--image-size",
+            "48x40", "--input-len", "12", "--output-len", "4", "--num-prompts", "6",
+            "--max-concurrency", "2", "--warmup", "0", "--out", str(tmp_path)]  # fmt: skip
+    result = CliRunner().invoke(app, argv, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert run["summary"]["completed"] == 6
+    assert run["server_metrics"]["images_encoded"] == 12 == encoded(served)[0] - before
+    assert run["server_metrics"]["image_encode_seconds"] > 0
+    assert "images encoded 12" in result.output and "= encode" in result.output

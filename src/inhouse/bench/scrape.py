@@ -32,6 +32,8 @@ class ServerReading:
     spec_drafts: float | None = None
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
+    images_encoded: float | None = None
+    image_encode_seconds: float | None = None
 
 
 def read_gauges(text: str) -> ServerReading:
@@ -58,6 +60,8 @@ def read_gauges(text: str) -> ServerReading:
         first("spec_drafts"),
         first("spec_draft_tokens"),
         first("spec_accepted_tokens"),
+        first("images_encoded"),
+        first("image_encode_seconds"),
     )
 
 
@@ -121,12 +125,28 @@ class ServerReadings:
             return None
         return _delta(self.first.preemptions, self.last.preemptions)
 
+    @property
+    def images_encoded(self) -> float | None:
+        """Images the server's vision encoder ran over during the run (ours reports it)."""
+        if self.first is None or self.last is None:
+            return None
+        return _delta(self.first.images_encoded, self.last.images_encoded)
+
+    @property
+    def image_encode_seconds(self) -> float | None:
+        """The seconds those encodings took."""
+        if self.first is None or self.last is None:
+            return None
+        return _delta(self.first.image_encode_seconds, self.last.image_encode_seconds)
+
     def to_json(self) -> dict[str, Any]:
         """Plain data for the results file."""
         data = asdict(self)
         del data["first"], data["last"]
         data["prefix_cache_hit_rate"] = self.prefix_cache_hit_rate
         data["preemptions"] = self.preemptions
+        data["images_encoded"] = self.images_encoded
+        data["image_encode_seconds"] = self.image_encode_seconds
         return data
 
 

@@ -280,6 +280,7 @@ class EngineCore:
     def stats(self) -> EngineStats:
         """A snapshot of gauges and counters for /metrics."""
         counters = self.kv_cache.counters
+        images = self.loaded.images
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
@@ -297,6 +298,8 @@ class EngineCore:
             spec_decode=None if self.drafter is None else self.drafter.counters.snapshot(),
             abandoned_steps=self._abandoned_steps,
             abandoned_tokens=self._abandoned_tokens,
+            images_encoded=0 if images is None else images.encoded,
+            image_encode_seconds=0.0 if images is None else images.encode_seconds,
         )
 
 

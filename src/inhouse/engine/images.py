@@ -6,14 +6,17 @@ placeholder text in the image's place (tile markers and one image token per enco
 Once the prompt is tokenized, :func:`place_images` gives each image the positions of its
 image tokens. The runner encodes an image the first time one of its positions is computed
 and puts the encoder's rows in place of those tokens' embeddings; a prefix-cache hit over an
-image skips its encoding. Each image's digest is part of the hash of every KV block its
-tokens touch, so two different images never share a cached block and the same image does.
+image skips its encoding, and the rows of recent images are kept by digest. Each image's
+digest is part of the hash of every KV block its tokens touch, so two different images never
+share a cached block and the same image does.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,8 @@ from inhouse.engine.models.idefics3_vision import (
     load_idefics3_vision,
 )
 from inhouse.plan.vision import SERVED_MODEL_TYPES
+
+ENCODER_CACHE_BYTES = 64 * 2**20  # recent images' encoder rows: ~15 SmolVLM2 1024 px images
 
 
 @dataclass(slots=True, eq=False)
@@ -86,6 +91,10 @@ class ImageSide:
         self.image_token = image_token
         self.image_token_id = image_token_id
         self._placeholder = placeholder  # (rows, cols) of tiles -> the prompt text
+        self.encoded = 0  # images encoded so far, and the seconds that took (for /metrics)
+        self.encode_seconds = 0.0
+        self._recent: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # by digest, LRU
+        self._recent_bytes = 0
 
     def prepare(self, image: Any) -> tuple[PromptImage, str]:
         """A PIL image as the processor resizes and tiles it, and the text that stands for it
@@ -126,10 +135,33 @@ class ImageSide:
         return "".join(texts), prepared
 
     def encode(self, image: PromptImage) -> torch.Tensor:
-        """The image's rows in the decoder's embedding space, computed once per image."""
-        if image.features is None:
-            image.features = self.tower(image.pixels, image.pixel_mask)
-        return image.features
+        """The image's rows in the decoder's embedding space: those of the same image encoded
+        lately (kept up to :data:`ENCODER_CACHE_BYTES`, as vLLM's encoder cache keeps them: a
+        prefix-cache hit that ends inside an image needs its last rows again), else
+        computed."""
+        if image.features is not None:
+            return image.features
+        features = self._recent.get(image.digest)
+        if features is None:
+            started = time.perf_counter()
+            features = self.tower(image.pixels, image.pixel_mask)
+            self.encode_seconds += time.perf_counter() - started
+            self.encoded += 1
+            self._keep(image.digest, features)
+        else:
+            self._recent.move_to_end(image.digest)
+        image.features = features
+        return features
+
+    def _keep(self, digest: bytes, features: torch.Tensor) -> None:
+        size = features.numel() * features.element_size()
+        if size > ENCODER_CACHE_BYTES:
+            return
+        self._recent[digest] = features
+        self._recent_bytes += size
+        while self._recent_bytes > ENCODER_CACHE_BYTES:
+            _, dropped = self._recent.popitem(last=False)
+            self._recent_bytes -= dropped.numel() * dropped.element_size()
 
     @property
     def activation_dtype(self) -> torch.dtype:

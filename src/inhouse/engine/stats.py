@@ -30,6 +30,8 @@ class EngineStats:
     spec_decode: SpecDecodeCounters | None = None  # None: speculative decoding is off
     abandoned_steps: int = 0  # steps stopped for a better request (see step_interrupt)
     abandoned_tokens: int = 0  # the tokens those steps had scheduled, computed again later
+    images_encoded: int = 0  # images the vision encoder ran over (a prefix-cache hit skips it)
+    image_encode_seconds: float = 0.0  # the time those encodings took
 
 
 @dataclass(slots=True, frozen=True)

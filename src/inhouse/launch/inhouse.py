@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from inhouse.launch.base import Endpoint, Engine, Flags, Health, LaunchSettings, lora_pairs
-from inhouse.launch.metric_names import vllm_names
+from inhouse.launch.metric_names import inhouse_names
 from inhouse.plan.planner import Plan
 from inhouse.plan.serve_path import Host, ServePath, choose_path
 from inhouse.plan.units import MIB
@@ -47,7 +47,7 @@ class InhouseEngine(Engine):
     features = ("chat", "completions", "tools", "json_schema")
     images = True  # an Idefics3 model's (SERVED_MODEL_TYPES); other families are refused
     saltable = tokenizes = prioritized = True
-    metrics = vllm_names("inhouse:")  # what server/metrics.py registers
+    metrics = inhouse_names()  # what server/metrics.py registers
 
     def executable(self) -> list[str]:
         return [*inhouse_command(), "serve"]

@@ -8,7 +8,7 @@ SGLang's and llama.cpp's are their own, and only those something reads are named
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 # vLLM's names without their prefix (`vllm:`; ours `inhouse:`). Counters are named as
 # families: their samples end in `_total`.
@@ -28,6 +28,9 @@ E2E = "e2e_request_latency_seconds"
 SPEC_DRAFTS = "spec_decode_num_drafts"
 SPEC_DRAFT_TOKENS = "spec_decode_num_draft_tokens"
 SPEC_ACCEPTED = "spec_decode_num_accepted_tokens"
+IMAGES_ENCODED = "images_encoded"
+IMAGE_ENCODE_SECONDS = "image_encode_seconds"
+OURS_ALONE = (IMAGES_ENCODED, IMAGE_ENCODE_SECONDS)  # counters vLLM has no such name for
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,8 @@ class MetricNames:
     ttft: tuple[str, ...] = ()  # time to first token (histogram)
     itl: tuple[str, ...] = ()  # time between tokens (histogram)
     e2e: tuple[str, ...] = ()  # arrival to finish (histogram)
+    images_encoded: tuple[str, ...] = ()  # images a vision encoder ran over
+    image_encode_seconds: tuple[str, ...] = ()  # the time it took
 
     def all_names(self) -> frozenset[str]:
         """Every name declared, whatever its meaning."""
@@ -77,4 +82,13 @@ def vllm_names(prefix: str, *, older: bool = False) -> MetricNames:
         ttft=named(TTFT),
         itl=named(ITL, ITL_OLD) if older else named(ITL),
         e2e=named(E2E),
+    )
+
+
+def inhouse_names() -> MetricNames:
+    """Ours: vLLM's names under `inhouse:`, and the image encoder's counters vLLM lacks."""
+    return replace(
+        vllm_names("inhouse:"),
+        images_encoded=("inhouse:" + IMAGES_ENCODED,),
+        image_encode_seconds=("inhouse:" + IMAGE_ENCODE_SECONDS,),
     )

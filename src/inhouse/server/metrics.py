@@ -75,6 +75,14 @@ class EngineStatsCollector(Collector):
                 "Tokens those steps had scheduled (computed again later).",
                 stats.abandoned_tokens,
             ),
+            names.IMAGES_ENCODED: (
+                "Images the vision encoder ran over (a prefix-cache hit skips it).",
+                stats.images_encoded,
+            ),
+            names.IMAGE_ENCODE_SECONDS: (
+                "Seconds the vision encoder took over them.",
+                stats.image_encode_seconds,
+            ),
         }
         yield from _model_counters(counters, self._model)
         preemptions = CounterMetricFamily(
