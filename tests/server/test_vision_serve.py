@@ -214,3 +214,19 @@ def test_bench_splits_ttft_into_encoding_and_the_rest_from_metrics(
     assert run["server_metrics"]["images_encoded"] == 12 == encoded(served)[0] - before
     assert run["server_metrics"]["image_encode_seconds"] > 0
     assert "images encoded 12" in result.output and "= encode" in result.output
+
+
+def test_a_vision_model_takes_the_bodies_of_four_photos(served: Served) -> None:
+    """serve's body cap is 20 MiB for a vision model (8 MiB for text): 12 MB of image data
+    reaches the image checks, 21 MB is a 413."""
+    auth = {"Authorization": f"Bearer {SERVE_KEY}"}
+
+    def post(size: int) -> httpx.Response:
+        part = image_part("data:image/png;base64," + "A" * size)
+        body = {"model": served.model, "messages": [{"role": "user", "content": [part]}]}
+        return httpx.post(f"{served.url}/v1/chat/completions", json=body, headers=auth,
+                          timeout=60)  # fmt: skip
+
+    checked = post(12_000_000)
+    assert checked.status_code == 400 and "Pillow" in checked.json()["error"]["message"]
+    assert post(21_000_000).status_code == 413

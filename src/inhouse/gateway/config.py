@@ -27,7 +27,7 @@ from inhouse.gateway.config_values import (
     reject_unknown,
     seconds,
 )
-from inhouse.gateway.images import IMAGE_BODY_BYTES
+from inhouse.http.body_limit import IMAGE_BODY_BYTES
 from inhouse.launch import BACKENDS
 from inhouse.plan.vision import DEFAULT_IMAGES_PER_PROMPT  # one limit: the plan's, vLLM's, ours
 

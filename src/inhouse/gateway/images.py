@@ -14,9 +14,6 @@ from typing import Any
 
 from inhouse.api.image_url import PART_EXAMPLE, ImageRefused, image_source
 
-# The gateway's default body cap: base64 makes an image a third larger (seed 004: a 2 MB
-# photo is 2.7 MB of JSON), so four of them pass 8 MiB; the seed's nginx takes 20m.
-IMAGE_BODY_BYTES = 20 * 2**20
 OTHER_SPELLINGS = ("image", "input_image")  # other APIs' names for a chat image part
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from inhouse.plan.errors import PlanError
@@ -276,6 +277,17 @@ def parse_image_size(text: str) -> tuple[int, int]:
     if len(numbers) not in (1, 2) or min(numbers) < 1:
         raise PlanError(f"--image-size takes WIDTHxHEIGHT in pixels (e.g. 1024x768), not {text!r}")
     return (numbers[0], numbers[-1])
+
+
+def served_vision_folder(model: str | None) -> bool:
+    """Whether ``model`` is an HF folder of a vision-language model inhouse serve encodes."""
+    config = Path(model).expanduser() / "config.json" if model else None
+    if config is None or not config.is_file():
+        return False
+    try:
+        return json.loads(config.read_text()).get("model_type") in SERVED_MODEL_TYPES
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def parse_image_limit(text: str) -> int:

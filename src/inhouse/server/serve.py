@@ -16,10 +16,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES
+from inhouse.http.body_limit import DEFAULT_MAX_BODY_BYTES, IMAGE_BODY_BYTES
 from inhouse.manifests.command import checked_manifest
 from inhouse.plan.units import parse_bytes
-from inhouse.plan.vision import DEFAULT_IMAGES_PER_PROMPT, parse_image_limit
+from inhouse.plan.vision import (
+    DEFAULT_IMAGES_PER_PROMPT,
+    parse_image_limit,
+    served_vision_folder,
+)
 from inhouse.server.model_state import Phase
 
 if TYPE_CHECKING:
@@ -75,8 +79,12 @@ def serve_command(
         str | None, typer.Option(help="Embedding model folder, or 'none' (default: MiniLM).")
     ] = None,
     max_request_body: Annotated[
-        int, typer.Option(help="Largest request body in bytes (413 above).")
-    ] = DEFAULT_MAX_BODY_BYTES,
+        int | None,
+        typer.Option(
+            help="Largest request body in bytes (413 above; default 8 MiB, 20 MiB for a "
+            "vision model: four photos as base64 data URIs).",
+        ),
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Engine seed for unseeded requests.")] = None,
     manifest: Annotated[
         Path | None,
@@ -219,7 +227,7 @@ def serve_command(
         served_model_name=name,
         api_key=api_key,
         chat_template=chat_template,
-        max_body_bytes=max_request_body,
+        max_body_bytes=max_request_body or default_body_cap(model),
         embedding_model=embedding_path,
         embedding_model_name=embedding_name,
         manifest=ManifestStatus.of(pinned),
@@ -258,6 +266,12 @@ def _then_gc_on(load: Callable[[ServerContext], None]) -> Callable[[ServerContex
             gc.enable()
 
     return run
+
+
+def default_body_cap(model: str | None) -> int:
+    """serve's body cap without --max-request-body: room for images where the model reads
+    them."""
+    return IMAGE_BODY_BYTES if served_vision_folder(model) else DEFAULT_MAX_BODY_BYTES
 
 
 def _default_model_name(model: str | None) -> str:
