@@ -4,12 +4,13 @@ same way with and without them.
 
 - c=16: 16 chat streams at once, all on the base, against 16 spread evenly over the adapters
   (one batch holding every adapter and its rows);
-- c=1: one stream at a time (the four questions one after another), the base against one
-  adapter.
+- c=1: one stream at a time, the base against one adapter, request by request (each of the
+  four questions asked of both, one after the other), so a host whose speed drifts over
+  seconds weighs on both alike.
 
-Each round runs base then adapters, the order reversed every other round, so a drifting host
-weighs on both alike; output tok/s is completion tokens over the wall time of the round's
-requests. Prints each round and the median ratio (adapters / base) per level.
+At c=16 each round runs base then adapters, the order reversed every other round; output
+tok/s is completion tokens over the wall time of a side's requests. Prints each round and the
+median ratio (adapters / base) per level.
 
     .venv/bin/python benchmarks/lora_throughput.py [--adapters 4] [--rank 16] [--rounds 3]
         [--new-tokens 128]
@@ -71,6 +72,21 @@ def round_tok_s(url: str, models: list[str], concurrency: int, new_tokens: int) 
         return tokens / (time.perf_counter() - start)
 
 
+def one_at_a_time(url: str, sides: dict[str, str], new_tokens: int, flip: bool) -> dict[str, float]:
+    """c=1: each question asked of every side in turn (the order flipped with ``flip``);
+    each side's output tok/s over its own requests' time."""
+    tokens = dict.fromkeys(sides, 0)
+    seconds = dict.fromkeys(sides, 0.0)
+    order = list(sides)[::-1] if flip else list(sides)
+    with httpx.Client() as client:
+        for i, question in enumerate(QUESTIONS):
+            for side in order if i % 2 == 0 else order[::-1]:
+                start = time.perf_counter()
+                tokens[side] += ask(client, url, sides[side], question, new_tokens)
+                seconds[side] += time.perf_counter() - start
+    return {side: tokens[side] / seconds[side] for side in sides}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--adapters", type=int, default=4)
@@ -102,7 +118,10 @@ def main() -> None:
                 for concurrency, adapted in ((16, names), (1, names[:1])):
                     sides = [("base", [base]), ("adapters", adapted)]
                     got = {}
-                    for side, models in sides if r % 2 == 0 else sides[::-1]:
+                    if concurrency == 1:
+                        got = one_at_a_time(url, {"base": base, "adapters": adapted[0]},
+                                            args.new_tokens, flip=r % 2 == 1)  # fmt: skip
+                    for side, models in [] if got else sides if r % 2 == 0 else sides[::-1]:
                         got[side] = round_tok_s(url, models, concurrency, args.new_tokens)
                     ratio = got["adapters"] / got["base"]
                     ratios[concurrency].append(ratio)

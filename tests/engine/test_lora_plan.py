@@ -24,25 +24,34 @@ def tiny_llama_uneven_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny-llama-uneven"), config, seed=5)
 
 
+# the engine's precision, and the bytes a value of its halves takes
+EXACT = ({"dtype": "float32", "quantization": "none"}, 4)
+BF16 = ({"dtype": "bfloat16"}, 2)
+Q8 = ({"quantization": "q8"}, 1)
+
+
 @pytest.mark.parametrize(
-    ("folder_fixture", "slots", "rank", "exact"),
+    ("folder_fixture", "slots", "rank", "precision"),
     [
-        ("tiny_llama_folder", 3, 5, True),
-        ("tiny_llama_folder", 3, 5, False),
-        ("tiny_qwen3_folder", 2, 16, False),
-        ("tiny_qwen2_folder", 1, 1, True),
-        ("tiny_llama_uneven_folder", 2, 16, False),
+        ("tiny_llama_folder", 3, 5, EXACT),
+        ("tiny_llama_folder", 3, 5, BF16),
+        ("tiny_llama_folder", 2, 8, Q8),
+        ("tiny_qwen3_folder", 2, 16, BF16),
+        ("tiny_qwen2_folder", 1, 1, EXACT),
+        ("tiny_llama_uneven_folder", 2, 16, BF16),
     ],
 )
-def test_the_engines_slots_hold_what_the_plan_counts(folder_fixture, slots, rank, exact, request):
+def test_the_engines_slots_hold_what_the_plan_counts(
+    folder_fixture, slots, rank, precision, request
+):
     folder = request.getfixturevalue(folder_fixture)
-    dtype = {"dtype": "float32", "quantization": "none"} if exact else {"dtype": "bfloat16"}
+    settings, value_bytes = precision
     config = EngineConfig(
         model=str(folder), max_model_len=64, kv_cache_memory=2**22, max_loras=slots,
-        max_lora_rank=rank, **dtype,
+        max_lora_rank=rank, **settings,
     )  # fmt: skip
     engine = LLMEngine(config)
     spec = load_model(str(folder)).spec
-    assert engine.core.adapters.num_bytes == slots * inhouse_slot_bytes(spec, rank, exact)
-    memory = adapter_memory(spec, slots, rank)
-    assert memory.inhouse_slot_bytes == inhouse_slot_bytes(spec, rank, exact=False)
+    assert engine.core.adapters.num_bytes == slots * inhouse_slot_bytes(spec, rank, value_bytes)
+    memory = adapter_memory(spec, slots, rank)  # the plan counts bfloat16: int8's at most
+    assert memory.inhouse_slot_bytes == inhouse_slot_bytes(spec, rank)

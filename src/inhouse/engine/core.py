@@ -23,7 +23,7 @@ from inhouse.engine.info import EngineInfo
 from inhouse.engine.kv_budget import plan_kv_budget
 from inhouse.engine.kv_cache import KVCacheManager
 from inhouse.engine.lora.peft_adapter import AdapterWeights, read_adapter
-from inhouse.engine.lora.slots import AdapterSlots, LoadedAdapter
+from inhouse.engine.lora.slots import AdapterSlots, LoadedAdapter, halves_dtype
 from inhouse.engine.models.loader import LoadedModel, load_model, with_kv_cache_dtype
 from inhouse.engine.outputs import CoreOutput, Finish, SequenceOutput
 from inhouse.engine.request import EngineRequest
@@ -55,7 +55,7 @@ class EngineCore:
                 slots,
                 config.max_lora_rank,
                 self.loaded.attention_kernel,
-                exact=self.loaded.quantization == "none" and self.loaded.dtype == torch.float32,
+                halves_dtype(self.loaded.quantization, self.loaded.dtype),
             )
             if slots
             else None

@@ -60,11 +60,12 @@ def projections(spec: ModelSpec) -> tuple[Projection, ...]:
     )
 
 
-def inhouse_slot_bytes(spec: ModelSpec, max_rank: int, exact: bool = False) -> int:
-    """One slot's bytes in ``inhouse serve`` (``AdapterSlots.num_bytes`` ÷ slots): halves in
-    bfloat16, or float32 where ``exact``; a B block holds one part's rank rows where every
-    part starts on a block, else every part's."""
-    half = 4 if exact else 2
+def inhouse_slot_bytes(spec: ModelSpec, max_rank: int, value_bytes: int = 2) -> int:
+    """One slot's bytes in ``inhouse serve`` (``AdapterSlots.num_bytes`` ÷ slots): halves of
+    ``value_bytes`` a value (bfloat16's 2; 4 beside exact float32 weights, 1 beside int8/int4
+    ones); a B block holds one part's rank rows where every part starts on a block, else
+    every part's."""
+    half = value_bytes
     part = -(-max_rank // RANK_STEP) * RANK_STEP
     total = 0
     for p in projections(spec):

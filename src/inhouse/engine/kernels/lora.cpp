@@ -19,10 +19,12 @@ namespace {
 
 inline float as_float(float v) { return v; }
 inline float as_float(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float as_float(int8_t v) { return static_cast<float>(v); }
 
-// The adapters' halves are float32 beside a float32 model, else bfloat16 (half the bytes a
-// step streams: four adapters of rank 16 on every projection of a 135M model are 116 MB of
-// float32, more than its q4 weights).
+// The adapters' halves are float32 beside a float32 model, bfloat16 beside a bfloat16 one,
+// and int8 beside int8/int4 weights (a quarter of float32's bytes a step streams: four
+// adapters of rank 16 on every projection of a 135M model are 116 MB of float32, more than
+// its q4 weights). int8 halves carry their scales in `scale` (lora/stack.py folds them in).
 
 constexpr int64_t kInputWays = 4;  // partial sums of the first pass, inputs i % 4 apart
 static_assert(kInputWays == 4, "the first pass adds its partial sums as (0 + 1) + (2 + 3)");
@@ -313,7 +315,8 @@ void lora_add_layer(torch::Tensor out, const torch::Tensor& x, const torch::Tens
   TORCH_CHECK(out.scalar_type() == x.scalar_type() && row_slots.scalar_type() == torch::kInt64 &&
               layout.scalar_type() == torch::kInt64);
   TORCH_CHECK(a_t.scalar_type() == b_t.scalar_type() &&
-              (a_t.scalar_type() == torch::kFloat32 || a_t.scalar_type() == torch::kBFloat16) &&
+              (a_t.scalar_type() == torch::kFloat32 || a_t.scalar_type() == torch::kBFloat16 ||
+               a_t.scalar_type() == torch::kChar) &&
               scale.scalar_type() == torch::kFloat32);
   TORCH_CHECK(a_t.dim() == 3 + lead && b_t.dim() == 4 + lead && scale.dim() == 2 + lead &&
               layout.dim() == 2 + lead && (lead == 0 || (layer < a_t.size(0) &&
@@ -334,6 +337,9 @@ void lora_add_layer(torch::Tensor out, const torch::Tensor& x, const torch::Tens
   if (a_t.scalar_type() == torch::kFloat32) {
     if (float_rows) add_rows<float, float>(out, x, row_slots, stack);
     else add_rows<c10::BFloat16, float>(out, x, row_slots, stack);
+  } else if (a_t.scalar_type() == torch::kChar) {
+    if (float_rows) add_rows<float, int8_t>(out, x, row_slots, stack);
+    else add_rows<c10::BFloat16, int8_t>(out, x, row_slots, stack);
   } else {
     if (float_rows) add_rows<float, c10::BFloat16>(out, x, row_slots, stack);
     else add_rows<c10::BFloat16, c10::BFloat16>(out, x, row_slots, stack);

@@ -31,19 +31,33 @@ class LoadedAdapter:
     rank: int
 
 
+def halves_dtype(quantization: str, dtype: torch.dtype) -> torch.dtype:
+    """The adapters' halves beside a model of this weight format and dtype: float32 beside
+    exact float32 weights (PEFT's own numbers), int8 codes with float scales beside int8/int4
+    ones (as the base's own blocks: a quarter of float32's bytes each step reads), bfloat16
+    otherwise."""
+    if quantization == "none" and dtype == torch.float32:
+        return torch.float32
+    return torch.int8 if quantization in ("q8", "q4") else torch.bfloat16
+
+
 class AdapterSlots:
     """``max_loras`` slots of rank up to ``max_rank`` on every projection of ``model``; with
-    ``kernel``, products by the C++ kernel (see ``LoraStack``). The halves are float32 where
-    the model is ``exact`` (float32 weights and activations: PEFT's own numbers), else
-    bfloat16, half the bytes each step reads beside lossy weights."""
+    ``kernel``, products by the C++ kernel (see ``LoraStack``), the halves in ``dtype`` (see
+    :func:`halves_dtype`)."""
 
     def __init__(
-        self, model: LlamaForCausalLM, max_loras: int, max_rank: int, kernel: bool, exact: bool
+        self,
+        model: LlamaForCausalLM,
+        max_loras: int,
+        max_rank: int,
+        kernel: bool,
+        dtype: torch.dtype,
     ) -> None:
         self.max_loras, self.max_rank = max_loras, max_rank
         self.args = model.args
         device = model.rope_cos.device
-        self.dtype = torch.float32 if exact else torch.bfloat16
+        self.dtype = dtype
         # one stack of every layer a projection (decode_layers takes 16 tensors a step)
         self.model_stacks = {
             projection: LoraStack(

@@ -110,17 +110,21 @@ class LoraStack:
         step = -(-max((pair.a.shape[0] for _, pair in adapted), default=0) // RANK_STEP)
         step *= RANK_STEP
         rank, blocks = self.a_t.shape[2], self.b_t.shape[1]
+        a = torch.zeros(self.a_t.shape[1], rank)  # A.T, dense
         b = torch.zeros(rank, blocks * OUT_BLOCK)  # B.T, dense
+        scale = torch.zeros(blocks * OUT_BLOCK)
         first = torch.full((blocks,), -1, dtype=torch.long)
-        self.a_t[slot].zero_()
-        self.scale[slot].zero_()
         for index, (start, pair) in enumerate(adapted):
             low, (r, rows) = index * step, (pair.a.shape[0], pair.b.shape[0])
-            self.a_t[slot, :, low : low + r] = pair.a.T
+            a[:, low : low + r] = pair.a.T
             b[low : low + r, start : start + rows] = pair.b.T
-            self.scale[slot, start : start + rows] = pair.scaling
+            scale[start : start + rows] = pair.scaling
             covered = slice(start // OUT_BLOCK, -(-(start + rows) // OUT_BLOCK))
             first[covered] = low if self.blocks_own_part else 0
+        if self.a_t.dtype == torch.int8:
+            a, b, scale = _int8_halves(a, b, scale)
+        self.a_t[slot] = a
+        self.scale[slot] = scale
         used = len(adapted) * step
         by_block = b.view(rank, blocks, OUT_BLOCK).transpose(0, 1)  # [blocks, rank, 16]
         if self.blocks_own_part:
@@ -159,3 +163,16 @@ class LoraStack:
             a_t, b_t, scale = self.low_rank_halves(slot)
             delta = (x.index_select(0, index).float() @ a_t @ b_t) * scale
             out.index_copy_(0, index, (out.index_select(0, index).float() + delta).to(out.dtype))
+
+
+def _int8_halves(
+    a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``A.T [in, rank]``, ``B.T [rank, out]`` and ``scale [out]`` as int8 codes whose product
+    is the pair's: each rank column of A over its own largest magnitude (that scale moved
+    onto B's row), then each output column of B over its own, that scale folded into
+    ``scale``. ``(x @ A.T @ B.T) * scale`` is then the same sum over the codes."""
+    a_step = a.abs().amax(0).clamp(min=1e-30) / 127
+    b = b * a_step[:, None]
+    b_step = b.abs().amax(0).clamp(min=1e-30) / 127
+    return (a / a_step).round(), (b / b_step).round(), scale * b_step
