@@ -7,8 +7,9 @@ plan takes them out of the KV budget. Two layouts, each engine's own:
     inhouse serve, per projection (parts = 3 for qkv, 2 for gate_up, else 1):
         cols = round_up(parts · rank, 8), rows = round_up(out, 16)
         slot = (in · cols + cols · rows) · h + rows · 4 B     a_t, b_t, the per-row scale
-        h = 2 B (bfloat16), or 4 B where the engine is exact (float32, unquantized weights:
-        never what a plan starts)
+        h = 2 B (bfloat16; the plan's count, an upper bound), 1 B beside int8/int4 weights,
+        or 4 B where the engine is exact (float32, unquantized weights: never what a plan
+        starts)
     vLLM, per slice (lora_dtype auto: the model dtype, vllm.config.lora; one slice a part;
     rank: the smallest of its --max-lora-rank choices that holds it):
         slot = Σ slices (rank · in + out_slice · rank) · 2 B
