@@ -170,6 +170,8 @@ def test_image_misuse_is_a_400_naming_its_part_and_the_server_goes_on(served: Se
         assert caught.value.body["param"].startswith("messages"), name
     with pytest.raises(openai.BadRequestError, match="not in a tool result"):
         ask(served, [good], role="tool", tool_call_id="call_1")
+    with pytest.raises(openai.BadRequestError, match="images come as chat image_url parts"):
+        client(served).completions.create(model=served.model, prompt="a <image> here", max_tokens=2)
     assert ask(served, [good]).choices[0].finish_reason == "length"
 
 

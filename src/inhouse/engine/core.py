@@ -135,6 +135,24 @@ class EngineCore:
             )
         if request.adapter is not None:
             self._adapter(request.adapter)
+        self._check_images(request)
+
+    def _check_images(self, request: EngineRequest) -> None:
+        """A prompt's image tokens are exactly its images' rows: a text prompt that writes
+        the image token itself would run that token's bare embedding as if it were an image."""
+        side = self.loaded.images
+        if side is None:
+            if request.images:
+                raise EngineInputError(f"model {self.info.model_id!r} reads no images", "prompt")
+            return
+        held = request.prompt_token_ids.count(side.image_token_id)
+        if held != sum(image.num_tokens for image in request.images):
+            raise EngineInputError(
+                f"the prompt holds the image token {side.image_token!r} {held} times where its "
+                f"{len(request.images)} images take {sum(i.num_tokens for i in request.images)}"
+                ": images come as chat image_url parts",
+                "prompt",
+            )
 
     def add(self, request: EngineRequest) -> None:
         """Validate and queue a request (``params.n`` sibling sequences)."""
