@@ -143,6 +143,20 @@ def test_greedy_tokens_equal_hf_for_ten_image_and_text_prompts(loaded, hf) -> No
     assert differ >= 8, "the images hardly change the answers: are they read at all?"
 
 
+def test_a_prompt_prefilled_in_chunks_that_cut_its_images_gives_hfs_tokens(loaded, hf) -> None:
+    """Steps of 7 tokens: chunk edges fall inside tiles and between them."""
+    engine = tiny_engine(loaded, max_model_len=512, block_size=4, max_num_batched_tokens=7)
+    sizes, question = PROMPTS[4]
+    images = [noise_image(400 + k, size) for k, size in enumerate(sizes)]
+    text = chat_text(hf, len(images), question)
+    reference = hf.inputs(text, images)
+    ids, placed = our_prompt(loaded, text, images)
+    add(engine, "chunked", ids, greedy(NEW_TOKENS), images=tuple(placed))
+    ours = run_to_end(engine)["chunked"].choices[0].token_ids
+    pixels = {k: reference[k] for k in ("pixel_values", "pixel_attention_mask")}
+    assert ours == hf_greedy(hf.model, ids, NEW_TOKENS, **pixels)
+
+
 def cached_tokens(engine, request_id: str, ids: list[int], placed: list[PromptImage]) -> int:
     add(engine, request_id, ids, greedy(2), images=tuple(placed))
     return run_to_end(engine)[request_id].num_cached_tokens
