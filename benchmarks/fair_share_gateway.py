@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from inhouse.gateway.config import load_config
+from inhouse.gateway.config_file import load_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from knee_prediction import inhouse

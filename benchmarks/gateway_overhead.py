@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from inhouse.gateway.config import load_config
+from inhouse.gateway.config_file import load_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.http.client import Http1Client

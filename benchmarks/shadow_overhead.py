@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from inhouse.gateway.config import load_config
+from inhouse.gateway.config_file import load_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.releases.store import BackendRef, NewRelease, ReleaseStore

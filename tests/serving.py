@@ -171,7 +171,7 @@ def gateway_process(config_path: Path, config_text: str) -> Process:
 def gateway_key(config_path: Path, name: str) -> str:
     """Create a key called `name` in the database of the gateway config at `config_path`;
     returns its secret."""
-    from inhouse.gateway.config import load_config
+    from inhouse.gateway.config_file import load_config
     from inhouse.gateway.keys import KeyStore, load_pepper
 
     config = load_config(config_path)

@@ -49,7 +49,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    from inhouse.gateway.config import load_config
+    from inhouse.gateway.config_file import load_config
     from inhouse.gateway.db_open import open_database
     from inhouse.gateway.keys import KeyStore, load_pepper
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from inhouse.gateway.config import load_config
+from inhouse.gateway.config_file import load_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.server.serve import DEFAULT_EMBEDDING_NAME

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from inhouse.gateway.access_log import AccessLog
 from inhouse.gateway.app import build_gateway, create_app
 from inhouse.gateway.audit.writer import recent_rows
-from inhouse.gateway.config import parse_config
+from inhouse.gateway.config_file import parse_config
 from inhouse.gateway.db import shadow_pairs
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.releases.store import BackendRef, Guardrails, NewRelease

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from inhouse.gateway.backends import sample_totals
-from inhouse.gateway.config import load_config
+from inhouse.gateway.config_file import load_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from serving import SERVE_KEY, Process, Served, audit_rows, free_port, gateway_toml, inhouse_command

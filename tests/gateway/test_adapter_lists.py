@@ -12,7 +12,8 @@ from sqlalchemy import create_engine, make_url, text
 from typer.testing import CliRunner
 
 from inhouse.cli import app
-from inhouse.gateway.config import ConfigError, parse_config
+from inhouse.gateway.config import ConfigError
+from inhouse.gateway.config_file import parse_config
 from inhouse.gateway.db import metadata
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore

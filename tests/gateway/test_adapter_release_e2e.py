@@ -21,7 +21,7 @@ from typing import Any
 import openai
 import pytest
 
-from inhouse.gateway.config import load_config
+from inhouse.gateway.config_file import load_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.releases.canary import on_candidate

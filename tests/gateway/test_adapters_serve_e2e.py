@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inhouse.cli import app
-from inhouse.gateway.config import load_config
+from inhouse.gateway.config_file import load_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from lora_adapters import bundled_adapter

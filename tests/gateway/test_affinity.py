@@ -16,7 +16,8 @@ from inhouse.gateway.affinity import (
     prompt_text,
 )
 from inhouse.gateway.backends import BackendState
-from inhouse.gateway.config import HealthSettings, ModelRoute, Upstream, load_config
+from inhouse.gateway.config import HealthSettings, ModelRoute, Upstream
+from inhouse.gateway.config_file import load_config
 from inhouse.gateway.config_values import ConfigError
 from inhouse.gateway.parsing import read_needs
 from inhouse.gateway.routing import Router

@@ -19,7 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from inhouse.gateway.config import load_config
+from inhouse.gateway.config_file import load_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from serving import SERVE_KEY, Served, debian_binary, free_port, gateway_process, gateway_toml

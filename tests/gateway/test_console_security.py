@@ -17,7 +17,7 @@ import pytest
 from admin_fields import attempts
 
 from inhouse.gateway.app import build_gateway, create_app
-from inhouse.gateway.config import parse_config
+from inhouse.gateway.config_file import parse_config
 from inhouse.gateway.console.session import LOGINS_PER_MINUTE
 from inhouse.gateway.handler import Gateway
 from inhouse.gateway.keys import AuthError

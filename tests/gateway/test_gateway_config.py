@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from inhouse.gateway.config import ConfigError, load_config, parse_config
+from inhouse.gateway.config import ConfigError
+from inhouse.gateway.config_file import load_config, parse_config
 
 FULL = """
 [gateway]

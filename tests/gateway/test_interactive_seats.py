@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inhouse.gateway.backends import BackendState
-from inhouse.gateway.config import ConfigError, ModelRoute, Upstream, parse_config
+from inhouse.gateway.config import ConfigError, ModelRoute, Upstream
+from inhouse.gateway.config_file import parse_config
 from inhouse.gateway.parsing import read_needs
 from inhouse.gateway.routing import Lease, Router
 from inhouse.gateway.seats import class_slots

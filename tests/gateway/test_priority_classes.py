@@ -25,7 +25,8 @@ from typer.testing import CliRunner
 
 from inhouse.cli import app
 from inhouse.gateway.backends import BackendState
-from inhouse.gateway.config import ConfigError, ModelRoute, Upstream, parse_config
+from inhouse.gateway.config import ConfigError, ModelRoute, Upstream
+from inhouse.gateway.config_file import parse_config
 from inhouse.gateway.db import metadata
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.degrade import expected_wait_s

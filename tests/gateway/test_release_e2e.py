@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 
-from inhouse.gateway.config import load_config
+from inhouse.gateway.config_file import load_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from serving import (

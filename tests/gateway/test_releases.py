@@ -11,7 +11,8 @@ import pytest
 from conftest import ManualClock
 from sqlalchemy import insert
 
-from inhouse.gateway.config import ConfigError, parse_config
+from inhouse.gateway.config import ConfigError
+from inhouse.gateway.config_file import parse_config
 from inhouse.gateway.db import audit_log
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.releases.canary import BUCKETS, bucket, on_candidate

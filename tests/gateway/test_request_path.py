@@ -19,7 +19,7 @@ from canned_upstream import USAGE, Canned
 from inhouse.gateway.app import build_gateway, create_app
 from inhouse.gateway.audit.writer import recent_rows
 from inhouse.gateway.backends import HealthChecker
-from inhouse.gateway.config import parse_config
+from inhouse.gateway.config_file import parse_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.handler import Gateway
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from inhouse.gateway import metric_names
-from inhouse.gateway.config import parse_config
+from inhouse.gateway.config_file import parse_config
 from inhouse.gateway.metrics import GatewayMetrics
 from inhouse.launch import BACKENDS
 

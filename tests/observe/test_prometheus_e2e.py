@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from inhouse.gateway.config import load_config
+from inhouse.gateway.config_file import load_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.keys import KeyStore, load_pepper
 from inhouse.gateway.usage.teams import TeamStore

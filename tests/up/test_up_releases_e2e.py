@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from inhouse.gateway.config import GatewayConfig, parse_config
+from inhouse.gateway.config import GatewayConfig
+from inhouse.gateway.config_file import parse_config
 from inhouse.gateway.db_open import open_database
 from inhouse.gateway.releases.store import ReleaseStore
 from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME

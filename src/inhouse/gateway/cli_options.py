@@ -31,7 +31,8 @@ MaxImagesOption = Annotated[
 def load_settings(path: Path) -> Any:
     """The gateway config at `path`; a file that cannot be read or is invalid ends the
     command with one line on stderr (exit 2), not a traceback."""
-    from inhouse.gateway.config import ConfigError, load_config
+    from inhouse.gateway.config import ConfigError
+    from inhouse.gateway.config_file import load_config
 
     try:
         return load_config(path)

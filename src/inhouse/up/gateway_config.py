@@ -33,7 +33,7 @@ def up_config(
     serves from the start, routed before the first health check lists them; a
     vision-language model's replicas (on an engine that serves images) take image parts,
     as many a request as `images_per_prompt`, the limit they were started with."""
-    from inhouse.gateway.config import parse_config
+    from inhouse.gateway.config_file import parse_config
 
     def backend(replica: Replica, features: list[str]) -> dict[str, object]:
         key = replica.endpoint.api_key
