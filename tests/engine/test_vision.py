@@ -184,3 +184,26 @@ def test_a_prompt_with_image_tokens_its_images_do_not_fill_is_refused(loaded) ->
     ids = [5, 6, *[side.image_token_id] * (image.num_tokens + 1), 7]
     with pytest.raises(EngineInputError, match="must not contain the model's image token"):
         place_images(ids, [image], side.image_token_id)
+
+
+def test_a_config_that_leaves_keys_to_their_defaults_builds_the_encoder() -> None:
+    """SmolVLM2-500M's published config.json names only some of its vision keys (no layer
+    count, no MLP width): transformers' config class fills them, and so must we."""
+    from transformers import SmolVLMConfig
+    from transformers.models.smolvlm.modeling_smolvlm import SmolVLMModel
+
+    from inhouse.engine.models.idefics3_vision import Idefics3Vision
+
+    published = {
+        "model_type": "smolvlm", "scale_factor": 4, "image_token_id": 49190,
+        "vision_config": {"hidden_size": 768, "image_size": 512, "num_attention_heads": 12,
+                          "patch_size": 16, "model_type": "smolvlm_vision"},
+        "text_config": {"hidden_size": 960, "model_type": "llama"},
+    }  # fmt: skip
+    config = SmolVLMConfig(**published)
+    with torch.device("meta"):
+        ours = Idefics3Vision(config.vision_config, config.scale_factor, 960)
+        theirs = SmolVLMModel(config)
+    image_side = [theirs.vision_model, theirs.connector]
+    expected = sum(p.numel() for module in image_side for p in module.parameters())
+    assert sum(p.numel() for p in ours.parameters()) == expected == 98_229_504  # as the plan

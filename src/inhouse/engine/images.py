@@ -168,14 +168,17 @@ class ImageSide:
         return self.tower.projection.weight.dtype
 
 
-def load_image_side(folder: Path, tokenizer: Any, text_hidden: int) -> ImageSide | None:
-    """The image side of a vision-language checkpoint in ``folder``; None for a text model."""
+def load_image_side(
+    folder: Path, tokenizer: Any, text_hidden: int, dtype: torch.dtype
+) -> ImageSide | None:
+    """The image side of a vision-language checkpoint in ``folder``, its encoder in ``dtype``;
+    None for a text model."""
     config = json.loads((folder / "config.json").read_text())
     if config.get("model_type") not in SERVED_MODEL_TYPES:
         return None
     from transformers import AutoImageProcessor
 
-    tower = load_idefics3_vision(folder, text_hidden, torch.float32)
+    tower = load_idefics3_vision(folder, text_hidden, dtype)
     token = IMAGE
     token_id = config.get("image_token_id", tokenizer.convert_tokens_to_ids(token))
     if tokenizer.convert_tokens_to_ids(token) != token_id:

@@ -10,7 +10,6 @@ grid (NaViT's fractional buckets), as the model was trained.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -66,24 +65,23 @@ class EncoderLayer(nn.Module):
 class Idefics3Vision(nn.Module):
     """Tiles ``[n, 3, H, W]`` (and their pixel masks) to ``n * tokens_per_tile`` decoder rows."""
 
-    def __init__(self, config: dict[str, Any], text_hidden: int) -> None:
+    def __init__(self, vision: Any, scale_factor: int, text_hidden: int) -> None:
+        """``vision``: transformers' vision config object (its class fills the keys a
+        published ``config.json`` leaves out)."""
         super().__init__()
-        vision = config["vision_config"]
-        hidden = vision["hidden_size"]
-        self.patch = vision["patch_size"]
-        self.side = vision["image_size"] // self.patch  # patches along a full tile's edge
-        self.scale = config.get("scale_factor", 2)
+        hidden = vision.hidden_size
+        self.patch = vision.patch_size
+        self.side = vision.image_size // self.patch  # patches along a full tile's edge
+        self.scale = scale_factor
         self.tokens_per_tile = self.side**2 // self.scale**2
-        eps = vision.get("layer_norm_eps", 1e-6)
-        if vision.get("hidden_act", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
-            raise ValueError(f"vision activation {vision['hidden_act']!r} is not supported")
-        self.patch_embedding = nn.Conv2d(
-            vision.get("num_channels", 3), hidden, self.patch, stride=self.patch
-        )
+        if vision.hidden_act != "gelu_pytorch_tanh":
+            raise ValueError(f"vision activation {vision.hidden_act!r} is not supported")
+        self.patch_embedding = nn.Conv2d(vision.num_channels, hidden, self.patch, stride=self.patch)
         self.position_embedding = nn.Embedding(self.side**2, hidden)
+        eps, heads = vision.layer_norm_eps, vision.num_attention_heads
         self.layers = nn.ModuleList(
-            EncoderLayer(hidden, vision["intermediate_size"], vision["num_attention_heads"], eps)
-            for _ in range(vision["num_hidden_layers"])
+            EncoderLayer(hidden, vision.intermediate_size, heads, eps)
+            for _ in range(vision.num_hidden_layers)
         )
         self.post_layernorm = nn.LayerNorm(hidden, eps=eps)
         self.projection = nn.Linear(hidden * self.scale**2, text_hidden, bias=False)
@@ -159,9 +157,10 @@ def _local_name(checkpoint_name: str) -> str:
 def load_idefics3_vision(folder: Path, text_hidden: int, dtype: torch.dtype) -> Idefics3Vision:
     """The image side of the checkpoint in ``folder``, every tensor checked present."""
     from safetensors import safe_open
+    from transformers import AutoConfig
 
-    config = json.loads((folder / "config.json").read_text())
-    tower = Idefics3Vision(config, text_hidden)
+    config = AutoConfig.from_pretrained(folder)
+    tower = Idefics3Vision(config.vision_config, config.scale_factor, text_hidden)
     wanted = tower.state_dict()
     loaded: dict[str, torch.Tensor] = {}
     for path in sorted(folder.glob("*.safetensors")):

@@ -22,7 +22,7 @@ from inhouse.engine.kernels.build import load_kernels
 from inhouse.engine.kernels.quant import KV_INT8_SCALE_BYTES
 from inhouse.engine.models.gguf_convert import convert_gguf, main_block_type
 from inhouse.engine.models.llama import LlamaArgs, LlamaForCausalLM
-from inhouse.engine.models.precision import choose_precision
+from inhouse.engine.models.precision import choose_precision, resolve_dtype
 from inhouse.engine.models.row_blocks import describe_blocks
 from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME, default_chat_model
 from inhouse.manifests.hashing import CACHE_FILE, HashCache, default_cache_dir
@@ -320,7 +320,13 @@ def load_model(
     elif dev.type == "cpu" and torch_dtype == torch.bfloat16:
         reason += f"; {_bf16_products(model)}"
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    images = load_image_side(folder, tokenizer, model.args.hidden_size) if vision else None
+    images = None
+    if vision:
+        # the encoder in float32 beside exact float32 weights, else bf16 where the CPU has it
+        exact = quant == "none" and torch_dtype == torch.float32
+        encoder = torch.float32 if exact else resolve_dtype("auto", dev)
+        images = load_image_side(folder, tokenizer, model.args.hidden_size, encoder)
+        reason += f"; image encoder in {str(encoder).removeprefix('torch.')}"
     return LoadedModel(
         model=model,
         hf_config=hf_config,
