@@ -232,3 +232,22 @@ def test_a_vision_model_takes_the_bodies_of_four_photos(served: Served) -> None:
     checked = post(12_000_000)
     assert checked.status_code == 400 and "Pillow" in checked.json()["error"]["message"]
     assert post(21_000_000).status_code == 413
+
+
+def test_image_requests_at_once_get_the_answers_they_get_alone(served: Served) -> None:
+    """Six chats with images (and two without) in one batch: each answer is the one the
+    same request gets alone, so one request's images never reach another's rows."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    contents = [
+        [
+            image_part(data_uri(noise_image(50 + k, (30 + 7 * k, 40)))),
+            {"type": "text", "text": "Hi"},
+        ]
+        for k in range(6)
+    ] + [[{"type": "text", "text": "No picture."}]] * 2
+    alone = [ask(served, c).choices[0].message.content for c in contents]
+    with ThreadPoolExecutor(len(contents)) as pool:
+        together = list(pool.map(lambda c: ask(served, c).choices[0].message.content, contents))
+    assert together == alone
+    assert len(set(alone[:6])) >= 4  # the images differ, and so do most answers
