@@ -179,11 +179,17 @@ def test_the_prefix_cache_keys_blocks_by_image(loaded, hf) -> None:
 
 
 def test_a_prompt_with_image_tokens_its_images_do_not_fill_is_refused(loaded) -> None:
+    """One image token more than the image's rows (text that wrote the token itself), or
+    image tokens with no image at all: the engine refuses the request, whoever built it."""
     side = loaded.images
     image, _ = side.prepare(noise_image(0, (9, 9)))
-    ids = [5, 6, *[side.image_token_id] * (image.num_tokens + 1), 7]
-    with pytest.raises(EngineInputError, match="must not contain the model's image token"):
-        place_images(ids, [image], side.image_token_id)
+    engine = tiny_engine(loaded, max_model_len=512, block_size=4)
+    one_more = [5, 6, *[side.image_token_id] * (image.num_tokens + 1), 7]
+    place_images(one_more, [image], side.image_token_id)
+    for request_id, ids, images in (("more", one_more, (image,)), ("none", one_more, ())):
+        with pytest.raises(EngineInputError, match="text must not contain the token"):
+            add(engine, request_id, ids, greedy(2), images=images)
+    assert not engine.has_unfinished()
 
 
 def test_a_config_that_leaves_keys_to_their_defaults_builds_the_encoder() -> None:

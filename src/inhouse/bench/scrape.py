@@ -112,32 +112,29 @@ class ServerReadings:
     @property
     def prefix_cache_hit_rate(self) -> float | None:
         """Prompt tokens found in the prefix cache ÷ prompt tokens looked up, during the run."""
+        queries, hits = self._growth("prefix_queries"), self._growth("prefix_hits")
+        return None if not queries or hits is None else hits / queries
+
+    def _growth(self, counter: str) -> float | None:
+        """How much a counter of ServerReading grew from the first scrape to the last."""
         if self.first is None or self.last is None:
             return None
-        queries = _delta(self.first.prefix_queries, self.last.prefix_queries)
-        hits = _delta(self.first.prefix_hits, self.last.prefix_hits)
-        return None if not queries or hits is None else hits / queries
+        return _delta(getattr(self.first, counter), getattr(self.last, counter))
 
     @property
     def preemptions(self) -> float | None:
         """Sequences the server preempted for want of KV blocks during the run."""
-        if self.first is None or self.last is None:
-            return None
-        return _delta(self.first.preemptions, self.last.preemptions)
+        return self._growth("preemptions")
 
     @property
     def images_encoded(self) -> float | None:
         """Images the server's vision encoder ran over during the run (ours reports it)."""
-        if self.first is None or self.last is None:
-            return None
-        return _delta(self.first.images_encoded, self.last.images_encoded)
+        return self._growth("images_encoded")
 
     @property
     def image_encode_seconds(self) -> float | None:
         """The seconds those encodings took."""
-        if self.first is None or self.last is None:
-            return None
-        return _delta(self.first.image_encode_seconds, self.last.image_encode_seconds)
+        return self._growth("image_encode_seconds")
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the results file."""

@@ -146,11 +146,12 @@ class EngineCore:
                 raise EngineInputError(f"model {self.info.model_id!r} reads no images", "prompt")
             return
         held = request.prompt_token_ids.count(side.image_token_id)
-        if held != sum(image.num_tokens for image in request.images):
+        wanted = sum(image.num_tokens for image in request.images)
+        if held != wanted:
             raise EngineInputError(
                 f"the prompt holds the image token {side.image_token!r} {held} times where its "
-                f"{len(request.images)} images take {sum(i.num_tokens for i in request.images)}"
-                ": images come as chat image_url parts",
+                f"{len(request.images)} images take {wanted}: images come as chat image_url "
+                "parts, and text must not contain the token",
                 "prompt",
             )
 

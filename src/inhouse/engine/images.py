@@ -14,7 +14,6 @@ share a cached block and the same image does.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -31,7 +30,6 @@ from inhouse.engine.models.idefics3_vision import (
     idefics3_placeholder,
     load_idefics3_vision,
 )
-from inhouse.plan.vision import SERVED_MODEL_TYPES
 
 ENCODER_CACHE_BYTES = 64 * 2**20  # recent images' encoder rows: ~15 SmolVLM2 1024 px images
 
@@ -59,16 +57,9 @@ def image_block_key(images: Sequence[PromptImage], start: int, end: int) -> byte
 
 
 def place_images(token_ids: Sequence[int], images: list[PromptImage], image_token: int) -> None:
-    """Give each image the positions of its image tokens, the prompt's in order; an
-    EngineInputError when the prompt holds a different number of image tokens (its text wrote
-    the model's image token itself)."""
+    """Give each image the positions of its image tokens, the prompt's in order (the engine
+    refuses a prompt whose image tokens are not exactly its images' rows)."""
     positions = [i for i, t in enumerate(token_ids) if t == image_token]
-    wanted = sum(image.num_tokens for image in images)
-    if len(positions) != wanted:
-        raise EngineInputError(
-            f"the prompt holds {len(positions)} image tokens where its {len(images)} images "
-            f"take {wanted}: its text must not contain the model's image token"
-        )
     start = 0
     for image in images:
         image.positions = tuple(positions[start : start + image.num_tokens])
@@ -163,25 +154,16 @@ class ImageSide:
             _, dropped = self._recent.popitem(last=False)
             self._recent_bytes -= dropped.numel() * dropped.element_size()
 
-    @property
-    def activation_dtype(self) -> torch.dtype:
-        return self.tower.projection.weight.dtype
 
-
-def load_image_side(
-    folder: Path, tokenizer: Any, text_hidden: int, dtype: torch.dtype
-) -> ImageSide | None:
-    """The image side of a vision-language checkpoint in ``folder``, its encoder in ``dtype``;
-    None for a text model."""
-    config = json.loads((folder / "config.json").read_text())
-    if config.get("model_type") not in SERVED_MODEL_TYPES:
-        return None
+def load_image_side(folder: Path, config: Any, tokenizer: Any, dtype: torch.dtype) -> ImageSide:
+    """The image side of the vision-language checkpoint in ``folder`` (one of
+    ``SERVED_MODEL_TYPES``; ``config``: its transformers config), its encoder in ``dtype``."""
     from transformers import AutoImageProcessor
 
-    tower = load_idefics3_vision(folder, text_hidden, dtype)
+    tower = load_idefics3_vision(folder, config, dtype)
     token = IMAGE
-    token_id = config.get("image_token_id", tokenizer.convert_tokens_to_ids(token))
-    if tokenizer.convert_tokens_to_ids(token) != token_id:
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if getattr(config, "image_token_id", token_id) != token_id:
         raise ValueError(f"{folder}: the tokenizer's {token} is not config's image_token_id")
     tokens_per_tile = tower.tokens_per_tile
 

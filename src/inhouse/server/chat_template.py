@@ -121,12 +121,12 @@ class ChatRenderer:
         pictures = self._read_images(messages)
         text = self.render(messages, tools, add_generation_prompt, template_kwargs)
         prepared: list[PromptImage] = []
-        try:
-            if pictures:
-                assert self._images is not None
+        if pictures:
+            assert self._images is not None
+            try:
                 text, prepared = self._images.with_placeholders(text, pictures)
-        except EngineInputError as exc:
-            raise invalid_request(str(exc), param="messages") from exc
+            except EngineInputError as exc:
+                raise invalid_request(str(exc), param="messages") from exc
         try:
             self._refuse_surely_too_long(text)
         except EngineInputError as exc:
@@ -134,10 +134,7 @@ class ChatRenderer:
         ids = encode(self._tokenizer, text, add_special_tokens=False)
         if prepared:
             assert self._images is not None
-            try:
-                place_images(ids, prepared, self._images.image_token_id)
-            except EngineInputError as exc:
-                raise invalid_request(str(exc), param="messages") from exc
+            place_images(ids, prepared, self._images.image_token_id)
         return Prompt(ids, tuple(prepared))
 
     def _read_images(self, messages: list[ChatMessage]) -> list[Any]:

@@ -39,18 +39,7 @@ def read_image(part: ImagePart, url_hosts: frozenset[str], param: str) -> Any:
     source = image_source(part.image_url.url, url_hosts, param, SETTING)
     data = source if isinstance(source, bytes) else _fetch(source, param)
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-            if width * height > MAX_IMAGE_PIXELS:
-                raise ImageRefused(
-                    f"the image is {width} x {height} pixels; at most {MAX_IMAGE_PIXELS:,} "
-                    "are read: scale it down first",
-                    param,
-                )
-            image.load()
-            return image.convert("RGB")
-    except ImageRefused:
-        raise
+        image = Image.open(io.BytesIO(data))  # reads the header only
     except Image.UnidentifiedImageError:
         raise ImageRefused(
             "image_url.url holds no image Pillow can read: its bytes are in no image format "
@@ -58,7 +47,23 @@ def read_image(part: ImagePart, url_hosts: frozenset[str], param: str) -> Any:
             param,
         ) from None
     except Exception as exc:  # Pillow's decoders raise many kinds on a damaged or odd file
-        raise ImageRefused(f"image_url.url holds no image Pillow can read ({exc})", param) from None
+        raise _unreadable(exc, param) from None
+    with image:
+        width, height = image.size
+        if width * height > MAX_IMAGE_PIXELS:
+            raise ImageRefused(
+                f"the image is {width} x {height} pixels; at most {MAX_IMAGE_PIXELS:,} are "
+                "read: scale it down first",
+                param,
+            )
+        try:
+            return image.convert("RGB")  # decodes it
+        except Exception as exc:  # a damaged body behind a good header
+            raise _unreadable(exc, param) from None
+
+
+def _unreadable(exc: Exception, param: str) -> ImageRefused:
+    return ImageRefused(f"image_url.url holds no image Pillow can read ({exc})", param)
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

@@ -154,12 +154,12 @@ def _local_name(checkpoint_name: str) -> str:
     return name
 
 
-def load_idefics3_vision(folder: Path, text_hidden: int, dtype: torch.dtype) -> Idefics3Vision:
-    """The image side of the checkpoint in ``folder``, every tensor checked present."""
+def load_idefics3_vision(folder: Path, config: Any, dtype: torch.dtype) -> Idefics3Vision:
+    """The image side of the checkpoint in ``folder`` (``config``: its transformers config),
+    every tensor checked present."""
     from safetensors import safe_open
-    from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(folder)
+    text_hidden = config.text_config.hidden_size
     tower = Idefics3Vision(config.vision_config, config.scale_factor, text_hidden)
     wanted = tower.state_dict()
     loaded: dict[str, torch.Tensor] = {}

@@ -300,10 +300,9 @@ def load_model(
     folder, path, sha, model_id = _resolve(source, cache_dir or default_cache_dir())
     precision = choose_precision(dtype, quantization, dev, source_blocks=_gguf_blocks(folder, path))
     torch_dtype, quant = precision.dtype, precision.quantization
-    hf_config = AutoConfig.from_pretrained(folder)
-    vision = hf_config.model_type in SERVED_MODEL_TYPES
-    if vision:
-        hf_config = hf_config.text_config
+    full_config = AutoConfig.from_pretrained(folder)
+    vision = full_config.model_type in SERVED_MODEL_TYPES
+    hf_config = full_config.text_config if vision else full_config
     weight_dtype = torch.float16 if quant == "fp16" else None
     model = build_model(hf_config, torch_dtype, dev, weight_dtype)
     if vision:
@@ -325,7 +324,7 @@ def load_model(
         # the encoder in float32 beside exact float32 weights, else bf16 where the CPU has it
         exact = quant == "none" and torch_dtype == torch.float32
         encoder = torch.float32 if exact else resolve_dtype("auto", dev)
-        images = load_image_side(folder, tokenizer, model.args.hidden_size, encoder)
+        images = load_image_side(folder, full_config, tokenizer, encoder)
         reason += f"; image encoder in {str(encoder).removeprefix('torch.')}"
     return LoadedModel(
         model=model,
