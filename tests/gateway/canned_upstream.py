@@ -31,6 +31,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from inhouse.gateway.backends import PROBE_TEXT
+
 USAGE = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
 METRICS = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"
 SLOW_MODEL = "slow-model"
@@ -66,8 +68,19 @@ class Canned:
             return self.json_reply
         return self.reply
 
+    def asked(self) -> list[tuple[dict[str, str], dict[str, Any]]]:
+        """What clients sent through the gateway: the received requests less its health
+        probes (a real chat each round, `probe_request`'s, to every backend)."""
+        return [r for r in self.received if not _is_probe(r[1])]
+
     def last(self) -> tuple[dict[str, str], dict[str, Any]]:
-        return self.received[-1]
+        """The latest request a client sent (never a health probe)."""
+        return self.asked()[-1]
+
+
+def _is_probe(body: dict[str, Any]) -> bool:
+    probe = [{"role": "user", "content": PROBE_TEXT}]
+    return body.get("max_tokens") == 1 and body.get("messages") == probe
 
 
 def _events(model: str, reply: str | tuple[str, str]) -> Iterator[bytes]:

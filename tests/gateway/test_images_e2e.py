@@ -69,14 +69,14 @@ def test_a_png_data_uri_reaches_the_vision_upstream_and_the_audit_counts_it(
     gateway: Gateway, canned: Canned
 ) -> None:
     secret, uri = gateway.key("viewer", log_content=True), png_data_uri()
-    seen = len(canned.received)
+    seen = len(canned.asked())
     reply = gateway.client(secret).chat.completions.create(
         model="eyes", messages=asking(image_part(uri), image_part(uri)), max_tokens=4
     )
     assert reply.choices[0].message.content
     sent = canned.last()[1]["messages"][0]["content"]
     assert [p["image_url"]["url"] for p in sent[1:]] == [uri, uri]  # passed on unchanged
-    assert len(canned.received) == seen + 1
+    assert len(canned.asked()) == seen + 1
     row = audit_rows(gateway.db_url, "viewer", 1)[0]
     assert row["status"] == 200 and row["images"] == 2
     assert uri[30:60] not in json.dumps(row)  # the count, never the image
@@ -90,7 +90,7 @@ def test_a_png_data_uri_reaches_the_vision_upstream_and_the_audit_counts_it(
 
 
 def test_seed_004s_three_400s_each_say_what_is_wrong(gateway: Gateway, canned: Canned) -> None:
-    secret, seen = gateway.key("careless"), len(canned.received)
+    secret, seen = gateway.key("careless"), len(canned.asked())
     misspelt = refused(gateway, secret, asking({"type": "image", "image": png_data_uri()}))
     assert "not a chat completions part" in misspelt["message"]
     assert '"type": "image_url"' in misspelt["message"]
@@ -102,7 +102,7 @@ def test_seed_004s_three_400s_each_say_what_is_wrong(gateway: Gateway, canned: C
     five = refused(gateway, secret, asking(*[image_part(png_data_uri())] * 5))
     assert five["code"] == "too_many_images"
     assert "5 images" in five["message"] and "at most 4" in five["message"]
-    assert len(canned.received) == seen  # no upstream saw any of them
+    assert len(canned.asked()) == seen  # no upstream saw any of them
     rows = audit_rows(gateway.db_url, "careless", 4)
     assert [r["status"] for r in rows] == [400] * 4
 

@@ -135,7 +135,7 @@ def test_refusals_before_admission_are_openai_errors_and_audited(
     tmp_path: Path, canned: Canned
 ) -> None:
     async def test(env: Env) -> None:
-        received = len(env.canned.received)
+        received = len(env.canned.asked())
         no_key = await env.http.post("/v1/chat/completions", json={"model": "m"})
         assert no_key.status_code == 401
         assert no_key.json()["error"]["code"] == "invalid_api_key"
@@ -154,7 +154,7 @@ def test_refusals_before_admission_are_openai_errors_and_audited(
         assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
         statuses = [r["status"] for r in await env.rows()]
         assert statuses == [401, 404, 400, 400]
-        assert len(env.canned.received) == received  # nothing refused reached the upstream
+        assert len(env.canned.asked()) == received  # nothing refused reached the upstream
 
     _run(tmp_path, canned, test)
 

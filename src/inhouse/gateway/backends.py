@@ -130,15 +130,18 @@ class Backend:
         }
 
 
+PROBE_TEXT = "ping"  # what a health check asks a backend, its cheapest real call
+
+
 def probe_request(upstream: Upstream) -> tuple[str, dict[str, object]]:
     """The cheapest real inference call the backend supports."""
     features = upstream.capabilities.features
     if "chat" in features:
-        messages = [{"role": "user", "content": "ping"}]
+        messages = [{"role": "user", "content": PROBE_TEXT}]
         return "chat/completions", {"model": upstream.model, "messages": messages, "max_tokens": 1}
     if "completions" in features:
-        return "completions", {"model": upstream.model, "prompt": "ping", "max_tokens": 1}
-    return "embeddings", {"model": upstream.model, "input": "ping"}
+        return "completions", {"model": upstream.model, "prompt": PROBE_TEXT, "max_tokens": 1}
+    return "embeddings", {"model": upstream.model, "input": PROBE_TEXT}
 
 
 class HealthChecker:
