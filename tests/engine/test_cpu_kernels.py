@@ -43,15 +43,29 @@ from inhouse.engine.sequence import Sequence
 from inhouse.manifests.hashing import default_cache_dir
 
 CPU = torch.device("cpu")
-# Logit gap to HF's best that a greedy pick may show (sums in another order; SmolLM2's
-# first answer token is a 0.09-logit near-tie), and the share of steps that must be HF's
-# argmax exactly: 90% for the real model (q4 on its two chat prompts: 91 of 96 against the
-# float64 reference, largest gap 0.09; a float32 reference moves with the host's own
-# float kernels: 90 of 96 and a 0.2504 gap on an AVX2 host); the tiny random models' logits
-# are nearly flat, so more of their steps are near-ties.
+# Logit gap to HF's best that a greedy pick may show (sums in another order), and the share
+# of steps that must be HF's argmax exactly; the tiny random models' logits are nearly flat,
+# so more of their steps are near-ties.
 TOLERANCE = 0.25
-BUNDLED_EXACT_SHARE = 0.9
 TINY_EXACT_SHARE = 0.85
+# The real model against its float64 reference: 12 chat questions, 48 tokens each. The
+# kernels round each linear's input to int8 per 32 values, and a float32 sum that lands on
+# the other side of a rounding boundary than float64's moves a code, then every later
+# layer: the largest gap moves with each path's summation order, not its correctness
+# (Zen 4, 2026-12-07, q8 and q4, largest gap a question: float32 attention 0-0.34, prompt
+# rows on vdpbf16ps 0-0.61; past 0.25, the old bound, 4 of float32's 24 question-runs and 7
+# of vdpbf16ps's; 96-97 % of steps HF's argmax on both). Greedy tokens cannot see a subtle
+# error (attention scaled 1.1x: largest gap 0.71, 95 % HF's argmax, inside that spread):
+# the kernels' numerics are held to float64 references in their own tests; this bound is
+# for gross ones (3x: a 2.9 gap).
+BUNDLED_GAP = 1.0
+BUNDLED_EXACT_SHARE = 0.9
+BUNDLED_QUESTIONS = (
+    "What is the capital of France?", "Explain why the sky is blue.", "Write a haiku about rain.",
+    "How do I sort a list in Python?", "What is 17 times 23?", "Name three planets.",
+    "Why do cats purr?", "Give me a recipe for pancakes.", "What is photosynthesis?",
+    "Translate 'good morning' into Spanish.", "Who wrote Hamlet?", "What causes tides?",
+)  # fmt: skip
 
 
 def _activation_roundtrip(x: torch.Tensor) -> torch.Tensor:
@@ -369,7 +383,7 @@ def test_decode_steps_in_one_cpp_call_give_the_per_layer_path_bits(
 
 class PromptLength:
     """The prompt of the sequence HF runs next: its rows are modelled as our kernels compute
-    a prompt's own rows on AMX bf16 tiles (0: none is)."""
+    a prompt's own rows on bf16 products (0: none is)."""
 
     value = 0
 
@@ -393,8 +407,10 @@ def _attention(prompt: PromptLength | None, fp16_kv: bool):
         q, k, v = (t[:, :, :n].bfloat16().to(query.dtype) for t in (query, key, value))
         scores = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * kwargs["scaling"]
         causal = torch.ones(n, n, dtype=torch.bool).tril()
-        weights_p = scores.masked_fill(~causal, float("-inf")).softmax(-1)
-        tiles = weights_p @ v.repeat_interleave(group, 1)
+        scores = scores.masked_fill(~causal, float("-inf"))
+        # e^(s - top) rounded to bf16, their total taken as rounded
+        weights_p = (scores - scores.amax(-1, keepdim=True)).exp().bfloat16().to(query.dtype)
+        tiles = (weights_p @ v.repeat_interleave(group, 1)) / weights_p.sum(-1, keepdim=True)
         out = out.clone()
         out[:, :n] = tiles.transpose(1, 2)
         return out, weights
@@ -425,7 +441,7 @@ def hf_with_quantized_weights(
     with every weight as our kernels hold it (LM head q8, a tied embedding too), the inputs
     of its linears rounded as the kernels round them and, when our cache is float16, its
     keys and values rounded to float16 before attention. With `prompt` (where our runner
-    takes a prompt's rows to the AMX tiles) those rows as the tiles compute them."""
+    takes a prompt's rows to bf16 products) those rows as the kernels compute them."""
     from transformers import AttentionInterface, AutoModelForCausalLM
 
     attention = f"modelled_{id(prompt)}_{kv_dtype}"
@@ -441,10 +457,13 @@ def hf_with_quantized_weights(
             if param.dim() == 2 and quantizable(*param.shape):
                 head = "embed_tokens" in name or "lm_head" in name
                 param.copy_(dequantize(quantize(param, "q8" if head else kind)))
+    # a prompt's linears take bf16 only on AMX tiles (prompt_linear.cpp); with vdpbf16ps
+    # alone its attention does and its linears keep the int8 path, VNNI's rate being higher
+    linear_prompt = prompt if torch.ops.inhouse_cpu.bf16_linear_ready() else None
     for name, module in hf.named_modules():
         if isinstance(module, torch.nn.Linear) and quantizable(*module.weight.shape):
             # the LM head runs the int8 path for every row
-            module.forward = _linear(module, None if "lm_head" in name else prompt)
+            module.forward = _linear(module, None if "lm_head" in name else linear_prompt)
     return hf
 
 
@@ -469,13 +488,13 @@ def test_tiny_models_with_quantized_weights_agree_with_hf(kind, folder_fixture, 
 @pytest.mark.parametrize("kind", ["q8", "q4"])
 def test_bundled_model_with_block_weights_agrees_with_hf(kind: str, request) -> None:
     loaded = request.getfixturevalue(f"bundled_model_{kind}")
-    prompts = chat_prompt_ids(loaded.tokenizer)
-    runner = ModelRunner(loaded, num_blocks=64, block_size=16)
+    prompts = chat_prompt_ids(loaded.tokenizer, BUNDLED_QUESTIONS)
+    runner = ModelRunner(loaded, num_blocks=256, block_size=16)
     ours = runner_greedy(runner, prompts, 48)
     prompt = PromptLength() if runner.prompt_tiles else None
     hf = hf_with_quantized_weights(loaded.hf_folder, kind, loaded.kv_dtype, prompt)
     before = prompt.set if prompt is not None else None
-    assert_greedy_consistent(hf, prompts, ours, TOLERANCE, BUNDLED_EXACT_SHARE, before)
+    assert_greedy_consistent(hf, prompts, ours, BUNDLED_GAP, BUNDLED_EXACT_SHARE, before)
 
 
 def _kernels(isa: str):

@@ -73,9 +73,11 @@ def test_tiny_models_with_fp16_weights_agree_with_hf(folder_fixture, request) ->
     assert_greedy_consistent(hf_with_fp16_weights(folder), prompts, ours)
 
 
-def chat_prompt_ids(tok) -> list[list[int]]:
-    """Two short questions in the tokenizer's chat template, as token ids."""
-    questions = ["What is the capital of France?", "Explain why the sky is blue."]
+def chat_prompt_ids(
+    tok,
+    questions: tuple[str, ...] = ("What is the capital of France?", "Explain why the sky is blue."),
+) -> list[list[int]]:
+    """Short questions (by default two) in the tokenizer's chat template, as token ids."""
     texts = [
         tok.apply_chat_template(
             [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False

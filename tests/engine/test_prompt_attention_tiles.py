@@ -1,4 +1,5 @@
-"""A prompt's rows attended on AMX bf16 tiles (attention_tiles.cpp), where the host has them:
+"""A prompt's rows attended on bf16 products (attention_tiles.cpp: AMX tiles, else AVX-512
+BF16's vdpbf16ps), where the host has them:
 against attention computed in float64 from the same bf16-rounded queries, keys and values,
 and a row's bits the same whatever the chunking, the rows beside it and the threads. On a
 host without the tiles, marked rows take the float32 loops: the same bits as unmarked."""
@@ -96,11 +97,13 @@ def test_prompt_rows_match_a_float64_reference_and_keep_their_bits(window, dim, 
         assert torch.equal(whole, unmarked)  # no tiles: marked rows take the loops too
 
 
-def test_tiles_are_used_where_the_host_has_amx_bf16() -> None:
+def test_bf16_products_are_used_where_the_host_has_avx512_bf16() -> None:
+    """AMX bf16 tiles where granted, else vdpbf16ps: either needs AVX-512 BF16, which the
+    kernels are built for only when the build is not capped below AVX-512."""
     from inhouse.engine.kernels.build import cpu_flags, load_kernels
 
     kernels = load_kernels()
     assert kernels is not None
-    amx = kernels.isa == "avx512-amx" and "amx_bf16" in cpu_flags()
-    assert tiles_here(64) == amx and tiles_here(128) == amx
-    assert not tiles_here(48)  # a head dim the tiles do not take
+    bf16 = kernels.isa.startswith("avx512") and "avx512_bf16" in cpu_flags()
+    assert tiles_here(64) == bf16 and tiles_here(128) == bf16
+    assert not tiles_here(48)  # a head dim the products do not take

@@ -58,7 +58,7 @@ class RowTables:
     decode: bool = False  # every entry decodes: one token, or one and a speculative draft
     pool: bool = False  # on the kernels' own pool: the step's other ops are ours too (q8/q4)
     prompt_rows: torch.Tensor | None = None  # [T] bool: a prompt's own positions, which
-    # the kernel attends on AMX bf16 tiles where it has them; None: no such row
+    # the kernel attends on bf16 products (AMX, AVX-512 BF16) where it has them; None: no such row
 
 
 @dataclass(slots=True)

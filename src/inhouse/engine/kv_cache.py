@@ -2,7 +2,7 @@
 
 With prefix caching off, blocks are still hashed, but under a per-request salt, so
 only the ``n`` siblings of one request share their prompt's blocks. Where a prompt's rows
-are attended on AMX tiles and a generated token's are not (``generated_apart``), a block
+are attended on bf16 products and a generated token's are not (``generated_apart``), a block
 that holds a generated token is hashed apart: a later prompt of the same tokens (the next
 turn of a chat) computes them as a prompt and finds only what a prompt computed, so its
 bits never depend on what the cache held. A LoRA adapter's blocks are keyed by its

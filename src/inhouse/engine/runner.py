@@ -41,8 +41,9 @@ class ModelRunner:
         self.sliding_window = args.sliding_window
         self.max_positions = loaded.model.rope_cos.shape[0]
         self.attention_kernel = loaded.attention_kernel
-        # a prompt's own rows attended on AMX bf16 tiles (a generated token's never), where
-        # the weights are int8/int4 or bf16 already: a float32 or float16 model keeps float32
+        # a prompt's own rows attended on bf16 products (AMX tiles, else AVX-512 BF16; a
+        # generated token's never), where the weights are int8/int4 or bf16 already: a
+        # float32 or float16 model keeps float32
         lossy = loaded.quantization in ("q8", "q4") or loaded.model.dtype == torch.bfloat16
         self.prompt_tiles = (
             self.attention_kernel

@@ -449,8 +449,8 @@ void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const tor
 // each row attends to, itself included: its positions max(0, len - window) .. len - 1
 // (window 0 = all). Every row and head sums its keys in position order on its own, so a
 // row's bits are the same alone, batched, in a whole prompt or in a chunk of it. Rows that
-// prompt_rows (bool [R]) marks, a prompt's own positions, run on AMX bf16 tiles where the
-// process has them (attention_tiles.cpp), each on its own there too. Between torch ops
+// prompt_rows (bool [R]) marks, a prompt's own positions, run on bf16 products where the
+// process has them (attention_tiles.cpp: AMX tiles, else vdpbf16ps), each on its own there too. Between torch ops
 // (`torch_threads`) it runs on torch's threads: two pools polling for work on a 2-core host
 // take each other's cores (a float16-weight decode step took 20-30% longer); inside
 // decode_layers, where every op is ours, on the pool.

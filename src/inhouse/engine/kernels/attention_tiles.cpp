@@ -1,12 +1,13 @@
-// A prompt's attention on AMX bf16 tiles (Sapphire Rapids and later), for the rows the
-// caller marks as prompt rows (see paged_attention_rows).
+// A prompt's attention on bf16 products, for the rows the caller marks as prompt rows (see
+// paged_attention_rows): AMX bf16 tiles where the CPU has them and Linux grants them
+// (Sapphire Rapids and later), else AVX-512 BF16's vdpbf16ps (bf16_dot.h: AMD Zen 4).
 //
-// A query row's scores against a block of 32 keys are one tile product per 32 features
-// (tdpbf16ps: the row's bf16 query by the keys' bf16 features, summed in float32 in the
-// hardware's order), times the scale; its softmax runs over blocks aligned to absolute
+// A query row's scores against a block of 32 keys are one product per 32 features (the
+// row's bf16 query by the keys' bf16 features, summed in float32 in the product's order),
+// times the scale; its softmax runs over blocks aligned to absolute
 // positions (0, 32, 64, ...) in position order, flash-attention's way: the block's top, the
 // running top, e^(s - top) rounded to bf16 (0 where a key is not the row's), then the
-// block's weights by the values as a tile product (32 keys deep) and acc = acc * alpha + that.
+// block's weights by the values as a product (32 keys deep) and acc = acc * alpha + that.
 // A block that holds none of the row's keys leaves its state alone. Every step is the row's
 // own: which other rows share its tile, how the prompt is chunked and which thread runs it
 // change nothing, so batch and chunking invariance hold among prompt rows. A generated
@@ -27,6 +28,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16_dot.h"
 #include "bf16_tiles.h"
 #include "kv_rows.h"
 #include "simd.h"
@@ -35,17 +37,18 @@
 namespace inhouse::tile_attention {
 namespace {
 
-#ifdef INHOUSE_AMX_BF16
+#if defined(INHOUSE_AMX_BF16) || defined(INHOUSE_BF16_DOT)
+#define INHOUSE_PROMPT_ATTENTION 1
+#endif
+
+#ifdef INHOUSE_PROMPT_ATTENTION
 // Query rows a tile, features a scores product sums, keys (scores) or features (values) a
-// B tile gives: bf16_tiles.h's, whose configuration (every tile 16 rows of 64 bytes) this
-// uses as C tiles 0-1, A tile 2 and B tiles 3-4.
+// B tile gives: bf16_tiles.h's.
 using bf16_tiles::kDepth;
 using bf16_tiles::kRows;
 constexpr int64_t kOutputs = bf16_tiles::kBlock;
 constexpr int64_t kKeys = 32;        // keys a block: the weights-by-values product's depth
 constexpr int64_t kTileElems = 512;  // 16 rows of 16 bf16 pairs
-
-inline uint16_t bf16_bits(float x) { return c10::BFloat16(x).x; }
 
 // One block of 32 keys packed: keys for the scores, [dim / 32 groups][2 halves of 16 keys]
 // B tiles, element (j, n, i) = key[16 half + n][32 group + 2j + i]; then values, [dim / 16]
@@ -73,31 +76,64 @@ inline void row_floats(const T* row, int64_t dim, float* out) {
   }
 }
 
+// 32 floats as 16 bf16 pairs (nearest even; below float's normal range, 0): pair i holds
+// x[2i] in its low half.
+inline __m512i bf16_pairs(const float* x) {
+  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+}
+
+// `values` floats (a multiple of 32) as bf16, likewise
+inline void to_bf16(const float* x, int64_t values, uint16_t* out) {
+  for (int64_t f = 0; f < values; f += 32) {
+    _mm512_storeu_si512(out + f, bf16_pairs(x + f));
+  }
+}
+
 template <typename T>
 void pack(const T* k_cache, const T* v_cache, const int64_t* table, int64_t block_size,
           int64_t slot_values, int64_t head_at, int64_t keys_end, Packed& packed) {
-  const int64_t dim = packed.dim;
-  std::vector<float> key(dim), value(dim);
+  const int64_t dim = packed.dim, pairs = dim / 2;
+  std::vector<float> keys(kKeys * dim), values(kKeys * dim);
+  std::vector<uint32_t> key_pairs(kKeys * pairs);  // [key, pair of features]
+  // a pair of keys' features interleaved: bf16 2n from the first key's n, 2n + 1 the second's
+  alignas(64) uint16_t order[32];
+  for (int n = 0; n < 16; ++n) order[2 * n] = n, order[2 * n + 1] = 16 + n;
+  const __m512i interleave = _mm512_load_si512(order);
   const int64_t blocks = static_cast<int64_t>(packed.data.size()) / packed.block_elems();
   for (int64_t b = 0; b < blocks; ++b) {
-    uint16_t* at = packed.data.data() + b * packed.block_elems();
-    uint16_t* v_at = at + kKeys * dim;
+    uint32_t* at = reinterpret_cast<uint32_t*>(packed.data.data() + b * packed.block_elems());
+    uint32_t* v_at = at + kKeys * pairs;
     for (int64_t t = 0; t < kKeys; ++t) {
       const int64_t pos = (packed.first_block + b) * kKeys + t;
       if (pos < keys_end) {
         const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
-        row_floats(k_cache + slot * slot_values + head_at, dim, key.data());
-        row_floats(v_cache + slot * slot_values + head_at, dim, value.data());
+        row_floats(k_cache + slot * slot_values + head_at, dim, keys.data() + t * dim);
+        row_floats(v_cache + slot * slot_values + head_at, dim, values.data() + t * dim);
       } else {
-        std::fill(key.begin(), key.end(), 0.f);
-        std::fill(value.begin(), value.end(), 0.f);
+        std::fill_n(keys.data() + t * dim, dim, 0.f);
+        std::fill_n(values.data() + t * dim, dim, 0.f);
       }
-      const int64_t half = t / kOutputs, n = t % kOutputs;
-      for (int64_t f = 0; f < dim; ++f) {
-        at[(2 * (f / kDepth) + half) * kTileElems + (f % kDepth) / 2 * 32 + n * 2 + f % 2] =
-            bf16_bits(key[f]);
-        v_at[(f / kOutputs) * kTileElems + t / 2 * 32 + (f % kOutputs) * 2 + t % 2] =
-            bf16_bits(value[f]);
+      to_bf16(keys.data() + t * dim, dim, reinterpret_cast<uint16_t*>(key_pairs.data() + t * pairs));
+    }
+    // keys: B tile (group g, half h) row p, dword n = key 16 h + n's feature pair 16 g + p
+    for (int64_t g = 0; g < dim / kDepth; ++g) {
+      for (int64_t half = 0; half < 2; ++half) {
+        uint32_t* tile = at + (2 * g + half) * (kTileElems / 2);
+        for (int64_t p = 0; p < kDepth / 2; ++p) {
+          for (int64_t n = 0; n < kOutputs; ++n) {
+            tile[p * kOutputs + n] = key_pairs[(kOutputs * half + n) * pairs + kDepth / 2 * g + p];
+          }
+        }
+      }
+    }
+    // values: B tile j row r, dword n = (key 2r's feature 16 j + n, key 2r + 1's)
+    for (int64_t r = 0; r < kKeys / 2; ++r) {
+      for (int64_t j = 0; j < dim / kOutputs; ++j) {
+        const float* first = values.data() + 2 * r * dim + j * kOutputs;
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(first + dim),
+                                                          _mm512_loadu_ps(first));
+        _mm512_storeu_si512(v_at + j * (kTileElems / 2) + r * kOutputs,
+                            _mm512_permutexvar_epi16(interleave, both));
       }
     }
   }
@@ -129,6 +165,67 @@ struct RowTile {
   int count;
 };
 
+#ifdef INHOUSE_AMX_BF16
+// The products on the tiles, in bf16_tiles.h's configuration (every tile 16 rows of 64
+// bytes) as C tiles 0-1, A tile 2 and B tiles 3-4.
+struct TileProducts {
+  static void begin() { bf16_tiles::configure(); }
+  static void end() { _tile_release(); }
+  // scores [16 rows, stride 32] of the rows q ([16, dim] bf16) by block b's 32 keys
+  static void scores(const uint16_t* q, const Packed& kv, int64_t b, float* scores) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t g = 0; g < kv.dim / kDepth; ++g) {
+      _tile_loadd(2, q + g * kDepth, kv.dim * 2);
+      _tile_loadd(3, kv.keys(b, g, 0), 64);
+      _tile_loadd(4, kv.keys(b, g, 1), 64);
+      _tile_dpbf16ps(0, 2, 3);
+      _tile_dpbf16ps(1, 2, 4);
+    }
+    _tile_stored(0, scores, kKeys * 4);
+    _tile_stored(1, scores + kOutputs, kKeys * 4);
+  }
+  // o [16 rows, dim] = weights ([16, 32 keys] bf16) by block b's values
+  static void values(const uint16_t* weights, const Packed& kv, int64_t b, float* o) {
+    _tile_loadd(2, weights, kKeys * 2);
+    for (int64_t t = 0; t < kv.dim / kOutputs; t += 2) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_loadd(3, kv.values(b, t), 64);
+      _tile_loadd(4, kv.values(b, t + 1), 64);
+      _tile_dpbf16ps(0, 2, 3);
+      _tile_dpbf16ps(1, 2, 4);
+      _tile_stored(0, o + t * kOutputs, kv.dim * 4);
+      _tile_stored(1, o + (t + 1) * kOutputs, kv.dim * 4);
+    }
+  }
+};
+#endif
+
+#ifdef INHOUSE_BF16_DOT
+// The same products on vdpbf16ps (bf16_dot.h).
+struct DotProducts {
+  static void begin() {}
+  static void end() {}
+  static void scores(const uint16_t* q, const Packed& kv, int64_t b, float* scores) {
+    for (int half = 0; half < 2; ++half) {
+      float* c = scores + half * kOutputs;
+      bf16_dot::zero(c, kKeys);
+      for (int64_t g = 0; g < kv.dim / kDepth; ++g) {
+        bf16_dot::product(c, kKeys, q + g * kDepth, kv.dim, kv.keys(b, g, half));
+      }
+    }
+  }
+  static void values(const uint16_t* weights, const Packed& kv, int64_t b, float* o) {
+    for (int64_t t = 0; t < kv.dim / kOutputs; ++t) {
+      bf16_dot::zero(o + t * kOutputs, kv.dim);
+      bf16_dot::product(o + t * kOutputs, kv.dim, weights, kKeys, kv.values(b, t));
+    }
+  }
+};
+#endif
+
+template <typename Products>
 void attend_tile(const RowTile& rt, const Packed& kv, float scale, float* const* out) {
   const int64_t dim = kv.dim;
   int64_t lo = rt.lo[0], hi = rt.hi[0];
@@ -144,17 +241,7 @@ void attend_tile(const RowTile& rt, const Packed& kv, float scale, float* const*
   std::fill(top, top + kRows, -INFINITY);
   std::fill(total, total + kRows, 0.f);
   for (int64_t b = lo / kKeys; b * kKeys < hi; ++b) {
-    _tile_zero(0);
-    _tile_zero(1);
-    for (int64_t g = 0; g < dim / kDepth; ++g) {
-      _tile_loadd(2, rt.q + g * kDepth, dim * 2);
-      _tile_loadd(3, kv.keys(b, g, 0), 64);
-      _tile_loadd(4, kv.keys(b, g, 1), 64);
-      _tile_dpbf16ps(0, 2, 3);
-      _tile_dpbf16ps(1, 2, 4);
-    }
-    _tile_stored(0, scores, kKeys * 4);
-    _tile_stored(1, scores + kOutputs, kKeys * 4);
+    Products::scores(rt.q, kv, b, scores);
     std::memset(weights, 0, sizeof weights);
     // The scores of each row's own keys (the rest -inf), and each row's new top.
     alignas(64) float old_top[kRows], new_top[kRows];
@@ -195,17 +282,7 @@ void attend_tile(const RowTile& rt, const Packed& kv, float scale, float* const*
           _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(p, 1)), 16));
       total[r] = std::fma(total[r], alpha[r], _mm512_reduce_add_ps(_mm512_add_ps(w0, w1)));
     }
-    _tile_loadd(2, weights, kKeys * 2);
-    for (int64_t t = 0; t < dim / kOutputs; t += 2) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_loadd(3, kv.values(b, t), 64);
-      _tile_loadd(4, kv.values(b, t + 1), 64);
-      _tile_dpbf16ps(0, 2, 3);
-      _tile_dpbf16ps(1, 2, 4);
-      _tile_stored(0, o.data() + t * kOutputs, dim * 4);
-      _tile_stored(1, o.data() + (t + 1) * kOutputs, dim * 4);
-    }
+    Products::values(weights, kv, b, o.data());
     for (int r = 0; r < rt.count; ++r) {
       if (!active[r]) continue;
       const __m512 a = _mm512_set1_ps(alpha[r]);
@@ -228,8 +305,8 @@ void attend_tile(const RowTile& rt, const Packed& kv, float scale, float* const*
 }  // namespace
 
 bool ready(int64_t dim) {
-#ifdef INHOUSE_AMX_BF16
-  return dim % kDepth == 0 && bf16_tiles::ready();
+#if defined(INHOUSE_BF16_DOT)
+  return dim % kDepth == 0;  // the tiles where granted, else vdpbf16ps
 #else
   (void)dim;
   return false;
@@ -238,7 +315,7 @@ bool ready(int64_t dim) {
 
 template <typename T>
 void attend(const PromptRows& rows, const T* k_cache, const T* v_cache) {
-#ifdef INHOUSE_AMX_BF16
+#ifdef INHOUSE_PROMPT_ATTENTION
   const int64_t dim = rows.dim, group = rows.heads / rows.kv_heads;
   const int64_t row = row_width<T>(dim), slot_values = rows.kv_heads * row;
   const auto first_key = [&](int64_t i) {
@@ -290,37 +367,51 @@ void attend(const PromptRows& rows, const T* k_cache, const T* v_cache) {
   const int64_t count = tiles * rows.kv_heads;
   std::vector<int64_t> order(count);
   for (int64_t j = 0; j < count; ++j) order[j] = dear_and_cheap(j, count);
-  const auto body = [&](int64_t begin, int64_t end) {
-    bf16_tiles::configure();
-    std::vector<uint16_t> q(kRows * dim);
-    int64_t lo[kRows], hi[kRows];
-    float* outs[kRows];
-    for (int64_t at = begin; at < end; ++at) {
-      const int64_t item = order[at], t = item / rows.kv_heads, h = item % rows.kv_heads;
-      const int n = static_cast<int>(starts[t + 1] - starts[t]);
-      for (int64_t gi = 0; gi < group; ++gi) {
-        const int64_t head = h * group + gi;
-        std::fill(q.begin(), q.end(), 0);
-        for (int r = 0; r < n; ++r) {
-          const int64_t i = rows.index[starts[t] + r];
-          const float* src = rows.q + (i * rows.heads + head) * dim;
-          for (int64_t f = 0; f < dim; ++f) q[r * dim + f] = bf16_bits(src[f]);
-          lo[r] = first_key(i);
-          hi[r] = rows.lens[i];
-          outs[r] = rows.out + (i * rows.heads + head) * dim;
+  const auto items = [&](auto products) {
+    using Products = decltype(products);
+    const auto body = [&](int64_t begin, int64_t end) {
+      Products::begin();
+      std::vector<uint16_t> q(kRows * dim);
+      int64_t lo[kRows], hi[kRows];
+      float* outs[kRows];
+      for (int64_t at = begin; at < end; ++at) {
+        const int64_t item = order[at], t = item / rows.kv_heads, h = item % rows.kv_heads;
+        const int n = static_cast<int>(starts[t + 1] - starts[t]);
+        for (int64_t gi = 0; gi < group; ++gi) {
+          const int64_t head = h * group + gi;
+          std::fill(q.begin(), q.end(), 0);
+          for (int r = 0; r < n; ++r) {
+            const int64_t i = rows.index[starts[t] + r];
+            const float* src = rows.q + (i * rows.heads + head) * dim;
+            to_bf16(src, dim, q.data() + r * dim);
+            lo[r] = first_key(i);
+            hi[r] = rows.lens[i];
+            outs[r] = rows.out + (i * rows.heads + head) * dim;
+          }
+          attend_tile<Products>({q.data(), lo, hi, n}, packed[pack_of[t] * rows.kv_heads + h],
+                                rows.scale, outs);
         }
-        attend_tile({q.data(), lo, hi, n}, packed[pack_of[t] * rows.kv_heads + h], rows.scale, outs);
       }
+      Products::end();
+    };
+    if (rows.torch_threads) {
+      at::parallel_for(0, count, 1, body);
+    } else {
+      inhouse::parallel_for(0, count, 1, body);
     }
-    _tile_release();
   };
   if (rows.torch_threads) {
     at::parallel_for(0, packs, 1, pack_body);
-    at::parallel_for(0, count, 1, body);
   } else {
     inhouse::parallel_for(0, packs, 1, pack_body);
-    inhouse::parallel_for(0, count, 1, body);
   }
+#ifdef INHOUSE_AMX_BF16
+  if (bf16_tiles::ready()) {
+    items(TileProducts{});
+    return;
+  }
+#endif
+  items(DotProducts{});
 #else
   (void)rows, (void)k_cache, (void)v_cache;
 #endif

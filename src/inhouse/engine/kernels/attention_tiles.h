@@ -1,4 +1,4 @@
-// A prompt's attention rows on AMX bf16 tiles; see attention_tiles.cpp.
+// A prompt's attention rows on bf16 products (AMX tiles or vdpbf16ps); see attention_tiles.cpp.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +20,8 @@ struct PromptRows {
   bool torch_threads;
 };
 
-// Whether this process can attend rows of head dim `dim` on the tiles (compiled for AMX
-// bf16, granted by Linux, dim a multiple of 32).
+// Whether this process can attend rows of head dim `dim` on bf16 products (compiled for
+// AVX-512 BF16, dim a multiple of 32): AMX tiles where Linux grants them, else vdpbf16ps.
 bool ready(int64_t dim);
 
 // Attends rows.index's rows from a cache of T rows (kv_rows.h); needs ready(rows.dim).
