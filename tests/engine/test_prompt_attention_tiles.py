@@ -1,8 +1,8 @@
 """A prompt's rows attended on bf16 products (attention_tiles.cpp: AMX tiles, else AVX-512
-BF16's vdpbf16ps), where the host has them:
-against attention computed in float64 from the same bf16-rounded queries, keys and values,
-and a row's bits the same whatever the chunking, the rows beside it and the threads. On a
-host without the tiles, marked rows take the float32 loops: the same bits as unmarked."""
+BF16's vdpbf16ps), where the host has them: against attention computed in float64 from the
+same bf16-rounded queries, keys and values, and a row's bits the same whatever the
+chunking, the rows beside it and the threads. On a host without either (AVX2), marked rows
+take the float32 loops: the same bits as unmarked."""
 
 from __future__ import annotations
 

@@ -76,19 +76,6 @@ inline void row_floats(const T* row, int64_t dim, float* out) {
   }
 }
 
-// 32 floats as 16 bf16 pairs (nearest even; below float's normal range, 0): pair i holds
-// x[2i] in its low half.
-inline __m512i bf16_pairs(const float* x) {
-  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
-}
-
-// `values` floats (a multiple of 32) as bf16, likewise
-inline void to_bf16(const float* x, int64_t values, uint16_t* out) {
-  for (int64_t f = 0; f < values; f += 32) {
-    _mm512_storeu_si512(out + f, bf16_pairs(x + f));
-  }
-}
-
 template <typename T>
 void pack(const T* k_cache, const T* v_cache, const int64_t* table, int64_t block_size,
           int64_t slot_values, int64_t head_at, int64_t keys_end, Packed& packed) {
@@ -113,7 +100,8 @@ void pack(const T* k_cache, const T* v_cache, const int64_t* table, int64_t bloc
         std::fill_n(keys.data() + t * dim, dim, 0.f);
         std::fill_n(values.data() + t * dim, dim, 0.f);
       }
-      to_bf16(keys.data() + t * dim, dim, reinterpret_cast<uint16_t*>(key_pairs.data() + t * pairs));
+      bf16_dot::to_bf16(keys.data() + t * dim, dim,
+                        reinterpret_cast<uint16_t*>(key_pairs.data() + t * pairs));
     }
     // keys: B tile (group g, half h) row p, dword n = key 16 h + n's feature pair 16 g + p
     for (int64_t g = 0; g < dim / kDepth; ++g) {
@@ -383,7 +371,7 @@ void attend(const PromptRows& rows, const T* k_cache, const T* v_cache) {
           for (int r = 0; r < n; ++r) {
             const int64_t i = rows.index[starts[t] + r];
             const float* src = rows.q + (i * rows.heads + head) * dim;
-            to_bf16(src, dim, q.data() + r * dim);
+            bf16_dot::to_bf16(src, dim, q.data() + r * dim);
             lo[r] = first_key(i);
             hi[r] = rows.lens[i];
             outs[r] = rows.out + (i * rows.heads + head) * dim;

@@ -39,6 +39,14 @@ inline void product(float* c, int64_t c_stride, const uint16_t* a, int64_t a_str
   }
 }
 
+// `values` floats (a multiple of 32) as bf16, nearest even (below float's normal range, 0).
+inline void to_bf16(const float* x, int64_t values, uint16_t* out) {
+  for (int64_t f = 0; f < values; f += 32) {
+    _mm512_storeu_si512(out + f, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + f + 16),
+                                                             _mm512_loadu_ps(x + f)));
+  }
+}
+
 // c [16 rows, stride c_stride] = 0.
 inline void zero(float* c, int64_t c_stride) {
   for (int r = 0; r < kRows; ++r) _mm512_storeu_ps(c + r * c_stride, _mm512_setzero_ps());

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <vector>
 
+#include "bf16_dot.h"
 #include "bf16_tiles.h"
 #include "quant_layout.h"
 #include "work_pool.h"
@@ -89,11 +90,7 @@ void run(const Rows& w) {
   std::vector<uint16_t> x(rows * k);  // the rows, rounded to bf16 (nearest even)
   inhouse::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
-      const float* from = w.x + w.index[j] * k;
-      for (int64_t f = 0; f < k; f += 16) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(x.data() + j * k + f),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(from + f)));
-      }
+      bf16_dot::to_bf16(w.x + w.index[j] * k, k, x.data() + j * k);
     }
   });
   const std::vector<uint16_t> tail = bf16_tiles::tail_tile(x.data(), rows, k);
