@@ -9,6 +9,7 @@ from typing import Literal
 
 from inhouse.cost.settings import CostSettings
 from inhouse.gateway.config_values import (
+    DEFAULT_BATCH_FREE_REPLICAS,
     DEFAULT_INTERACTIVE_SEATS,
     DEFAULT_PREFIX_SLACK,
     DEFAULT_QUEUE_WAIT_S,
@@ -98,6 +99,7 @@ class ModelRoute:
     degrade_to: str | None = None  # policy "degrade": the smaller model interactive work takes
     degrade_after_s: float = 1.0  # ... when the expected wait here exceeds this
     interactive_seats: int = DEFAULT_INTERACTIVE_SEATS  # of each replica's max_num_seqs
+    batch_free_replicas: int = DEFAULT_BATCH_FREE_REPLICAS  # `seats.batch_free`
     routing: Literal["prefix", "least-loaded"] = "prefix"
     prefix_slack: int = DEFAULT_PREFIX_SLACK  # requests above the least-loaded (`affinity`)
     images_per_prompt: int = DEFAULT_IMAGES_PER_PROMPT  # image parts a request may hold

@@ -24,6 +24,7 @@ from inhouse.gateway.config import (
     default_database_url,
 )
 from inhouse.gateway.config_values import (
+    DEFAULT_BATCH_FREE_REPLICAS,
     DEFAULT_INTERACTIVE_SEATS,
     DEFAULT_PREFIX_SLACK,
     DEFAULT_QUEUE_WAIT_S,
@@ -139,6 +140,7 @@ MODEL_KEYS = {
     "degrade_to",
     "degrade_after_s",
     "interactive_seats",
+    "batch_free_replicas",
     "routing",
     "prefix_slack",
     "images_per_prompt",
@@ -228,6 +230,10 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
         degrade_to=degrade_to,
         degrade_after_s=seconds(raw.get("degrade_after_s", 1.0), f"{where}.degrade_after_s"),
         interactive_seats=non_negative_int(seats, f"{where}.interactive_seats"),
+        batch_free_replicas=non_negative_int(
+            raw.get("batch_free_replicas", DEFAULT_BATCH_FREE_REPLICAS),
+            f"{where}.batch_free_replicas",
+        ),
         routing=routing,
         prefix_slack=non_negative_int(slack, f"{where}.prefix_slack"),
         images_per_prompt=non_negative_int(

@@ -10,6 +10,7 @@ from inhouse.gateway.priority import CLASSES
 
 DEFAULT_QUEUE_WAIT_S = 30.0
 DEFAULT_INTERACTIVE_SEATS = 1  # seats of each replica kept for interactive work (`seats`)
+DEFAULT_BATCH_FREE_REPLICAS = 1  # replicas kept free of batch while others ask (`seats`)
 # A replica holding a request's prefix takes it while it carries at most this many requests
 # more than the least-loaded one (`affinity`): a cached prefix saves a whole prefill, a
 # request or four queued ahead of it cost less.

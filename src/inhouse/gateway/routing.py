@@ -25,7 +25,7 @@ from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.config import ModelRoute, Upstream
 from inhouse.gateway.needs import Needs, missing_capability
 from inhouse.gateway.priority import DEFAULT_CLASS, rank
-from inhouse.gateway.seats import takes
+from inhouse.gateway.seats import KEPT_FROM, ONLINE_WINDOW_S, batch_free, takes
 
 SATURATED_RETRY_S = 1.0
 SERVICE_EWMA = 0.3  # weight of the newest call in a model's recent time per call
@@ -83,6 +83,7 @@ class Router:
         self._picks = itertools.count(1)
         self.service_s: dict[str, float] = {}  # per model: recent seconds a call holds a slot
         self._holding: dict[str, dict[float, int]] = {}  # per model: slots held since when
+        self._online_at: dict[str, float] = {}  # per model: the last request not of batch
         self.extra: list[Backend] = []  # replicas only a release names (see `canary`)
         self.generation = 0  # counts replicas added and removed at run time (`add`, `remove`)
 
@@ -137,6 +138,8 @@ class Router:
         waits behind the sooner classes and at most its class's wait."""
         start = self._clock()
         deadline = start + route.max_wait(priority)
+        if priority != KEPT_FROM:
+            self._online_at[route.name] = start
         place = (rank(priority), next(self._arrivals))
         capable = [
             b
@@ -153,7 +156,12 @@ class Router:
         waiter: asyncio.Future[None] | None = None
         try:
             while True:
-                ready = [b for b in capable if takes(b, priority, route.interactive_seats)]
+                kept = self._kept_from(route, priority, capable)
+                ready = [
+                    b
+                    for b in capable
+                    if takes(b, priority, route.interactive_seats) and id(b) not in kept
+                ]
                 behind = waiter is None and self._waits_behind(route.name, place[0], ready)
                 if ready and not behind:
                     chosen, shared = _pick(route, ready, prefix)
@@ -191,6 +199,18 @@ class Router:
         finally:
             if waiter is not None and not waiter.done():
                 waiter.cancel()
+
+    def _kept_from(
+        self, route: ModelRoute, priority: str, capable: list[Backend]
+    ) -> frozenset[int]:
+        """The replicas a request of `priority` must leave free (`seats.batch_free`): for
+        batch, while online requests came within the window."""
+        online_at = self._online_at.get(route.name)
+        if priority != KEPT_FROM or online_at is None:
+            return frozenset()
+        if self._clock() - online_at > ONLINE_WINDOW_S:
+            return frozenset()
+        return batch_free(capable, route.batch_free_replicas)
 
     def _waits_behind(self, model: str, rank: int, ready: list[Backend]) -> bool:
         """Whether a new request of class `rank` leaves the `ready` replicas' free slots to
