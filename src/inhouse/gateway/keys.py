@@ -106,6 +106,14 @@ class ApiKey:
             return None
         return self.created_at + (self.window_at(now) + 1) * self.quota_period_s
 
+    def state_at(self, now: float) -> str:
+        """"revoked", "expired" or "active", as the console and `keys list` show it."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        return "active"
+
     def may_use(self, model: str) -> bool:
         return allows(self.models, model)
 

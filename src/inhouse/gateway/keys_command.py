@@ -106,7 +106,7 @@ def keys_list(config: ConfigOption = None, database: DatabaseOption = None) -> N
             + (f" @{key.team}" if key.team else "")
             + (" (admin)" if key.admin else "")
             + f" ({key.priority}{'' if key.allow_degrade else ', no degrade'})",
-            _state(key, now),
+            key.state_at(now),
             short_time(key.created_at),
             short_time(key.expires_at) if key.expires_at else "never",
             _limit(key.rpm),
@@ -242,14 +242,6 @@ def _expiry(text: str | None) -> float | None:
             return datetime.fromisoformat(text).astimezone().timestamp()
         except ValueError:
             raise typer.BadParameter(f"--expires: not a duration or ISO date: {text!r}") from None
-
-
-def _state(key: ApiKey, now: float) -> str:
-    if key.revoked_at is not None:
-        return "revoked"
-    if key.expires_at is not None and key.expires_at <= now:
-        return "expired"
-    return "active"
 
 
 def _limit(value: int | None) -> str:

@@ -10,27 +10,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-# vLLM's names without their prefix (`vllm:`; ours `inhouse:`). Counters are named as
-# families: their samples end in `_total`.
+# vLLM's names without their prefix (`vllm:`; ours `inhouse:`), by kind.
+# Gauges.
 RUNNING = "num_requests_running"
 WAITING = "num_requests_waiting"
 KV_USAGE = "kv_cache_usage_perc"
 KV_USAGE_OLD = "gpu_cache_usage_perc"  # vLLM's deprecated name for the same gauge
+
+# Counters, named as families: their samples end in `_total`.
 PREFIX_QUERIES = "prefix_cache_queries"
 PREFIX_HITS = "prefix_cache_hits"
 PREEMPTIONS = "num_preemptions"
 PROMPT_TOKENS = "prompt_tokens"
 GENERATION_TOKENS = "generation_tokens"
+
+# Histograms.
 TTFT = "time_to_first_token_seconds"
 ITL = "inter_token_latency_seconds"
 ITL_OLD = "time_per_output_token_seconds"  # vLLM's older name for the same histogram
 E2E = "e2e_request_latency_seconds"
+
+# Speculative decoding's counters.
 SPEC_DRAFTS = "spec_decode_num_drafts"
 SPEC_DRAFT_TOKENS = "spec_decode_num_draft_tokens"
 SPEC_ACCEPTED = "spec_decode_num_accepted_tokens"
+
+# The image encoder's counters: ours, vLLM has no such names.
 IMAGES_ENCODED = "images_encoded"
 IMAGE_ENCODE_SECONDS = "image_encode_seconds"
-OURS_ALONE = (IMAGES_ENCODED, IMAGE_ENCODE_SECONDS)  # counters vLLM has no such name for
+OURS_ALONE = (IMAGES_ENCODED, IMAGE_ENCODE_SECONDS)
 
 
 @dataclass(frozen=True, slots=True)

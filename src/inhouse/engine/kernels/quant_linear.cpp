@@ -507,34 +507,48 @@ inline TileSlot tile_slot(int64_t row, int64_t group, int64_t groups) {
   return {(row / kTile) * groups + group, row % kTile};
 }
 
+// A [N, K] weight as float32, checked to split into tiles of 8 rows and groups of 32.
+torch::Tensor grouped_weight(const torch::Tensor& weight) {
+  auto w = weight.to(torch::kFloat32).contiguous();
+  TORCH_CHECK(w.dim() == 2 && w.size(1) % kGroup == 0 && w.size(0) % kTile == 0,
+              "a [out, in] weight, out a multiple of 8 and in of 32");
+  return w;
+}
+
+// `visit(the group's 32 weights, its tile slot)` for every group of a grouped weight, rows
+// split over threads.
+template <typename Visit>
+void for_each_group(const torch::Tensor& w, Visit visit) {
+  const int64_t n = w.size(0), groups = w.size(1) / kGroup;
+  const float* wp = w.data_ptr<float>();
+  at::parallel_for(0, n * groups, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      visit(wp + i * kGroup, tile_slot(i / groups, i % groups, groups));
+    }
+  });
+}
+
 }  // namespace
 
 // Weights [N, K] (float32, N a multiple of 8, K of 32) to q8 blocks: d = max|w| / 127,
 // q = round(w / d) (as w * (1 / d), ties to even), one pass, rows split over threads.
 std::tuple<torch::Tensor, torch::Tensor> quantize_q8(const torch::Tensor& weight) {
-  auto w = weight.to(torch::kFloat32).contiguous();
-  const int64_t n = w.size(0), k = w.size(1), groups = k / kGroup;
-  TORCH_CHECK(w.dim() == 2 && k % kGroup == 0 && n % kTile == 0,
-              "a [out, in] weight, out a multiple of 8 and in of 32");
-  auto q = torch::empty({n / kTile, groups, kQ8TileGroupBytes}, torch::kInt8);
-  auto d = torch::empty({n / kTile, groups, kTile}, torch::kFloat32);
-  const float* wp = w.data_ptr<float>();
+  auto w = grouped_weight(weight);
+  const int64_t tiles = w.size(0) / kTile, groups = w.size(1) / kGroup;
+  auto q = torch::empty({tiles, groups, kQ8TileGroupBytes}, torch::kInt8);
+  auto d = torch::empty({tiles, groups, kTile}, torch::kFloat32);
   int8_t* qp = q.data_ptr<int8_t>();
   float* dp = d.data_ptr<float>();
-  at::parallel_for(0, n * groups, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float* wg = wp + i * kGroup;
-      const TileSlot slot = tile_slot(i / groups, i % groups, groups);
-      float amax = 0.f;
-      for (int j = 0; j < kGroup; ++j) amax = std::max(amax, std::fabs(wg[j]));
-      const float scale = amax / 127.f, inv = scale > 0.f ? 1.f / scale : 0.f;
-      int8_t* block = qp + slot.block * kQ8TileGroupBytes;
-      for (int j = 0; j < kGroup; ++j) {
-        const float code = std::nearbyint(wg[j] * inv);
-        block[tile_byte<false>(slot.row, j)] = static_cast<int8_t>(std::clamp(code, -127.f, 127.f));
-      }
-      dp[slot.block * kTile + slot.row] = scale;
+  for_each_group(w, [&](const float* wg, TileSlot slot) {
+    float amax = 0.f;
+    for (int j = 0; j < kGroup; ++j) amax = std::max(amax, std::fabs(wg[j]));
+    const float scale = amax / 127.f, inv = scale > 0.f ? 1.f / scale : 0.f;
+    int8_t* block = qp + slot.block * kQ8TileGroupBytes;
+    for (int j = 0; j < kGroup; ++j) {
+      const float code = std::nearbyint(wg[j] * inv);
+      block[tile_byte<false>(slot.row, j)] = static_cast<int8_t>(std::clamp(code, -127.f, 127.f));
     }
+    dp[slot.block * kTile + slot.row] = scale;
   });
   return {q, d};
 }
@@ -542,36 +556,29 @@ std::tuple<torch::Tensor, torch::Tensor> quantize_q8(const torch::Tensor& weight
 // Weights [N, K] to q4 blocks: d = (max - min) / 15, m = min, code = round((w - m) / d)
 // (as (w - m) * (1 / d), ties to even).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_q4(const torch::Tensor& weight) {
-  auto w = weight.to(torch::kFloat32).contiguous();
-  const int64_t n = w.size(0), k = w.size(1), groups = k / kGroup;
-  TORCH_CHECK(w.dim() == 2 && k % kGroup == 0 && n % kTile == 0,
-              "a [out, in] weight, out a multiple of 8 and in of 32");
-  auto q = torch::zeros({n / kTile, groups, kQ4TileGroupBytes}, torch::kUInt8);
-  auto d = torch::empty({n / kTile, groups, kTile}, torch::kFloat32);
-  auto m = torch::empty({n / kTile, groups, kTile}, torch::kFloat32);
-  const float* wp = w.data_ptr<float>();
+  auto w = grouped_weight(weight);
+  const int64_t tiles = w.size(0) / kTile, groups = w.size(1) / kGroup;
+  auto q = torch::zeros({tiles, groups, kQ4TileGroupBytes}, torch::kUInt8);
+  auto d = torch::empty({tiles, groups, kTile}, torch::kFloat32);
+  auto m = torch::empty({tiles, groups, kTile}, torch::kFloat32);
   uint8_t* qp = q.data_ptr<uint8_t>();
   float* dp = d.data_ptr<float>();
   float* mp = m.data_ptr<float>();
-  at::parallel_for(0, n * groups, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float* wg = wp + i * kGroup;
-      const TileSlot slot = tile_slot(i / groups, i % groups, groups);
-      float low = wg[0], high = wg[0];
-      for (int j = 1; j < kGroup; ++j) {
-        low = std::min(low, wg[j]);
-        high = std::max(high, wg[j]);
-      }
-      const float scale = (high - low) / 15.f, inv = scale > 0.f ? 1.f / scale : 0.f;
-      uint8_t* block = qp + slot.block * kQ4TileGroupBytes;
-      for (int j = 0; j < kGroup; ++j) {
-        const float diff = wg[j] - low;
-        const auto code = static_cast<uint8_t>(std::clamp(std::nearbyint(diff * inv), 0.f, 15.f));
-        block[tile_byte<true>(slot.row, j)] |= code << (4 * ((j % 8) / 4));
-      }
-      dp[slot.block * kTile + slot.row] = scale;
-      mp[slot.block * kTile + slot.row] = low;
+  for_each_group(w, [&](const float* wg, TileSlot slot) {
+    float low = wg[0], high = wg[0];
+    for (int j = 1; j < kGroup; ++j) {
+      low = std::min(low, wg[j]);
+      high = std::max(high, wg[j]);
     }
+    const float scale = (high - low) / 15.f, inv = scale > 0.f ? 1.f / scale : 0.f;
+    uint8_t* block = qp + slot.block * kQ4TileGroupBytes;
+    for (int j = 0; j < kGroup; ++j) {
+      const float diff = wg[j] - low;
+      const auto code = static_cast<uint8_t>(std::clamp(std::nearbyint(diff * inv), 0.f, 15.f));
+      block[tile_byte<true>(slot.row, j)] |= code << (4 * ((j % 8) / 4));
+    }
+    dp[slot.block * kTile + slot.row] = scale;
+    mp[slot.block * kTile + slot.row] = low;
   });
   return {q, d, m};
 }

@@ -93,7 +93,7 @@ def console_pages(gateway: Gateway, web: Web) -> APIRouter:
                   status: int = 200) -> Response:  # fmt: skip
         now = time.time()
         rows = [
-            {"key": k, "state": _state(k, now), "quota": k.quota_used_at(now)} for k in keys.list()
+            {"key": k, "state": k.state_at(now), "quota": k.quota_used_at(now)} for k in keys.list()
         ]
         return web.page("keys.html", session, status, keys=rows, created=created)
 
@@ -250,14 +250,6 @@ def _team_rows(found: list[Any], now: float) -> list[dict[str, Any]]:
         rows.append({"team": team, "tokens": tokens, "money": money, "ratios": ratios,
                      "level": level})  # fmt: skip
     return rows
-
-
-def _state(key: Any, now: float) -> str:
-    if key.revoked_at is not None:
-        return "revoked"
-    if key.expires_at is not None and key.expires_at <= now:
-        return "expired"
-    return "active"
 
 
 def _instant(text: str | None) -> float | None:

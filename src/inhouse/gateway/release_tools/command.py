@@ -134,17 +134,15 @@ def promote_command(
 @release_app.command("rollback")
 def rollback_command(
     model: str,
-    to: Annotated[int | None, typer.Option("--to", help="Make release N the stable one.")] = None,
     by: ByOption = None,
     reason: ReasonOption = None,
+    to: Annotated[int | None, typer.Option("--to", help="Make release N the stable one.")] = None,
     config: ConfigOption = None,
     database: DatabaseOption = None,
 ) -> None:
     """Drop the candidate (or go back to the release before the stable one, or to --to N)."""
     store = _store(config, database)
-    state = _or_exit(lambda: store.rollback(model, _actor(by), reason, to))
-    assert state is not None
-    typer.echo(_summary(state))
+    typer.echo(_summary(_or_exit(lambda: store.rollback(model, _actor(by), reason, to))))
 
 
 @release_app.command("compare")
