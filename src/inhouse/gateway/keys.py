@@ -107,7 +107,8 @@ class ApiKey:
         return self.created_at + (self.window_at(now) + 1) * self.quota_period_s
 
     def state_at(self, now: float) -> str:
-        """"revoked", "expired" or "active", as the console and `keys list` show it."""
+        """The key's state at `now` (revoked, expired or active), as the console and
+        `keys list` show it."""
         if self.revoked_at is not None:
             return "revoked"
         if self.expires_at is not None and self.expires_at <= now:
