@@ -21,13 +21,9 @@ async def stream_loop(http: httpx.AsyncClient, url: str, body: dict, headers: di
 
 
 async def flood(gateway: str, secret: str, model: str, streams: int) -> None:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Write a list of numbers."}],
-        "max_tokens": 16,
-        "ignore_eos": True,
-        "stream": True,
-    }
+    question = [{"role": "user", "content": "Write a list of numbers."}]
+    body = {"model": model, "messages": question, "max_tokens": 16, "stream": True}
+    body["ignore_eos"] = True  # vLLM's: every answer 16 tokens
     url, headers = f"{gateway}/v1/chat/completions", {"Authorization": f"Bearer {secret}"}
     limits = httpx.Limits(max_connections=4 * streams)
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:

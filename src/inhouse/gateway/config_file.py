@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from inhouse.cost.settings import CostConfigError, CostSettings, parse_cost
+from inhouse.gateway import config_values
 from inhouse.gateway.config import (
     CAPABILITIES,
     DEFAULT_HOLD_TTL_S,
@@ -24,7 +25,6 @@ from inhouse.gateway.config import (
     default_database_url,
 )
 from inhouse.gateway.config_values import (
-    DEFAULT_BATCH_FREE_REPLICAS,
     DEFAULT_INTERACTIVE_SEATS,
     DEFAULT_PREFIX_SLACK,
     DEFAULT_QUEUE_WAIT_S,
@@ -231,7 +231,7 @@ def _model(raw: dict[str, Any], index: int) -> ModelRoute:
         degrade_after_s=seconds(raw.get("degrade_after_s", 1.0), f"{where}.degrade_after_s"),
         interactive_seats=non_negative_int(seats, f"{where}.interactive_seats"),
         batch_free_replicas=non_negative_int(
-            raw.get("batch_free_replicas", DEFAULT_BATCH_FREE_REPLICAS),
+            raw.get("batch_free_replicas", config_values.DEFAULT_BATCH_FREE_REPLICAS),
             f"{where}.batch_free_replicas",
         ),
         routing=routing,
