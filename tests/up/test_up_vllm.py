@@ -283,7 +283,7 @@ def test_interactive_ttft_beside_a_batch_flood_with_and_without_classes(up_vllm:
         )
         + f"; most in flight on each replica: {most_classes} with classes, {most_fcfs} FCFS"
     )
-    print({k: [round(x, 3) for x in v] for k, v in figures.items()})
+    print("each probe's TTFT, s:", {k: [round(x, 3) for x in v] for k, v in figures.items()})
     assert all(len(ttfts) == PROBES for ttfts in figures.values()), figures
     # With classes the last probe may still be in flight when the next reading is taken
     # (its client left after the first token; the gateway settles it moments later): the
