@@ -15,7 +15,8 @@ from dataclasses import dataclass, fields, replace
 RUNNING = "num_requests_running"
 WAITING = "num_requests_waiting"
 KV_USAGE = "kv_cache_usage_perc"
-KV_USAGE_OLD = "gpu_cache_usage_perc"  # vLLM's deprecated name for the same gauge
+# vLLM's deprecated name for the same gauge.
+KV_USAGE_OLD = "gpu_cache_usage_perc"
 
 # Counters, named as families: their samples end in `_total`.
 PREFIX_QUERIES = "prefix_cache_queries"
@@ -27,7 +28,8 @@ GENERATION_TOKENS = "generation_tokens"
 # Histograms.
 TTFT = "time_to_first_token_seconds"
 ITL = "inter_token_latency_seconds"
-ITL_OLD = "time_per_output_token_seconds"  # vLLM's older name for the same histogram
+# vLLM's older name for the same histogram.
+ITL_OLD = "time_per_output_token_seconds"
 E2E = "e2e_request_latency_seconds"
 
 # Speculative decoding's counters.
