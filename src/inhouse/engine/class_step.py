@@ -4,7 +4,9 @@ Running and waiting sequences are candidates of one list, in the order the sched
 ``SchedulingPolicy`` gives. Walking it, a decode gets its token (and draft) while the step
 budget lasts; a prefill, of a running sequence or of a waiting one being admitted, gets at
 most what is left of the step's prefill cap (``Scheduler.prefill_cap``, the whole budget
-for a lone candidate), so one long prompt cannot take a step while another request waits.
+for a lone candidate), so one long prompt cannot make a step long while another request
+waits. The cap is the step's, not each request's: within one priority a waiting prefill
+comes after a running one in arrival order, and gets tokens once that one's prompt is done.
 Once a sequence of some priority got prefill tokens, worse priorities get none this step
 (they still decode). Admission keeps the order (the first waiting sequence that cannot
 start stops admission for the step) and the KV reservation of fcfs.
