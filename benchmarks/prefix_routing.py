@@ -16,6 +16,11 @@ its answers counted). Then, on the two-replica configurations, unique prompts (n
 prefix) at the same concurrency: output tokens per second.
 
     .venv/bin/python benchmarks/prefix_routing.py [--engines inhouse,llama.cpp] [--rounds 1]
+        [--requests-out DIR]
+
+`--requests-out` writes each configuration's requests of the mix (TTFT, token counts with
+the cached prompt tokens) to DIR/<engine>-<config>-<round>.json, for seeing which
+requests missed and which waited.
 """
 
 from __future__ import annotations
@@ -162,7 +167,7 @@ def hit_rate(engine: str, before: dict, after: dict, results: list[dict]) -> flo
     return delta(f"{names.prefix_hits[0]}_total") / delta(f"{names.prefix_queries[0]}_total")
 
 
-def measure(engine: str, replicas: int, routing: str, args: argparse.Namespace) -> dict:
+def measure(engine: str, replicas: int, routing: str, args: argparse.Namespace, label: str) -> dict:
     with tempfile.TemporaryDirectory() as home:
         up = Up(engine, replicas, routing, Path(home))
         try:
@@ -172,6 +177,9 @@ def measure(engine: str, replicas: int, routing: str, args: argparse.Namespace) 
             before = up.counters()
             results = asyncio.run(run_mix(up, mix, args.concurrency, args.max_tokens))
             after = up.counters()
+            if args.requests_out:
+                args.requests_out.mkdir(parents=True, exist_ok=True)
+                (args.requests_out / f"{engine}-{label}.json").write_text(json.dumps(results))
             ttfts = sorted(r["ttft"] for r in results)
             figures = {
                 "ttft_p50": statistics.median(ttfts),
@@ -202,6 +210,7 @@ def main() -> None:
     parser.add_argument("--unique-tokens", type=int, default=200)
     parser.add_argument("--unique-out", type=int, default=64)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--requests-out", type=Path, default=None)
     args = parser.parse_args()
     print(f"CPU flags: {' '.join(sorted(cpu_flags()))}")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {vars(args)}")
@@ -210,7 +219,7 @@ def main() -> None:
         runs: dict[str, list[dict]] = {name: [] for _, _, name in configs}
         for round_ in range(args.rounds):
             for replicas, routing, name in configs if round_ % 2 == 0 else configs[::-1]:
-                figures = measure(engine, replicas, routing, args)
+                figures = measure(engine, replicas, routing, args, f"{name}-{round_ + 1}")
                 runs[name].append(figures)
                 shown = ", ".join(f"{k} {v:.3f}" for k, v in figures.items())
                 print(f"{engine} {name} (round {round_ + 1}): {shown}", flush=True)
