@@ -400,7 +400,7 @@ def test_calibrate_then_sweep_draws_the_prediction_beside_the_measurement(
     out = tmp_path / "sweep"
     result = bench(
         "sweep", *endpoint(served), "--steps", "1,2", "--input-len", "64", "--output-len", "16",
-        "--ignore-eos", "--prompts-per-slot", "2", "--min-prompts", "3", "--slo", "ttft=60s",
+        "--ignore-eos", "--prompts-per-slot", "4", "--min-prompts", "3", "--slo", "ttft=60s",
         "--profile", str(profile_file), "--out", str(out),
     )  # fmt: skip
     assert result.exit_code == 0, result.output

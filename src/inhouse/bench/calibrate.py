@@ -1,24 +1,24 @@
 """`inhouse bench calibrate`: short controlled probes that fit the plan's step-time model.
 
-Prefill probes send prompts of growing length one at a time and time their first
-token; decode probes send 1, 2, 4, … requests together with short prompts and a fixed
-number of output tokens (``ignore_eos``) and take the median gap between tokens, at a
-short and a long context (four 1,024-token contexts show a decode's attention above a noisy
-host's jitter; prefills that take more than one step delay a few gaps, which the median
-leaves out). Long probes send one prompt of 2,048 and one of 4,096 tokens (chunked past the
-step budget): their first token fixes the prefill's attention-pair cost where it matters,
-which short prompts hardly see, and their gaps are one sequence decoding over that
-context. Every prompt is fresh random words, drawn from a seed new to each calibration, so
-nothing but the chat template's first block is found in a prefix cache, not even after an
-earlier calibration of the same server (whose cached prompts made a 2,023-token prefill of
-vLLM's look 17× faster than it is). The fit (`inhouse.plan.fit`) turns the points into a
-`StepCost`; the profile file holds it, the points and the scheduler settings the simulator
-should assume. A server that speculates gets an acceptance probe too
-(`inhouse.bench.acceptance`). Works against any OpenAI-compatible server.
+Prefill probes send prompts of growing length one at a time and time their first token; decode
+probes send 1, 2, 4, … requests together with short prompts and a fixed number of output tokens
+(``ignore_eos``) and take the median gap between tokens while all of them stream, at a short
+and a long context (four 1,024-token contexts show a decode's attention above a noisy host's
+jitter; prefills that take more than one step delay a few gaps, which the median leaves out).
+Long probes send one prompt of 2,048 and one of 4,096 tokens (chunked past the step budget):
+their first token fixes the prefill's attention-pair cost where it matters, which short prompts
+hardly see, and their gaps are one sequence decoding over that context. Every prompt is fresh
+random words, drawn from a seed new to each calibration, so nothing but the chat template's
+first block is found in a prefix cache, not even after an earlier calibration of the same
+server (whose cached prompts made a 2,023-token prefill of vLLM's look 17× faster than it is).
+The fit (`inhouse.plan.fit`) turns the points into a `StepCost`; the profile file holds it, the
+points and the scheduler settings the simulator should assume. A server that speculates gets an
+acceptance probe too (`inhouse.bench.acceptance`). Works against any OpenAI-compatible server.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 import time
@@ -128,11 +128,28 @@ class _Prober:
         return first_token, _decode_point([record], prompt, output)
 
 
+def _together_gaps(records: list[RequestRecord]) -> list[float]:
+    """The gaps between chunks while every request streams: from the last first token to the
+    first last one. Requests sent together can start a step or two apart (a new connection, a
+    prefill on its own), and a batch of two that decodes one alone for a while is not a batch
+    of two. All gaps if the requests never stream at once."""
+    times = [r.chunk_times for r in records if r.chunk_times]
+    start = max(t[0] for t in times)
+    end = min(t[-1] for t in times)
+    inside = [
+        later - earlier
+        for t in times
+        for earlier, later in itertools.pairwise(t)
+        if earlier >= start and later <= end
+    ]
+    return inside or [gap for r in records for gap in r.itl]
+
+
 def _decode_point(records: list[RequestRecord], prompt: int, output: int) -> DecodePoint:
     """The requests decoding together: their median gap, at their mean context mid-output."""
-    gaps = [gap for r in records for gap in r.itl]
-    if not gaps:
+    if not any(r.itl for r in records):
         raise CalibrationError("a decode probe streamed no token gaps (is streaming on?)")
+    gaps = _together_gaps(records)
     context = statistics.mean((r.prompt_tokens or prompt) for r in records) + output // 2
     return DecodePoint(len(records), round(context), statistics.median(gaps))
 
