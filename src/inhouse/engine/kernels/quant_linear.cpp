@@ -272,10 +272,14 @@ inline __m512 two_tiles(const float* a, const float* b) {
                                              _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
 }
 
-inline __m512i dword_of(const int8_t* x) {
-  int32_t four;
-  std::memcpy(&four, x, sizeof four);
-  return _mm512_set1_epi32(four);
+// sum + vpdpbusd(w, the four bytes at x in every lane), the four bytes read as the
+// instruction's own broadcast operand ({1to16}); GCC 12 emits a vpbroadcastd for each instead,
+// and a 950-row layer ran 1.1x slower on Zen 4.
+inline __m512i dot_broadcast(__m512i sum, __m512i w, const int8_t* x) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0"
+          : "+v"(sum)
+          : "v"(w), "m"(*reinterpret_cast<const int32_t(*)[1]>(x)));
+  return sum;
 }
 
 // The 16 outputs of tiles t (w0, ...) and t + 1 (w1, ...) for R activation rows from row0.
@@ -303,14 +307,21 @@ void tile_pair_rows(const uint8_t* w0, const uint8_t* w1, const float* d0, const
       INHOUSE_UNROLL for (int j = 0; j < 8; ++j) w[j] = _mm512_xor_si512(two_tiles(g0 + j * 32, g1 + j * 32), flip);
     }
     const __m512 d = two_tiles(d0 + g * kTile, d1 + g * kTile);
+    // The rows' sums side by side, quad by quad: R independent chains of vpdpbusd in flight,
+    // not one row's eight in a row. q8's excess starts its sum.
+    __m512i sum[R];
+    INHOUSE_UNROLL for (int r = 0; r < R; ++r) {
+      sum[r] = kQ4 ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * a.sum[(row0 + r) * groups + g]);
+    }
+    INHOUSE_UNROLL for (int j = 0; j < 8; ++j) {
+      INHOUSE_UNROLL for (int r = 0; r < R; ++r) {
+        sum[r] = dot_broadcast(sum[r], w[j], a.q.data() + (row0 + r) * k + g * kGroup + 4 * j);
+      }
+    }
     INHOUSE_UNROLL for (int r = 0; r < R; ++r) {
       const int64_t at = (row0 + r) * groups + g;
-      const int8_t* x = a.q.data() + (row0 + r) * k + g * kGroup;
-      __m512i sum = _mm512_setzero_si512();
-      INHOUSE_UNROLL for (int j = 0; j < 8; ++j) sum = _mm512_dpbusd_epi32(sum, w[j], dword_of(x + 4 * j));
-      if constexpr (!kQ4) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * a.sum[at]));
       const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a.d[at]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r]), scale, acc[r]);
       if constexpr (kQ4) {
         acc[r] = _mm512_fmadd_ps(two_tiles(m0 + g * kTile, m1 + g * kTile), _mm512_set1_ps(a.s[at]), acc[r]);
       }
