@@ -1,7 +1,11 @@
 """A step load against `inhouse up --replicas 1:3` and against one fixed replica.
 
-Each configuration is a fresh `inhouse up` on the bundled model (`--max-num-seqs` seats a
-replica, the same for both), then: idle for `--idle-s`; `--concurrency` streaming clients
+Three configurations, one after another: one fixed replica; `--replicas 1:3` as it starts
+by default (on a CPU host with a warm pool of two loaded, unrouted replicas: `up.autoscale`);
+and `--replicas 1:3 --warm-replicas 0`, every replica above the first started cold under
+the load. Each is a fresh `inhouse up` on the bundled model (`--max-num-seqs` seats a
+replica, the same for all), once it is up (its warm pool loaded too), then: idle for
+`--idle-s`; `--concurrency` streaming clients
 for `--step-s` (the step); then one client for the rest (so a drained replica has a request
 running when its drain starts) until the autoscaled stack is back to one replica, or
 `--after-s` for the fixed one. It reports, from `inhouse up`'s log (each line time-stamped
@@ -37,12 +41,13 @@ from inhouse.launch.ports import free_port
 from inhouse.manifests.bundled import DEFAULT_CHAT_MODEL_NAME
 
 READY = re.compile(r"^replica (\S+) is ready on ")
+WARM = re.compile(r"^replica (\S+) is warm on ")
 
 
 class Stack:
     """One `inhouse up`; every log line with the wall time it appeared."""
 
-    def __init__(self, home: Path, args: list[str]) -> None:
+    def __init__(self, home: Path, args: list[str], warm: int) -> None:
         self.port, self.home, self.lines = free_port(), home, []
         argv = [sys.executable, "-m", "inhouse", "up", *args, "--port", str(self.port),
                 "--no-embeddings"]  # fmt: skip
@@ -52,6 +57,11 @@ class Stack:
         threading.Thread(target=self._follow, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.port}"
         self.wait_for(READY, 600)
+        deadline = time.monotonic() + 600
+        while sum(1 for _, line in list(self.lines) if WARM.search(line)) < warm:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the warm pool did not fill: {self.lines[-30:]}")
+            time.sleep(0.2)
         self.key = self.wait_for(re.compile(r"^(ih-\S+)$"), 10)[1].group(1)
 
     def _follow(self) -> None:
@@ -92,7 +102,7 @@ class Stack:
         self.process.wait(timeout=120)
 
 
-async def clients(stack: Stack, count: int, until: float, ttfts: list[float],
+async def clients(stack: Stack, count: int, until: float, ttfts: list[tuple[float, float]],
                   failed: list[str]) -> None:  # fmt: skip
     """`count` streaming clients, each sending request after request until `until`."""
     sdk = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.key, max_retries=0,
@@ -103,7 +113,7 @@ async def clients(stack: Stack, count: int, until: float, ttfts: list[float],
         while time.time() < until:
             n += 1
             prompt = f"Client {index}, question {n}: describe a {('red', 'blue')[n % 2]} house."
-            sent = time.monotonic()
+            sent, sent_at = time.monotonic(), time.time()
             try:
                 stream = await sdk.chat.completions.create(
                     model=DEFAULT_CHAT_MODEL_NAME, max_tokens=32, stream=True,
@@ -114,7 +124,7 @@ async def clients(stack: Stack, count: int, until: float, ttfts: list[float],
                     if first is None and chunk.choices and chunk.choices[0].delta.content:
                         first = time.monotonic() - sent
                 if first is not None:
-                    ttfts.append(first)
+                    ttfts.append((sent_at, first))
             except openai.OpenAIError as err:
                 failed.append(repr(err)[:200])
 
@@ -136,14 +146,15 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
 
 
-def run(name: str, up_args: list[str], args: argparse.Namespace, scales: bool) -> dict:
-    with tempfile.TemporaryDirectory(prefix=f"autoscale-{name}-") as home:
-        stack = Stack(Path(home), up_args)
+def run(name: str, up_args: list[str], warm: int, args: argparse.Namespace) -> dict:
+    scales = name != "fixed"
+    with tempfile.TemporaryDirectory(prefix="autoscale-") as home:
+        stack = Stack(Path(home), up_args, warm)
         try:
             time.sleep(args.idle_s)
-            step, failed, ttfts = time.time(), [], []
+            step, failed, ttfts = time.time(), [], []  # ttfts: (sent, TTFT) each
             asyncio.run(clients(stack, args.concurrency, step + args.step_s, ttfts, failed))
-            after_ttfts: list[float] = []
+            after_ttfts: list[tuple[float, float]] = []
             end = time.time() + (args.after_s if not scales else 3600)
             if scales:  # one client until the stack is back to one replica
                 done = threading.Event()
@@ -166,17 +177,42 @@ def run(name: str, up_args: list[str], args: argparse.Namespace, scales: bool) -
                 "step": step,
                 "back": back,
                 "replicas_after": stack.replicas(),
-                "ttft_p99": p99(ttfts),
+                "ttft_p99": p99([ttft for _, ttft in ttfts]),
+                "ttfts": [(sent - step, ttft) for sent, ttft in ttfts],
                 "requests": len(ttfts) + len(after_ttfts),
                 "failed": failed,
                 "decided": stack.seen(r"autoscale: .* up 1 → 2"),
                 "started": stack.seen(r"^replica \S+:2: pid"),
-                "ready": stack.seen(r"^replica \S+:2 is ready"),
+                "loaded": stack.seen(r"^replica \S+:2 is (warm|ready)"),
                 "served": stack.first_served(second_label(stack)),
-                "events": [line for _, line in stack.lines if line.startswith("autoscale: ")],
-            }
+                "events": [line for _, line in stack.lines if line.startswith("autoscale: ")
+                           or re.match(r"^replica \S+ is (warm|ready) .*\)$", line)],
+            }  # fmt: skip
         finally:
             stack.stop()
+
+
+def report(scaled: dict, args: argparse.Namespace) -> None:
+    """When the second replica was decided, loaded and first served; when it was back to 1."""
+    name = scaled["name"]
+    if scaled["decided"] is None:
+        print(f"  {name}: never scaled up")
+        return
+    nan = float("nan")
+    at = {k: (scaled[k] or nan) - scaled["step"] for k in ("decided", "started", "loaded")}
+    startup = at["loaded"] - at["started"]
+    served = (scaled["served"] or nan) - scaled["step"]
+    window = float(args.up_after.rstrip("s"))
+    on_time = served <= startup + window + 1  # + the autoscaler's one-second tick
+    verdict = "within (+1 s tick)" if on_time else "LATE or unknown"
+    print(f"  {name}: second replica decided at +{at['decided']:.1f} s, started "
+          f"{at['started']:+.1f} s, loaded {at['loaded']:+.1f} s (start-up {startup:.1f} s), "
+          f"first served +{served:.1f} s; start-up + one window = {startup + window:.1f} s: "
+          f"{verdict}")  # fmt: skip
+    print(f"  {name}: back to 1 replica {scaled['back'] - scaled['step'] - args.step_s:.0f} s "
+          "after the step ended")  # fmt: skip
+    for line in scaled["events"]:
+        print(f"    {line}")
 
 
 def main() -> None:
@@ -189,41 +225,32 @@ def main() -> None:
     parser.add_argument("--up-after", default="15s")
     parser.add_argument("--down-after", default="30s")
     parser.add_argument("--cooldown", default="15s")
+    parser.add_argument("--only", default="fixed,1:3,1:3 cold", help="configurations, in order")
     args = parser.parse_args()
     seats = ["--max-num-seqs", str(args.max_num_seqs)]
-    windows = ["--scale-up-after", args.up_after, "--scale-down-after", args.down_after,
-               "--scale-cooldown", args.cooldown]  # fmt: skip
-    fixed = run("fixed", ["--replicas", "1", *seats], args, scales=False)
-    scaled = run("1:3", ["--replicas", "1:3", *seats, *windows], args, scales=True)
+    scaled = ["--replicas", "1:3", *seats, "--scale-up-after", args.up_after,
+              "--scale-down-after", args.down_after, "--scale-cooldown", args.cooldown]  # fmt: skip
+    configs = {
+        "fixed": (["--replicas", "1", *seats], 0),
+        "1:3": (scaled, 2),  # a CPU host's default: MAX - MIN warm
+        "1:3 cold": ([*scaled, "--warm-replicas", "0"], 0),
+    }
+    runs = [run(name, *configs[name], args) for name in args.only.split(",")]
     print(f"step: idle {args.idle_s:g} s → c={args.concurrency} for {args.step_s:g} s → "
           f"1 client; --max-num-seqs {args.max_num_seqs}; windows up {args.up_after}, "
           f"down {args.down_after}, cooldown {args.cooldown}; {os.cpu_count()} CPUs")  # fmt: skip
-    for r in (fixed, scaled):
-        print(f"{r['name']:>6}: p99 TTFT over the step {r['ttft_p99']:.2f} s, "
+    for r in runs:
+        print(f"{r['name']:>8}: p99 TTFT over the step {r['ttft_p99']:.2f} s, "
               f"{r['requests']} requests, {len(r['failed'])} failed, "
               f"replicas at the end {r['replicas_after']:g}")  # fmt: skip
         for reason in r["failed"][:5]:
             print(f"        failed: {reason}")
-    if scaled["decided"] is None:
-        print("  1:3: never scaled up")
-        return
-    nan = float("nan")
-    at = {k: (scaled[k] or nan) - scaled["step"] for k in ("decided", "started", "ready")}
-    startup = at["ready"] - at["started"]
-    served = (scaled["served"] or nan) - scaled["step"]
-    window = float(args.up_after.rstrip("s"))
-    on_time = served <= startup + window + 1  # + the autoscaler's one-second tick
-    verdict = "within (+1 s tick)" if on_time else "LATE or unknown"
-    print(f"  1:3: second replica decided at +{at['decided']:.1f} s, started +"
-          f"{at['started']:.1f} s, ready +{at['ready']:.1f} s (start-up {startup:.1f} s), "
-          f"first served +{served:.1f} s; start-up + one window = {startup + window:.1f} s: "
-          f"{verdict}")  # fmt: skip
-    print(
-        f"  1:3: back to 1 replica {scaled['back'] - scaled['step'] - args.step_s:.0f} s "
-        "after the step ended"
-    )
-    for line in scaled["events"]:
-        print(f"    {line}")
+        worst = sorted(r["ttfts"], key=lambda pair: pair[1])[-5:]
+        shown = ", ".join(f"{ttft:.2f} s sent at +{at:.0f} s" for at, ttft in worst)
+        print(f"          slowest: {shown}")
+    for r in runs:
+        if r["name"] != "fixed":
+            report(r, args)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 the official openai client: six clients at once on a replica of two seats start a second
 replica, which serves; then two slow streams (each keeps to its replica by its prefix) are
 load low enough for one replica: the newest is drained while its stream runs, the stream
-ends whole, and one replica is left. No request fails over the whole run."""
+ends whole, and one replica is left. No request fails over the whole run. Both ways a
+second replica comes: from the warm pool (a CPU host's default: loaded before the load
+came, routed at once, and loaded again after the drain) and cold (`--warm-replicas 0`)."""
 
 from __future__ import annotations
 
@@ -61,10 +63,15 @@ def wait_for(log: Path, pattern: str, timeout: float = 120) -> re.Match[str]:
     return found
 
 
-def test_a_second_replica_starts_under_load_and_is_drained_after(tmp_path: Path) -> None:
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_second_replica_starts_under_load_and_is_drained_after(
+    tmp_path: Path, warm: bool
+) -> None:
     args = ("--replicas", "1:2", "--max-num-seqs", "2", *SHORT_WINDOWS,
-            "--scale-down-below", "1.0")  # fmt: skip
+            "--scale-down-below", "1.0", *(() if warm else ("--warm-replicas", "0")))  # fmt: skip
     with up_stack(tmp_path, "autoscale", *args) as stack:
+        if warm:  # loaded once the first replica is ready, before any load
+            wait_for(stack["log"], r"^replica inhouse:2 is warm on ")
         sdk = openai.OpenAI(base_url=f"{stack['gateway']}/v1", api_key=stack["admin"],
                             max_retries=0, timeout=120)  # fmt: skip
 
@@ -84,7 +91,8 @@ def test_a_second_replica_starts_under_load_and_is_drained_after(tmp_path: Path)
         load = Clients(6, short)
         try:
             up = wait_for(stack["log"], r"autoscale: .* up 1 → 2 \((queue|waiting).*\)$")
-            wait_for(stack["log"], r"^replica inhouse:2 is ready on ")
+            ready = wait_for(stack["log"], r"^replica inhouse:2 is ready on .*, (\S.*)\)$")
+            assert ready.group(1) == ("from the warm pool" if warm else "cold")
             deadline = time.monotonic() + 60
             while not any(r["backend"] == "inhouse:2" for r in audit_rows(
                     stack["database"], "admin", expect=0)):  # fmt: skip
@@ -98,6 +106,10 @@ def test_a_second_replica_starts_under_load_and_is_drained_after(tmp_path: Path)
             wait_for(stack["log"], r"autoscale: drained inhouse:2: stopped after")
         finally:
             trickle.stop()
+        if warm:  # the pool refilled: a fresh replica loaded in the drained one's slot
+            wait_for(
+                stack["log"], r"drained inhouse:2: stopped (?s:.*)^replica inhouse:2 is warm on "
+            )
         assert load.failed == [] and trickle.failed == [], (load.failed, trickle.failed)
         assert load.ok > 0 and trickle.ok > 0
         assert int(draining.group(1)) >= 1, log_tail(stack["log"])  # one ran on it, and ended

@@ -2,13 +2,20 @@
 
 A loop on the gateway's event loop (`gateway.app.create_app`'s background) reads one
 model's signals each tick and asks `scale_policy.Hysteresis` whether to act. Up: a replica
-starts in the lowest free slot (its label `engine:slot`, its share of a CPU host's cores),
-and joins the router for every model it serves once its `/health` says ready. Down: the
-newest replica is drained: the gateway sends it no new request, the ones running finish
-(for at most the gateway's request timeout), then it leaves the router and its process
-stops. One event at a time; each is printed with its reason and counted in
+starts in the lowest free slot (its label `engine:slot`; for vLLM on a CPU host, its share
+of the cores), and joins the router for every model it serves once its `/health` says
+ready. Down: the newest replica is drained: the gateway sends it no new request, the ones
+running finish (for at most the gateway's request timeout), then it leaves the router and
+its process stops. One event at a time; each is printed with its reason and counted in
 `inhouse:scale_events_total`. The stable release `inhouse up` makes names every slot
 (`up.releases`), so a replica started later answers for it.
+
+A warm pool (`--warm-replicas`) keeps replicas loaded but unrouted, so a scale-up routes one
+at once instead of loading a model while the load is high. On a CPU host that matters twice:
+a cold start also takes its seconds of CPU from the very cores the replicas serving the
+load run on. The pool is filled one replica at a time while the load is low: once the
+replicas `inhouse up` started are ready, and again after each drain (the drained replica
+itself is stopped, as without a pool, and a fresh one loaded in its place).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from inhouse.up.scale_policy import (
     read_signals,
 )
 
-DRAIN_POLL_S = 0.2
+DRAIN_POLL_S = 0.2  # also how often a scale-up looks for the warm replica being loaded
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,17 +89,29 @@ def scale_settings(
     return settings
 
 
+def default_warm_replicas(span: ReplicaRange, gpu: bool) -> int:
+    """A warm replica for every slot above MIN on a CPU host (where a cold start under load
+    takes CPU from the replicas serving it); none on GPUs (a warm one holds its GPUs)."""
+    return 0 if gpu else span.high - span.low
+
+
 class Autoscaler:
-    """Keeps between `span.low` and `span.high` replicas of `model`; `running` is every
-    replica it has not stopped (the initial ones first), for `inhouse up` to stop at exit."""
+    """Keeps between `span.low` and `span.high` replicas of `model` routed, and up to `warm`
+    more loaded but unrouted (the module's warm pool); `running` is every replica it has not
+    stopped (the initial ones first), for `inhouse up` to stop at exit."""
 
     def __init__(
         self, model: str, span: ReplicaRange, settings: ScaleSettings,
-        start: Callable[[int], Replica], running: list[Replica],
+        start: Callable[[int], Replica], running: list[Replica], warm: int = 0,
     ) -> None:  # fmt: skip
         self.model, self.span, self.settings = model, span, settings
         self._start = start
         self.running = list(running)
+        self._initial = list(running)
+        self._serving = list(running)  # routed (or draining), oldest first
+        self._warm: list[Replica] = []  # loaded, not routed
+        self._warm_target = min(warm, span.high - span.low)
+        self._filling: asyncio.Task[None] | None = None
         self._policy = Hysteresis(settings, span.low, span.high)
         self._ttft = TtftWindow(max(settings.up_after_s, settings.tick_s))
         self._stop = threading.Event()  # set when the loop ends: a start being waited for
@@ -101,12 +120,16 @@ class Autoscaler:
         """Read the signals each tick and act on the policy's decisions, until cancelled."""
         metrics = gateway.metrics
         metrics.autoscaling(self.model, self.span.high)
+        warm = f"; {self._warm_target} kept warm" if self._warm_target else ""
         typer.echo(f"autoscale: {self.model!r} between {self.span.low} and {self.span.high} "
-                   f"replicas ({_describe(self.settings)})")  # fmt: skip
+                   f"replicas ({_describe(self.settings)}{warm})")  # fmt: skip
+        self._fill_pool()
         try:
             await self._loop(gateway)
         finally:
             self._stop.set()
+            if self._filling is not None:
+                self._filling.cancel()
 
     async def _loop(self, gateway: Gateway) -> None:
         metrics, router = gateway.metrics, gateway.router
@@ -129,8 +152,24 @@ class Autoscaler:
                 await self._drain(gateway)
             self._policy.settle(time.monotonic())
 
-    async def _add(self, gateway: Gateway, decision: Decision) -> None:
-        """Start a replica in the lowest free slot; route to it once it is ready."""
+    def _fill_pool(self) -> None:
+        """Load warm replicas in the background until the pool is full, one at a time."""
+        if self._warm_target and (self._filling is None or self._filling.done()):
+            self._filling = asyncio.create_task(self._fill())
+
+    async def _fill(self) -> None:
+        # First the replicas `inhouse up` started: loading beside them would slow them.
+        await asyncio.to_thread(wait_started, self._initial, 0.5, self._stop)
+        while len(self._warm) < self._warm_target and len(self.running) < self.span.high:
+            replica = await self._launch()
+            if replica is None:
+                return  # logged; the next drain tries again
+            self._warm.append(replica)
+            typer.echo(f"replica {replica.label} is warm on {replica.url} "
+                       "(loaded; routed at a scale-up)")  # fmt: skip
+
+    async def _launch(self) -> Replica | None:
+        """Start a replica in the lowest free slot and wait for it: None if it failed."""
         taken = {r.index for r in self.running}
         slot = min(set(range(1, self.span.high + 1)) - taken)
         # Started on the event loop's thread, which lives as long as `inhouse up`: the
@@ -142,7 +181,25 @@ class Autoscaler:
             typer.echo(f"autoscale: {replica.failure()}", err=True)
             await asyncio.to_thread(stop_replicas, [replica])
             self.running.remove(replica)
+            return None
+        return replica
+
+    async def _add(self, gateway: Gateway, decision: Decision) -> None:
+        """Route a warm replica (waiting for the one loading, if any), else start one in
+        the lowest free slot and route to it once it is ready."""
+        while not self._warm and self._filling is not None and not self._filling.done():
+            await asyncio.sleep(DRAIN_POLL_S)  # one is loading: sooner than a start of our own
+        while self._warm and self._warm[0].popen.poll() is not None:
+            gone = self._warm.pop(0)  # exited while warm: its slot is free again
+            self.running.remove(gone)
+        source = "from the warm pool"
+        if self._warm:
+            replica: Replica | None = self._warm.pop(0)
+        else:
+            replica, source = await self._launch(), "cold"
+        if replica is None:
             return
+        self._serving.append(replica)
         for route in gateway.config.models:  # `inhouse up`'s: each served by every replica
             template = route.backends[0]
             upstream = dataclasses.replace(
@@ -150,11 +207,12 @@ class Autoscaler:
             )
             gateway.router.add(Backend(upstream, route.name, state=BackendState.UP))
         typer.echo(f"replica {replica.label} is ready on {replica.url} "
-                   f"(started for {decision.reason})")  # fmt: skip
+                   f"(started for {decision.reason}, {source})")  # fmt: skip
 
     async def _drain(self, gateway: Gateway) -> None:
-        """Drain the newest replica: no new requests, the running ones finish, then stop."""
-        replica = self.running[-1]
+        """Drain the newest routed replica: no new requests, the running ones finish, then
+        stop; then refill the warm pool."""
+        replica = self._serving[-1]
         router = gateway.router
         mine = [b for b in router.all_backends() if b.upstream.url == replica.url]
         for backend in mine:
@@ -169,9 +227,11 @@ class Autoscaler:
             router.remove(backend)
         await asyncio.to_thread(stop_replicas, [replica])
         self.running.remove(replica)
+        self._serving.remove(replica)
         cut = f"; {left} cut off at the request timeout" if left else ""
         typer.echo(f"autoscale: drained {replica.label}: stopped after its {running} "
                    f"request(s) finished{cut}")  # fmt: skip
+        self._fill_pool()
 
 
 def _describe(t: ScaleSettings) -> str:

@@ -109,6 +109,13 @@ def up_command(
     slo: Annotated[
         str | None, typer.Option(help="ttft=2s: MIN:MAX also scales up on p99 TTFT above it.")
     ] = None,
+    warm_replicas: Annotated[
+        int | None,
+        typer.Option(
+            help="MIN:MAX: replicas kept loaded, unrouted, for a scale-up to route at once "
+            "(default: MAX - MIN on a CPU host, 0 with GPUs)."
+        ),
+    ] = None,
     lora_modules: Annotated[
         list[str] | None,
         typer.Option(help="A LoRA adapter every replica serves, name=path (repeatable)."),
@@ -124,7 +131,12 @@ def up_command(
     from inhouse.gateway.config import ROUTINGS, default_database_url
     from inhouse.gateway.run import gateway_server, run_gateway
     from inhouse.launch.replicas import stop_replicas
-    from inhouse.up.autoscale import Autoscaler, parse_replicas, scale_settings
+    from inhouse.up.autoscale import (
+        Autoscaler,
+        default_warm_replicas,
+        parse_replicas,
+        scale_settings,
+    )
     from inhouse.up.canary import CanaryWatch, start_candidate
     from inhouse.up.gateway_config import up_config
     from inhouse.up.releases import ensure_stable_releases
@@ -136,6 +148,8 @@ def up_command(
                                  scale_up_above, scale_down_below, slo)  # fmt: skip
     except ValueError as error:
         _fail(str(error))
+    if warm_replicas is not None and warm_replicas < 0:
+        _fail(f"--warm-replicas takes 0 or more, not {warm_replicas}")
     chosen = ENGINES.get(engine)
     if chosen is None:
         _fail(f"--engine takes one of {', '.join(ENGINES)}, not {engine!r}")
@@ -174,7 +188,8 @@ def up_command(
     promised = {port}  # the gateway binds its port after the replicas start
     start = replica_starter(chosen, settings, chat_name, with_embeddings, promised, span.high)
     started = [start(index) for index in range(1, span.low + 1)]
-    scaler = Autoscaler(chat_name, span, scaling, start, started) if span.scales else None
+    warm = default_warm_replicas(span, settings.gpu) if warm_replicas is None else warm_replicas
+    scaler = Autoscaler(chat_name, span, scaling, start, started, warm) if span.scales else None
     candidate = None
     if canary is not None:
 
@@ -238,8 +253,9 @@ def replica_starter(
     slots: int,
 ) -> Callable[[int], Replica]:
     """What starts replica `index` (1 to `slots`) on a free loopback port outside `promised`
-    (each port taken is added to it), with its own random key; on a CPU host on its slot's
-    share of the cores, at a lower CPU priority than the gateway (`replicas.CPU_HOST_NICE`)."""
+    (each port taken is added to it), with its own random key; on a CPU host at a lower CPU
+    priority than the gateway (`replicas.CPU_HOST_NICE`), and given its slot's share of the
+    cores (`LaunchSettings.cpu_cores`, which vLLM binds its threads to)."""
     from inhouse.launch.cpu_host import split_cores, usable_cores
     from inhouse.launch.replicas import start_replica
 
