@@ -4,10 +4,12 @@ replica, which serves; then two slow streams (each keeps to its replica by its p
 load low enough for one replica: the newest is drained while its stream runs, the stream
 ends whole, and one replica is left. No request fails over the whole run. Both ways a
 second replica comes: from the warm pool (a CPU host's default: loaded before the load
-came, routed at once, and loaded again after the drain) and cold (`--warm-replicas 0`)."""
+came, routed at once, and loaded again after the drain) and cold (`--warm-replicas 0`).
+While two replicas are routed they split the host's cores; alone again, one has them all."""
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -24,6 +26,7 @@ from serving import audit_rows, log_tail, up_stack
 pytestmark = pytest.mark.timeout(300)
 
 MODEL = "SmolLM2-135M-Instruct"
+CORES = os.sched_getaffinity(0)
 SHORT_WINDOWS = ("--scale-up-after", "2s", "--scale-down-after", "3s", "--scale-cooldown", "2s")
 
 
@@ -63,6 +66,13 @@ def wait_for(log: Path, pattern: str, timeout: float = 120) -> re.Match[str]:
     return found
 
 
+def replica_pid(log: Path, slot: int) -> int:
+    """The pid `inhouse up` printed for the replica in `slot`, its last start."""
+    found = re.findall(rf"^replica inhouse:{slot}: pid (\d+) on ", log.read_text(), re.MULTILINE)
+    assert found, log_tail(log)
+    return int(found[-1])
+
+
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
 def test_a_second_replica_starts_under_load_and_is_drained_after(
     tmp_path: Path, warm: bool
@@ -93,6 +103,10 @@ def test_a_second_replica_starts_under_load_and_is_drained_after(
             up = wait_for(stack["log"], r"autoscale: .* up 1 → 2 \((queue|waiting).*\)$")
             ready = wait_for(stack["log"], r"^replica inhouse:2 is ready on .*, (\S.*)\)$")
             assert ready.group(1) == ("from the warm pool" if warm else "cold")
+            first, second = (replica_pid(stack["log"], n) for n in (1, 2))
+            if len(CORES) >= 2:  # the two routed replicas split the cores between them
+                split = os.sched_getaffinity(first), os.sched_getaffinity(second)
+                assert not split[0] & split[1] and split[0] | split[1] == CORES, split
             deadline = time.monotonic() + 60
             while not any(r["backend"] == "inhouse:2" for r in audit_rows(
                     stack["database"], "admin", expect=0)):  # fmt: skip
@@ -110,6 +124,7 @@ def test_a_second_replica_starts_under_load_and_is_drained_after(
             wait_for(
                 stack["log"], r"drained inhouse:2: stopped (?s:.*)^replica inhouse:2 is warm on "
             )
+        assert os.sched_getaffinity(first) == CORES  # alone again: every core
         assert load.failed == [] and trickle.failed == [], (load.failed, trickle.failed)
         assert load.ok > 0 and trickle.ok > 0
         assert int(draining.group(1)) >= 1, log_tail(stack["log"])  # one ran on it, and ended

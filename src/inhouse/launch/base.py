@@ -121,6 +121,9 @@ class Engine(Backend, ABC):
     start_timeout_s: float  # how long a cold start may take before it counts as failed
     gguf_only: bool = False  # loads nothing but GGUF files
     safetensors_only: bool = False  # loads no GGUF file: `up` hands it an HF folder of one
+    # Its compute threads follow the cores it may run on, step by step: `up` may move a
+    # running replica to another share of a CPU host's cores (`launch.cpu_host.pin`).
+    follows_cores: bool = False
 
     @abstractmethod
     def executable(self) -> list[str]:

@@ -1,5 +1,7 @@
 """A CPU host's cores and memory, shared out between the replicas it runs: each gets its own
-cores, so their threads never share one, and a share of the free memory."""
+cores, so their threads never share one, and a share of the free memory. A replica whose
+threads follow its cores (`Engine.follows_cores`) can be moved to another share while it
+runs (`pin`), so the replicas serving split the cores however many there are."""
 
 from __future__ import annotations
 
@@ -26,6 +28,30 @@ def split_cores(cores: tuple[int, ...], replicas: int) -> list[tuple[int, ...]]:
         runs.append(cores[start : start + size])
         start += size
     return runs
+
+
+def pin(pid: int, cores: tuple[int, ...]) -> None:
+    """Let every thread of process `pid` run on `cores` only (threads it starts later
+    inherit that); a process that has exited is left alone."""
+    for _ in range(2):  # a thread started while the first pass ran, from an unpinned one
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return
+        for thread in threads:
+            try:
+                os.sched_setaffinity(int(thread), cores)
+            except OSError:
+                continue  # that thread has just ended
+
+
+def share_cores(pids: list[int]) -> list[tuple[int, ...]]:
+    """Split this process's cores between processes `pids` (`split_cores`, in order) and
+    pin each to its share; the shares."""
+    shares = split_cores(usable_cores(), len(pids)) if pids else []
+    for pid, cores in zip(pids, shares, strict=True):
+        pin(pid, cores)
+    return shares
 
 
 def core_list(cores: tuple[int, ...]) -> str:

@@ -47,6 +47,7 @@ class InhouseEngine(Engine):
     features = ("chat", "completions", "tools", "json_schema")
     images = True  # an Idefics3 model's (SERVED_MODEL_TYPES); other families are refused
     saltable = tokenizes = prioritized = True
+    follows_cores = True  # each step's threads are its affinity's cores (engine.threads)
     metrics = inhouse_names()  # what server/metrics.py registers
 
     def executable(self) -> list[str]:

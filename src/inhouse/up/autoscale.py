@@ -34,6 +34,7 @@ from inhouse.gateway.backends import Backend, BackendState
 from inhouse.gateway.durations import parse_duration
 from inhouse.gateway.handler import Gateway
 from inhouse.launch.base import Health
+from inhouse.launch.cpu_host import core_list, share_cores
 from inhouse.launch.replicas import Replica, stop_replicas, wait_started
 from inhouse.up.scale_policy import (
     Decision,
@@ -98,11 +99,15 @@ def default_warm_replicas(span: ReplicaRange, gpu: bool) -> int:
 class Autoscaler:
     """Keeps between `span.low` and `span.high` replicas of `model` routed, and up to `warm`
     more loaded but unrouted (the module's warm pool); `running` is every replica it has not
-    stopped (the initial ones first), for `inhouse up` to stop at exit."""
+    stopped (the initial ones first), for `inhouse up` to stop at exit. With `share` (an
+    engine whose threads follow its cores, on a CPU host) the routed replicas split the
+    cores between them after every event (`cpu_host.share_cores`): a replica added under
+    load then takes its own cores instead of running its threads on the others'."""
 
     def __init__(
         self, model: str, span: ReplicaRange, settings: ScaleSettings,
         start: Callable[[int], Replica], running: list[Replica], warm: int = 0,
+        share: bool = False,
     ) -> None:  # fmt: skip
         self.model, self.span, self.settings = model, span, settings
         self._start = start
@@ -111,6 +116,7 @@ class Autoscaler:
         self._serving = list(running)  # routed (or draining), oldest first
         self._warm: list[Replica] = []  # loaded, not routed
         self._warm_target = min(warm, span.high - span.low)
+        self._share = share  # split a CPU host's cores between the routed replicas
         self._filling: asyncio.Task[None] | None = None
         self._policy = Hysteresis(settings, span.low, span.high)
         self._ttft = TtftWindow(max(settings.up_after_s, settings.tick_s))
@@ -206,8 +212,16 @@ class Autoscaler:
                 template, name=replica.label, url=replica.url, api_key=replica.endpoint.api_key
             )
             gateway.router.add(Backend(upstream, route.name, state=BackendState.UP))
+        self._split_cores()
         typer.echo(f"replica {replica.label} is ready on {replica.url} "
                    f"(started for {decision.reason}, {source})")  # fmt: skip
+
+    def _split_cores(self) -> None:
+        if self._share:
+            shares = share_cores([r.popen.pid for r in self._serving])
+            pairs = zip(self._serving, shares, strict=True)
+            shown = ", ".join(f"{replica.label} {core_list(cores)}" for replica, cores in pairs)
+            typer.echo(f"autoscale: cores {shown}")
 
     async def _drain(self, gateway: Gateway) -> None:
         """Drain the newest routed replica: no new requests, the running ones finish, then
@@ -228,6 +242,7 @@ class Autoscaler:
         await asyncio.to_thread(stop_replicas, [replica])
         self.running.remove(replica)
         self._serving.remove(replica)
+        self._split_cores()
         cut = f"; {left} cut off at the request timeout" if left else ""
         typer.echo(f"autoscale: drained {replica.label}: stopped after its {running} "
                    f"request(s) finished{cut}")  # fmt: skip

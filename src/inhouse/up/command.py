@@ -130,6 +130,7 @@ def up_command(
     """Start engine replicas and the gateway in front of them on http://127.0.0.1:8000."""
     from inhouse.gateway.config import ROUTINGS, default_database_url
     from inhouse.gateway.run import gateway_server, run_gateway
+    from inhouse.launch.cpu_host import share_cores
     from inhouse.launch.replicas import stop_replicas
     from inhouse.up.autoscale import (
         Autoscaler,
@@ -189,7 +190,12 @@ def up_command(
     start = replica_starter(chosen, settings, chat_name, with_embeddings, promised, span.high)
     started = [start(index) for index in range(1, span.low + 1)]
     warm = default_warm_replicas(span, settings.gpu) if warm_replicas is None else warm_replicas
-    scaler = Autoscaler(chat_name, span, scaling, start, started, warm) if span.scales else None
+    share = chosen.follows_cores and not settings.gpu  # the serving replicas split the cores
+    if share:
+        share_cores([replica.popen.pid for replica in started])
+    scaler = (
+        Autoscaler(chat_name, span, scaling, start, started, warm, share) if span.scales else None
+    )
     candidate = None
     if canary is not None:
 
