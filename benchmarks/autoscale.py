@@ -181,7 +181,7 @@ def run(name: str, up_args: list[str], warm: int, args: argparse.Namespace) -> d
                 "ttfts": [(sent - step, ttft) for sent, ttft in ttfts],
                 "requests": len(ttfts) + len(after_ttfts),
                 "failed": failed,
-                "decided": stack.seen(r"autoscale: .* up 1 → 2"),
+                "decided": stack.seen(r"autoscale: .* up 1 → \d"),
                 "started": stack.seen(r"^replica \S+:2: pid"),
                 "loaded": stack.seen(r"^replica \S+:2 is (warm|ready)"),
                 "served": stack.first_served(second_label(stack)),
