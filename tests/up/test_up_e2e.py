@@ -180,3 +180,9 @@ def test_scale_marks_that_would_flap_are_refused() -> None:
     args = ["up", "--replicas", "1:2", "--scale-down-below", "1.5", "--scale-up-above", "1"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "no flapping" in result.output, result.output
+
+
+def test_a_negative_warm_pool_is_refused() -> None:
+    result = CliRunner().invoke(app, ["up", "--replicas", "1:2", "--warm-replicas", "-1"])
+    assert result.exit_code == 2 and "--warm-replicas takes 0 or more" in result.output
+    assert "replica inhouse:1" not in result.output and "Traceback" not in result.output
