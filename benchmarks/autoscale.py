@@ -5,13 +5,13 @@ by default (on a CPU host with a warm pool of two loaded, unrouted replicas: `up
 and `--replicas 1:3 --warm-replicas 0`, every replica above the first started cold under
 the load. Each is a fresh `inhouse up` on the bundled model (`--max-num-seqs` seats a
 replica, the same for all), once it is up (its warm pool loaded too), then: idle for
-`--idle-s`; `--concurrency` streaming clients
-for `--step-s` (the step); then one client for the rest (so a drained replica has a request
-running when its drain starts) until the autoscaled stack is back to one replica, or
-`--after-s` for the fixed one. It reports, from `inhouse up`'s log (each line time-stamped
-as it appears) and the audit table: when the second replica was decided, started, ready
-and first served, against "its start-up time plus one window" after the step began; p99
-TTFT over the step for both; whether it scaled back to 1; and every failed request.
+`--idle-s`; `--concurrency` streaming clients for `--step-s` (the step); then one client
+for the rest (so a drained replica has a request running when its drain starts) until the
+autoscaled stack is back to one replica, or `--after-s` for the fixed one. It reports, from
+`inhouse up`'s log (each line time-stamped as it appears) and the audit table: when the
+second replica was decided, started, loaded and first served, against "its start-up time
+plus one window" after the step began; p99 TTFT over the step for each; the five slowest
+requests with when they were sent; whether it scaled back to 1; and every failed request.
 
     nice -n 19 .venv/bin/python benchmarks/autoscale.py [--step-s 120] [--concurrency 16]
 """

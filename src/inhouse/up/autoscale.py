@@ -166,6 +166,7 @@ class Autoscaler:
     async def _fill(self) -> None:
         # First the replicas `inhouse up` started: loading beside them would slow them.
         await asyncio.to_thread(wait_started, self._initial, 0.5, self._stop)
+        self._initial = []  # waited for once: a refill after a drain starts at once
         while len(self._warm) < self._warm_target and len(self.running) < self.span.high:
             replica = await self._launch()
             if replica is None:
