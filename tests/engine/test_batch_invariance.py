@@ -45,10 +45,11 @@ def test_bf16_projection_rows_equal_each_row_alone_in_the_probed_blocks():
 
 
 def test_bundled_bf16_model_puts_every_projection_on_tiles_or_in_blocks(bundled_model_bf16):
-    """On bf16 tiles where the host has them (``test_bf16_tiles.py``), else in blocks."""
+    """On the kernels' bf16 unit where the host has one (``test_bf16_tiles.py``), else in
+    blocks."""
     model = bundled_model_bf16.model
     projections = [m for m in model.modules() if isinstance(m, Linear)]  # the LM head tied
-    tiles = load_kernels() is not None and torch.ops.inhouse_cpu.bf16_linear_ready()
+    tiles = load_kernels() is not None and bool(torch.ops.inhouse_cpu.bf16_linear_unit())
     assert projections and model.bf16_tiles == tiles
     for p in projections:
         assert p.tiles is not None if tiles else p.row_blocks[-1] == 1

@@ -1,12 +1,13 @@
-"""``--dtype bfloat16`` on the C++ kernels: its products on AMX bf16 tiles, its rotary and
-norms fused, each checked against an independent reference.
+"""``--dtype bfloat16`` on the C++ kernels: its products on AMX bf16 tiles (or, on an
+AVX-512 BF16 CPU without them, on ``vdpbf16ps`` chains in the same weight layout), its
+rotary and norms fused, each checked against an independent reference.
 
 The tiles sum in an order of the hardware's own, so a row alone (a decode) goes through
-the same tile products as a thousand (``kernels/bf16_linear.cpp``): every row count must
-give every row the bits it gets alone, and float64 arithmetic bounds the sums. Skipped
-where this host has no bf16 tiles; the row-block path those hosts take is
-``test_batch_invariance.py``'s. The fused rotary and norm run everywhere the kernels
-build, against the eager bf16 modules they replace.
+the same tile products as a thousand; a chain is each row's own (``kernels/bf16_linear.cpp``).
+Either way every row count must give every row the bits it gets alone, and float64
+arithmetic bounds the sums. Skipped where this host has neither unit (the AVX2 build); the
+row-block path those hosts take is ``test_batch_invariance.py``'s. The fused rotary and
+norm run everywhere the kernels build, against the eager bf16 modules they replace.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ BF16 = torch.bfloat16
 
 
 def _tiles() -> bool:
-    return load_kernels() is not None and torch.ops.inhouse_cpu.bf16_linear_ready()
+    return load_kernels() is not None and bool(torch.ops.inhouse_cpu.bf16_linear_unit())
 
 
 needs_tiles = pytest.mark.skipif(
-    not _tiles(), reason="no AMX bf16 tiles here (amx_bf16, or Linux's grant): row blocks run"
+    not _tiles(), reason="no bf16 unit here (AMX tiles or AVX-512 BF16): row blocks run"
 )
 
 

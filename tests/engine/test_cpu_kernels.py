@@ -459,7 +459,8 @@ def hf_with_quantized_weights(
                 param.copy_(dequantize(quantize(param, "q8" if head else kind)))
     # a prompt's linears take bf16 only on AMX tiles (prompt_linear.cpp); with vdpbf16ps
     # alone its attention does and its linears keep the int8 path, VNNI's rate being higher
-    linear_prompt = prompt if torch.ops.inhouse_cpu.bf16_linear_ready() else None
+    amx = torch.ops.inhouse_cpu.bf16_linear_unit() == "amx"
+    linear_prompt = prompt if amx else None
     for name, module in hf.named_modules():
         if isinstance(module, torch.nn.Linear) and quantizable(*module.weight.shape):
             # the LM head runs the int8 path for every row

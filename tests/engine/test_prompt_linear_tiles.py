@@ -15,7 +15,7 @@ pytestmark = needs_kernels
 
 
 def tiles_here() -> bool:
-    return bool(torch.ops.inhouse_cpu.bf16_linear_ready())
+    return torch.ops.inhouse_cpu.bf16_linear_unit() == "amx"
 
 
 def bf16_weight(weight) -> torch.Tensor:

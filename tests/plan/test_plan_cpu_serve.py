@@ -1,6 +1,7 @@
 """A --cpu plan recommends the path `inhouse serve` takes by itself: no --dtype (an explicit
-one runs the checkpoint's weights in torch matmuls, ~6x slower, or ~2x on AMX bf16 tiles),
-and it says which path; serve's own rule (plan.serve_path) says what an explicit bf16 costs."""
+one runs the checkpoint's weights in torch matmuls, ~6x slower, or ~2x on the kernels' bf16
+tiles or vdpbf16ps), and it says which path; serve's own rule (plan.serve_path) says what
+an explicit bf16 costs."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_plan_cpu_prints_the_path_and_a_command_without_dtype() -> None:
 
 
 def test_an_explicit_bf16_says_what_it_costs_where_the_kernels_run() -> None:
-    with_kernels = Host(kernels_isa="avx512-vnni", native_bf16=True, fbgemm=True)
+    with_kernels = Host(kernels_isa="avx512-vnni", fbgemm=True)  # an AVX-512 CPU without bf16
     bf16 = choose_path("bfloat16", "auto", with_kernels)
     assert (bf16.dtype, bf16.quantization) == ("bfloat16", "none")
     assert "~6x slower a token at one stream than the default (q8 weights" in bf16.reason
@@ -70,6 +71,11 @@ def test_an_explicit_bf16_says_what_it_costs_where_the_kernels_run() -> None:
     assert "slower than the default (q8" in fp32.reason and "~6x" not in fp32.reason
     tiles = choose_path("bfloat16", "auto", Host(kernels_isa="avx512-amx", native_bf16=True))
     assert (tiles.dtype, tiles.quantization) == ("bfloat16", "none")
-    assert "AMX bf16 tiles; ~2x slower a token at one stream than the default" in tiles.reason
+    assert "AMX bf16 tiles, one order at any row count; ~2x slower a token" in tiles.reason
+    zen4 = Host(kernels_isa="avx512-vnni", native_bf16=True, fbgemm=True)
+    chains = choose_path("bfloat16", "auto", zen4).reason
+    assert "AVX-512 BF16 (vdpbf16ps), one order at any row count; ~2x slower a token" in chains
+    capped = choose_path("bfloat16", "auto", Host(kernels_isa="avx2", native_bf16=True))
+    assert "batch-invariant row blocks" in capped.reason
     without = choose_path("bfloat16", "auto", Host(native_bf16=True, fbgemm=True))
     assert "slower" not in without.reason  # nothing faster to compare it with

@@ -10,10 +10,11 @@ wherever they build, AMX CPUs included; a GGUF whose projections are Q4_1 runs t
 (0.75 bytes a weight, the file's own blocks). Without the kernels: bf16 where the CPU has
 it natively, else fbgemm's float16 weights with float32 activations. An explicit
 ``--dtype`` keeps the checkpoint's exact weights in that dtype: bf16 on an AMX CPU runs on
-the C++ kernels' bf16 tiles, ~2x slower a token at one stream than the default q8 (it
-streams 2 bytes a weight, not 1.125); elsewhere in torch matmuls in batch-invariant row
-blocks, ~6x slower (docs/benchmarks.md, "The plan's serve command"). The start-up table's
-"why" line says which. On CUDA weights stay in the (bf16/fp16) dtype.
+the C++ kernels' bf16 tiles, on an AVX-512 BF16 one (Zen 4) on their ``vdpbf16ps`` chains,
+~2x slower a token at one stream than the default q8 (it streams 2 bytes a weight, not
+1.125); elsewhere in torch matmuls in batch-invariant row blocks, ~6x slower
+(docs/benchmarks.md, "The plan's serve command"). The start-up table's "why" line says
+which. On CUDA weights stay in the (bf16/fp16) dtype.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ QUANTIZATIONS = ("auto", "none", "fp16", "q8", "q4")
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 # One stream's decode, explicit --dtype bfloat16 against the default q8, bf16 safetensors of
-# the bundled model on a 2-core AMX Xeon: torch's bf16 matmuls in row blocks (the kernels
-# without bf16 tiles), and the kernels' bf16 tiles (docs/benchmarks.md, "The plan's serve
-# command" and "The explicit bf16 path").
+# the bundled model: torch's bf16 matmuls in row blocks (the kernels without a bf16 unit; a
+# 2-core AMX Xeon), and the kernels' bf16 unit, AMX tiles or vdpbf16ps (both stream 2 bytes
+# a weight: docs/benchmarks.md, "The plan's serve command" and "The explicit bf16 path").
 EXPLICIT_BF16_SLOWDOWN = 6
-EXPLICIT_BF16_TILES_SLOWDOWN = 2
+EXPLICIT_BF16_KERNELS_SLOWDOWN = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,16 @@ def choose_path(
     return ServePath(dtype, "none", "no fbgemm on this CPU: float32 weights")
 
 
+def _bf16_unit(host: Host) -> str | None:
+    """Where the C++ kernels multiply bf16 weights on ``host`` (``bf16_linear.cpp``): AMX
+    tiles, AVX-512 BF16's ``vdpbf16ps``, or nowhere (torch's matmuls in row blocks)."""
+    if host.kernels_isa == "avx512-amx":
+        return "AMX bf16 tiles"
+    if host.kernels_isa == "avx512-vnni" and host.native_bf16:
+        return "AVX-512 BF16 (vdpbf16ps)"
+    return None
+
+
 def _explicit_dtype_reason(dtype: str, host: Host, source_blocks: str | None) -> str:
     """Why an explicit --dtype runs as it does, and, where the kernels would have run the
     default, what it costs."""
@@ -120,10 +131,11 @@ def _explicit_dtype_reason(dtype: str, host: Host, source_blocks: str | None) ->
     if host.kernels_isa is None:
         return why
     default = choose_path("auto", "auto", host, source_blocks).quantization
-    if dtype == "bfloat16" and host.kernels_isa == "avx512-amx":
-        why = f"--dtype {dtype} asked: the checkpoint's exact weights on the kernels' AMX"
-        why += " bf16 tiles"
-        cost = f"~{EXPLICIT_BF16_TILES_SLOWDOWN}x slower a token at one stream than"
+    unit = _bf16_unit(host)
+    if dtype == "bfloat16" and unit is not None:
+        why = f"--dtype {dtype} asked: the checkpoint's exact weights on the kernels' {unit}"
+        why += ", one order at any row count"
+        cost = f"~{EXPLICIT_BF16_KERNELS_SLOWDOWN}x slower a token at one stream than"
     elif dtype == "bfloat16":
         why += " (batch-invariant row blocks)"
         cost = f"~{EXPLICIT_BF16_SLOWDOWN}x slower a token at one stream than"

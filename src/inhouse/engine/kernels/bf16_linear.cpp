@@ -1,4 +1,5 @@
-// bfloat16 linears on AMX bf16 tiles, every row count the same way (`--dtype bfloat16`).
+// bfloat16 linears (`--dtype bfloat16`), every row count the same way: on AMX bf16 tiles where
+// Linux grants them, else on AVX-512 BF16's vdpbf16ps (AMD Zen 4).
 //
 // A tile product (tdpbf16ps) sums 32 products of bf16 pairs into float32 in an order of the
 // hardware's own, which no chain of vector instructions reproduces (measured: 239 of 256
@@ -10,17 +11,25 @@
 // row count, see row_blocks.py). The sum, plus the bias, rounds to bf16 once (nearest even),
 // as a float32-accumulating bf16 matmul rounds it.
 //
-// Weights are packed once (pack_bf16) in the tiles' B layout; the pass is bf16_tiles.h's,
-// two blocks of outputs a thread's unit of work. For a decode the weights' bytes decide the
-// speed (the products are ~2 ms of tile time a token for a 135M model on one core).
+// Without the tiles, each row is its own chain of vdpbf16ps over K's pairs in order (two
+// products, then the sum, a pair): a row's bits are its own whatever rows run beside it, and
+// no row is padded, so a decode streams the weights once and multiplies one row.
+//
+// Weights are packed once (pack_bf16) in the tiles' B layout, which is also the order the
+// chains read them; two blocks of outputs are a thread's unit of work. For a decode the
+// weights' bytes decide the speed (the products are ~2 ms of tile time a token for a 135M
+// model on one core).
 
 #include <torch/library.h>
 #include <torch/types.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "bf16_dot.h"
 #include "bf16_tiles.h"
+#include "simd.h"
 #include "work_pool.h"
 
 namespace inhouse {
@@ -30,17 +39,12 @@ using bf16_tiles::kBlock;
 using bf16_tiles::kDepth;
 
 #ifdef INHOUSE_AMX_BF16
-// x [rows, k] by the packed weight into out [rows, n] bf16: each row's sums plus the bias
-// (float32) rounded to bf16 once.
-void linear_on_bf16_tiles(const bf16_tiles::Pass& pass, int64_t rows, int64_t n,
-                          const float* bias, uint16_t* out) {
-  const int64_t blocks = n / kBlock;
+// x [rows, k] by the packed weight's `blocks` blocks of outputs on the tiles: store(row,
+// first output, its 16 sums).
+template <typename Store>
+void linear_on_bf16_tiles(const bf16_tiles::Pass& pass, int64_t rows, int64_t blocks,
+                          Store& store) {
   const std::vector<uint16_t> tail = bf16_tiles::tail_tile(pass.x, rows, pass.k);
-  auto store = [&](int64_t row, int64_t column, __m512 sums) {
-    if (bias) sums = _mm512_add_ps(sums, _mm512_loadu_ps(bias + column));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + row * n + column),
-                        (__m256i)_mm512_cvtneps_pbh(sums));
-  };
   inhouse::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t begin, int64_t end) {
     bf16_tiles::configure();
     for (int64_t pair = begin; pair < end; ++pair) {
@@ -55,7 +59,107 @@ void linear_on_bf16_tiles(const bf16_tiles::Pass& pass, int64_t rows, int64_t n,
 }
 #endif
 
-bool bf16_linear_ready() { return bf16_tiles::ready(); }
+#ifdef INHOUSE_BF16_DOT
+// sum + w times the bf16 pair at x broadcast to every lane. A broadcast of its own, not the
+// instruction's {1to16} operand: on Zen 4 that form ran at a fifth of the rate (measured).
+inline __m512 dot_pair(__m512 sum, __m512bh w, const uint16_t* x) {
+  int32_t pair;
+  __builtin_memcpy(&pair, x, sizeof pair);
+  return _mm512_dpbf16_ps(sum, w, (__m512bh)_mm512_set1_epi32(pair));
+}
+
+// R rows of x [rows, k] from row0 by kBlocks (1-2) blocks of 16 outputs from `block`, each
+// output one float32 chain over K's pairs in order: store(row, first output, its 16 sums).
+template <int R, int kBlocks, typename Store>
+void chain_pass(const uint16_t* x, int64_t k, const uint16_t* w, int64_t row0, int64_t block,
+                Store& store) {
+  const int64_t block_elems = k * kBlock;
+  const uint16_t* w0 = w + block * block_elems;
+  __m512 acc[kBlocks][R];
+  INHOUSE_UNROLL for (int b = 0; b < kBlocks; ++b) {
+    INHOUSE_UNROLL for (int r = 0; r < R; ++r) acc[b][r] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < k / kDepth; ++g) {
+    const uint16_t* wg = w0 + g * kDepth * kBlock;
+    prefetch(wg + bf16_tiles::kAhead * kDepth * kBlock, 1024);
+    if constexpr (kBlocks == 2) prefetch(wg + block_elems + bf16_tiles::kAhead * kDepth * kBlock, 1024);
+    INHOUSE_UNROLL for (int j = 0; j < kDepth / 2; ++j) {
+      __m512bh pairs[kBlocks];
+      INHOUSE_UNROLL for (int b = 0; b < kBlocks; ++b) {
+        pairs[b] = (__m512bh)_mm512_loadu_si512(wg + b * block_elems + 2 * kBlock * j);
+      }
+      INHOUSE_UNROLL for (int r = 0; r < R; ++r) {
+        const uint16_t* at = x + (row0 + r) * k + g * kDepth + 2 * j;
+        INHOUSE_UNROLL for (int b = 0; b < kBlocks; ++b) acc[b][r] = dot_pair(acc[b][r], pairs[b], at);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int b = 0; b < kBlocks; ++b) store(row0 + r, (block + b) * kBlock, acc[b][r]);
+  }
+}
+
+constexpr int kChainRows = 8;  // rows a pass carries: 16 sums in registers for two blocks
+
+template <int kBlocks, typename Store>
+void chain_rows(const uint16_t* x, int64_t k, const uint16_t* w, int64_t rows, int64_t block,
+                Store& store) {
+  int64_t r = 0;
+  for (; r + kChainRows <= rows; r += kChainRows) {
+    chain_pass<kChainRows, kBlocks>(x, k, w, r, block, store);
+  }
+  switch (rows - r) {
+    case 7: chain_pass<7, kBlocks>(x, k, w, r, block, store); break;
+    case 6: chain_pass<6, kBlocks>(x, k, w, r, block, store); break;
+    case 5: chain_pass<5, kBlocks>(x, k, w, r, block, store); break;
+    case 4: chain_pass<4, kBlocks>(x, k, w, r, block, store); break;
+    case 3: chain_pass<3, kBlocks>(x, k, w, r, block, store); break;
+    case 2: chain_pass<2, kBlocks>(x, k, w, r, block, store); break;
+    case 1: chain_pass<1, kBlocks>(x, k, w, r, block, store); break;
+    default: break;
+  }
+}
+#endif
+
+// Which unit linear_bf16 multiplies on in this process: "amx" (tiles granted), "avx512_bf16"
+// (vdpbf16ps chains), or "" (neither: the caller keeps torch's products).
+std::string bf16_linear_unit() {
+  if (bf16_tiles::ready()) return "amx";
+#ifdef INHOUSE_BF16_DOT
+  return "avx512_bf16";
+#else
+  return "";
+#endif
+}
+
+#ifdef INHOUSE_BF16_DOT
+// x [rows, k] by the packed weight into out [rows, n] bf16 on the unit above: each row's
+// sums plus the bias (float32) rounded to bf16 once.
+void linear_on_bf16_unit(const uint16_t* x, int64_t rows, int64_t k, const uint16_t* w,
+                         int64_t n, const float* bias, uint16_t* out) {
+  const int64_t blocks = n / kBlock;
+  auto store = [&](int64_t row, int64_t column, __m512 sums) {
+    if (bias) sums = _mm512_add_ps(sums, _mm512_loadu_ps(bias + column));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + row * n + column),
+                        (__m256i)_mm512_cvtneps_pbh(sums));
+  };
+#ifdef INHOUSE_AMX_BF16
+  if (bf16_tiles::ready()) {
+    linear_on_bf16_tiles({x, k, w}, rows, blocks, store);
+    return;
+  }
+#endif
+  inhouse::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t pair = begin; pair < end; ++pair) {
+      if (2 * pair + 1 < blocks) {
+        chain_rows<2>(x, k, w, rows, 2 * pair, store);
+      } else {
+        chain_rows<1>(x, k, w, rows, 2 * pair, store);
+      }
+    }
+  });
+}
+#endif
 
 }  // namespace
 
@@ -73,10 +177,10 @@ torch::Tensor pack_bf16(const torch::Tensor& weight) {
 }
 
 // x [..., k] bf16 by a weight packed by pack_bf16 (n outputs), + bias (bf16 or float32):
-// [..., n] bf16. Needs the tiles (bf16_linear_ready).
+// [..., n] bf16. Needs a unit (bf16_linear_unit).
 torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed,
                           const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(bf16_tiles::ready(), "linear_bf16 needs AMX bf16 tiles granted to this process");
+  TORCH_CHECK(!bf16_linear_unit().empty(), "linear_bf16 needs AMX bf16 tiles or AVX-512 BF16");
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && packed.scalar_type() == torch::kBFloat16,
               "bfloat16 activations and packed weight");
   TORCH_CHECK(packed.dim() == 5 && packed.size(3) == kDepth / 2, "a weight from pack_bf16");
@@ -93,11 +197,11 @@ torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed,
     bias_f = bias->to(torch::kFloat32).contiguous();
   }
   if (rows == 0) return out;
-#ifdef INHOUSE_AMX_BF16
-  const bf16_tiles::Pass pass{reinterpret_cast<const uint16_t*>(rows_x.data_ptr()), k,
-                              reinterpret_cast<const uint16_t*>(packed.data_ptr())};
-  linear_on_bf16_tiles(pass, rows, n, bias.has_value() ? bias_f.data_ptr<float>() : nullptr,
-                       reinterpret_cast<uint16_t*>(out.data_ptr()));
+#ifdef INHOUSE_BF16_DOT
+  linear_on_bf16_unit(reinterpret_cast<const uint16_t*>(rows_x.data_ptr()), rows, k,
+                      reinterpret_cast<const uint16_t*>(packed.data_ptr()), n,
+                      bias.has_value() ? bias_f.data_ptr<float>() : nullptr,
+                      reinterpret_cast<uint16_t*>(out.data_ptr()));
 #endif
   return out;
 }
@@ -105,7 +209,7 @@ torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed,
 }  // namespace inhouse
 
 TORCH_LIBRARY_FRAGMENT(inhouse_cpu, m) {
-  m.def("bf16_linear_ready() -> bool", &inhouse::bf16_linear_ready);
+  m.def("bf16_linear_unit() -> str", &inhouse::bf16_linear_unit);
   m.def("pack_bf16(Tensor weight) -> Tensor", &inhouse::pack_bf16);
   m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias) -> Tensor", &inhouse::linear_bf16);
 }

@@ -122,10 +122,11 @@ class Linear(nn.Module):
     kernels. After :meth:`quantize` it lives in 32-weight blocks of int8 or 4-bit codes
     (see :mod:`inhouse.engine.kernels.quant`) multiplied by our C++ kernels. The bytes a
     decode step streams are what decide its speed on a CPU. After :meth:`pack_bf16_tiles`
-    (bf16 on an AMX CPU) it lives in the AMX tiles' layout and every row count runs on the
-    tiles the same way (``bf16_linear.cpp``). Elsewhere, with ``row_blocks`` set (bf16 on
-    CPU, see :mod:`inhouse.engine.models.row_blocks`) rows are multiplied in blocks of
-    those checked sizes only. Either way each row's bits do not depend on the batch.
+    (bf16 on an AMX or AVX-512 BF16 CPU) it lives in the AMX tiles' layout and every row
+    count runs on the tiles, or on ``vdpbf16ps`` chains, the same way
+    (``bf16_linear.cpp``). Elsewhere, with ``row_blocks`` set (bf16 on CPU, see
+    :mod:`inhouse.engine.models.row_blocks`) rows are multiplied in blocks of those
+    checked sizes only. Either way each row's bits do not depend on the batch.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, like: dict) -> None:
@@ -153,7 +154,8 @@ class Linear(nn.Module):
         self.weight = None
 
     def pack_bf16_tiles(self, keep_weight: bool = False) -> None:
-        """Hold the bf16 weight in the AMX tiles' layout (``pack_bf16``)."""
+        """Hold the bf16 weight in the AMX tiles' layout (``pack_bf16``), which the
+        ``vdpbf16ps`` chains read too."""
         self.tiles = torch.ops.inhouse_cpu.pack_bf16(self.weight.data)
         if not keep_weight:
             self.weight = None
@@ -338,7 +340,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, like)
         self.fused_norms = False  # residual adds fused into the norms (see fuse_cpu_ops)
         self.decode_weights: list[torch.Tensor | None] | None = None  # see fuse_cpu_ops
-        self.bf16_tiles = False  # projections on the AMX tiles (see pack_bf16_tiles)
+        self.bf16_tiles = False  # projections in the tiles' layout (see pack_bf16_tiles)
         self.lora_weights: list[torch.Tensor] = []  # adapter stacks, decode_layers' order
         self.checkpoint_prefix = "model."  # its tensors' prefix; a VLM's: "model.text_model."
         self.lm_head = (

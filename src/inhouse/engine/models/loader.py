@@ -346,17 +346,24 @@ def load_model(
     )
 
 
+# The kernels' bf16 units (``bf16_linear_unit``) as the start-up table's why line names them.
+_BF16_UNITS = {"amx": "the AMX bf16 tiles", "avx512_bf16": "vdpbf16ps chains"}
+
+
 def _bf16_products(model: LlamaForCausalLM) -> str:
-    """Run a bf16 model's products on the AMX tiles where this process has them, the rest
-    (all, elsewhere) in checked row blocks, and rotary and the norms in C++ where the
-    kernels are built; one clause saying which."""
-    tiled = 0
+    """Run a bf16 model's products on the kernels' bf16 unit where this process has one
+    (AMX tiles, else AVX-512 BF16's ``vdpbf16ps``), the rest (all, elsewhere) in checked
+    row blocks, and rotary and the norms in C++ where the kernels are built; one clause
+    saying which."""
+    packed, unit = 0, ""
     if load_kernels() is not None:
         model.fuse_bf16_ops()
-        if torch.ops.inhouse_cpu.bf16_linear_ready():
-            tiled = model.pack_bf16_tiles()
+        unit = torch.ops.inhouse_cpu.bf16_linear_unit()
+        if unit:
+            packed = model.pack_bf16_tiles()
     blocks = model.block_rows()
-    said = [f"{tiled} projections on the tiles, one order at any row count"] if tiled else []
+    where = _BF16_UNITS.get(unit, unit)
+    said = [f"{packed} projections on {where}, one order at any row count"] if packed else []
     return "; ".join(said + ([describe_blocks(blocks)] if blocks else []))
 
 
