@@ -191,23 +191,27 @@ struct TileProducts {
 #endif
 
 #ifdef INHOUSE_BF16_DOT
-// The same products on vdpbf16ps (bf16_dot.h).
+constexpr int kMaxGroups = 8;  // 32-feature groups of a head: head dims up to 256
+
+// The same products on vdpbf16ps (bf16_dot.h), both blocks of 16 outputs at once.
 struct DotProducts {
   static void begin() {}
   static void end() {}
   static void scores(const uint16_t* q, const Packed& kv, int64_t b, float* scores) {
-    for (int half = 0; half < 2; ++half) {
-      float* c = scores + half * kOutputs;
-      bf16_dot::zero(c, kKeys);
-      for (int64_t g = 0; g < kv.dim / kDepth; ++g) {
-        bf16_dot::product(c, kKeys, q + g * kDepth, kv.dim, kv.keys(b, g, half));
-      }
+    const uint16_t* halves[2][kMaxGroups];
+    const int groups = static_cast<int>(kv.dim / kDepth);
+    for (int g = 0; g < groups; ++g) {
+      halves[0][g] = kv.keys(b, g, 0);
+      halves[1][g] = kv.keys(b, g, 1);
     }
+    bf16_dot::products(scores, scores + kOutputs, kKeys, q, kv.dim, halves[0], halves[1], groups);
   }
   static void values(const uint16_t* weights, const Packed& kv, int64_t b, float* o) {
-    for (int64_t t = 0; t < kv.dim / kOutputs; ++t) {
-      bf16_dot::zero(o + t * kOutputs, kv.dim);
-      bf16_dot::product(o + t * kOutputs, kv.dim, weights, kKeys, kv.values(b, t));
+    for (int64_t t = 0; t < kv.dim / kOutputs; t += 2) {
+      const uint16_t* first = kv.values(b, t);
+      const uint16_t* second = kv.values(b, t + 1);
+      bf16_dot::products(o + t * kOutputs, o + (t + 1) * kOutputs, kv.dim, weights, kKeys,
+                         &first, &second, 1);
     }
   }
 };
@@ -294,7 +298,8 @@ void attend_tile(const RowTile& rt, const Packed& kv, float scale, float* const*
 
 bool ready(int64_t dim) {
 #if defined(INHOUSE_BF16_DOT)
-  return dim % kDepth == 0;  // the tiles where granted, else vdpbf16ps
+  // the tiles where granted, else vdpbf16ps (a head's groups of 32 features held by address)
+  return dim % kDepth == 0 && dim <= kMaxGroups * kDepth;
 #else
   (void)dim;
   return false;

@@ -60,14 +60,6 @@ void linear_on_bf16_tiles(const bf16_tiles::Pass& pass, int64_t rows, int64_t bl
 #endif
 
 #ifdef INHOUSE_BF16_DOT
-// sum + w times the bf16 pair at x broadcast to every lane. A broadcast of its own, not the
-// instruction's {1to16} operand: on Zen 4 that form ran at a fifth of the rate (measured).
-inline __m512 dot_pair(__m512 sum, __m512bh w, const uint16_t* x) {
-  int32_t pair;
-  __builtin_memcpy(&pair, x, sizeof pair);
-  return _mm512_dpbf16_ps(sum, w, (__m512bh)_mm512_set1_epi32(pair));
-}
-
 // R rows of x [rows, k] from row0 by kBlocks (1-2) blocks of 16 outputs from `block`, each
 // output one float32 chain over K's pairs in order: store(row, first output, its 16 sums).
 template <int R, int kBlocks, typename Store>
@@ -90,7 +82,9 @@ void chain_pass(const uint16_t* x, int64_t k, const uint16_t* w, int64_t row0, i
       }
       INHOUSE_UNROLL for (int r = 0; r < R; ++r) {
         const uint16_t* at = x + (row0 + r) * k + g * kDepth + 2 * j;
-        INHOUSE_UNROLL for (int b = 0; b < kBlocks; ++b) acc[b][r] = dot_pair(acc[b][r], pairs[b], at);
+        INHOUSE_UNROLL for (int b = 0; b < kBlocks; ++b) {
+          acc[b][r] = bf16_dot::dot_pair(acc[b][r], pairs[b], at);
+        }
       }
     }
   }
