@@ -4,11 +4,11 @@
 //
 // A query row's scores against a block of 32 keys are one product per 32 features (the
 // row's bf16 query by the keys' bf16 features, summed in float32 in the product's order),
-// times the scale; its softmax runs over blocks aligned to absolute
-// positions (0, 32, 64, ...) in position order, flash-attention's way: the block's top, the
-// running top, e^(s - top) rounded to bf16 (0 where a key is not the row's), then the
-// block's weights by the values as a product (32 keys deep) and acc = acc * alpha + that.
-// A block that holds none of the row's keys leaves its state alone. Every step is the row's
+// times the scale; its softmax runs over steps of 32 keys on the tiles, 64 on vdpbf16ps,
+// aligned to absolute positions (0, 32 or 64, ...) in position order, flash-attention's way:
+// the step's top, the running top, e^(s - top) rounded to bf16 (0 where a key is not the
+// row's), then the step's weights by the values as a product (as deep as the step) and
+// acc = acc * alpha + that. A step that holds none of the row's keys leaves its state alone. Every step is the row's
 // own: which other rows share its tile, how the prompt is chunked and which thread runs it
 // change nothing, so batch and chunking invariance hold among prompt rows. A generated
 // token's row (a decode, a draft, a preempted sequence's recompute) keeps attention.cpp's
@@ -157,10 +157,12 @@ struct RowTile {
 // The products on the tiles, in bf16_tiles.h's configuration (every tile 16 rows of 64
 // bytes) as C tiles 0-1, A tile 2 and B tiles 3-4.
 struct TileProducts {
+  static constexpr int64_t kStepBlocks = 1;  // blocks of 32 keys a softmax step
   static void begin() { bf16_tiles::configure(); }
   static void end() { _tile_release(); }
-  // scores [16 rows, stride 32] of the rows q ([16, dim] bf16) by block b's 32 keys
-  static void scores(const uint16_t* q, const Packed& kv, int64_t b, float* scores) {
+  // scores [16 rows, stride `stride`] of the rows q ([16, dim] bf16) by block b's 32 keys
+  static void scores(const uint16_t* q, const Packed& kv, int64_t b, float* scores,
+                     int64_t stride) {
     _tile_zero(0);
     _tile_zero(1);
     for (int64_t g = 0; g < kv.dim / kDepth; ++g) {
@@ -170,10 +172,10 @@ struct TileProducts {
       _tile_dpbf16ps(0, 2, 3);
       _tile_dpbf16ps(1, 2, 4);
     }
-    _tile_stored(0, scores, kKeys * 4);
-    _tile_stored(1, scores + kOutputs, kKeys * 4);
+    _tile_stored(0, scores, stride * 4);
+    _tile_stored(1, scores + kOutputs, stride * 4);
   }
-  // o [16 rows, dim] = weights ([16, 32 keys] bf16) by block b's values
+  // o [16 rows, dim] = weights ([16, 32 keys] bf16) by the step's block b's values
   static void values(const uint16_t* weights, const Packed& kv, int64_t b, float* o) {
     _tile_loadd(2, weights, kKeys * 2);
     for (int64_t t = 0; t < kv.dim / kOutputs; t += 2) {
@@ -193,25 +195,30 @@ struct TileProducts {
 #ifdef INHOUSE_BF16_DOT
 constexpr int kMaxGroups = 8;  // 32-feature groups of a head: head dims up to 256
 
-// The same products on vdpbf16ps (bf16_dot.h), both blocks of 16 outputs at once.
+// The same products on vdpbf16ps (bf16_dot.h), both blocks of 16 outputs at once, and a
+// softmax step of 64 keys: the per-step reductions and rescaling (half of the attention's
+// time at 32) come half as often, and the weights-by-values chains run 64 keys deep.
 struct DotProducts {
+  static constexpr int64_t kStepBlocks = 2;
   static void begin() {}
   static void end() {}
-  static void scores(const uint16_t* q, const Packed& kv, int64_t b, float* scores) {
+  static void scores(const uint16_t* q, const Packed& kv, int64_t b, float* scores,
+                     int64_t stride) {
     const uint16_t* halves[2][kMaxGroups];
     const int groups = static_cast<int>(kv.dim / kDepth);
     for (int g = 0; g < groups; ++g) {
       halves[0][g] = kv.keys(b, g, 0);
       halves[1][g] = kv.keys(b, g, 1);
     }
-    bf16_dot::products(scores, scores + kOutputs, kKeys, q, kv.dim, halves[0], halves[1], groups);
+    bf16_dot::products(scores, scores + kOutputs, stride, q, kv.dim, halves[0], halves[1], groups);
   }
+  // o [16 rows, dim] = weights ([16, 64 keys] bf16) by blocks b and b + 1's values
   static void values(const uint16_t* weights, const Packed& kv, int64_t b, float* o) {
     for (int64_t t = 0; t < kv.dim / kOutputs; t += 2) {
-      const uint16_t* first = kv.values(b, t);
-      const uint16_t* second = kv.values(b, t + 1);
-      bf16_dot::products(o + t * kOutputs, o + (t + 1) * kOutputs, kv.dim, weights, kKeys,
-                         &first, &second, 1);
+      const uint16_t* first[kStepBlocks] = {kv.values(b, t), kv.values(b + 1, t)};
+      const uint16_t* second[kStepBlocks] = {kv.values(b, t + 1), kv.values(b + 1, t + 1)};
+      bf16_dot::products(o + t * kOutputs, o + (t + 1) * kOutputs, kv.dim, weights,
+                         kStepBlocks * kKeys, first, second, kStepBlocks);
     }
   }
 };
@@ -219,60 +226,75 @@ struct DotProducts {
 
 template <typename Products>
 void attend_tile(const RowTile& rt, const Packed& kv, float scale, float* const* out) {
+  constexpr int64_t kStep = Products::kStepBlocks * kKeys;  // keys a softmax step: 32 or 64
+  constexpr int kVectors = static_cast<int>(kStep / 16);     // a row's scores, 16 a vector
   const int64_t dim = kv.dim;
   int64_t lo = rt.lo[0], hi = rt.hi[0];
   for (int r = 1; r < rt.count; ++r) {
     lo = std::min(lo, rt.lo[r]);
     hi = std::max(hi, rt.hi[r]);
   }
-  alignas(64) float scores[kRows * kKeys];
-  alignas(64) uint16_t weights[kRows * kKeys];
+  alignas(64) float scores[kRows * kStep];
+  alignas(64) uint16_t weights[kRows * kStep];
   std::vector<float> o(kRows * dim), acc(kRows * dim, 0.f);
   alignas(64) float top[kRows], total[kRows], alpha[kRows];
   bool active[kRows];
   std::fill(top, top + kRows, -INFINITY);
   std::fill(total, total + kRows, 0.f);
-  for (int64_t b = lo / kKeys; b * kKeys < hi; ++b) {
-    Products::scores(rt.q, kv, b, scores);
+  for (int64_t step = lo / kStep; step * kStep < hi; ++step) {
+    const int64_t base = step * kStep, b = step * Products::kStepBlocks;
+    for (int64_t k = 0; k < Products::kStepBlocks; ++k) {
+      Products::scores(rt.q, kv, b + k, scores + k * kKeys, kStep);
+    }
     std::memset(weights, 0, sizeof weights);
     // The scores of each row's own keys (the rest -inf), and each row's new top.
     alignas(64) float old_top[kRows], new_top[kRows];
     for (int r = 0; r < kRows; ++r) {
-      const int64_t from = r < rt.count ? std::max(rt.lo[r], b * kKeys) : 0;
-      const int64_t to = r < rt.count ? std::min(rt.hi[r], (b + 1) * kKeys) : 0;
+      const int64_t from = r < rt.count ? std::max(rt.lo[r], base) : 0;
+      const int64_t to = r < rt.count ? std::min(rt.hi[r], base + kStep) : 0;
       active[r] = from < to;
       old_top[r] = new_top[r] = top[r];
       if (!active[r]) continue;  // none of the row's keys: its state stays as it is
-      const uint64_t upto = (uint64_t{1} << (to - b * kKeys)) - 1;
-      const uint32_t own = static_cast<uint32_t>(upto & ~((uint64_t{1} << (from - b * kKeys)) - 1));
+      const uint64_t upto = to - base == 64 ? ~uint64_t{0} : (uint64_t{1} << (to - base)) - 1;
+      const uint64_t own = upto & ~((uint64_t{1} << (from - base)) - 1);
       const __m512 scaled = _mm512_set1_ps(scale), none = _mm512_set1_ps(-INFINITY);
-      float* row = scores + r * kKeys;
-      const __m512 s0 = _mm512_mask_mul_ps(none, static_cast<__mmask16>(own), _mm512_load_ps(row), scaled);
-      const __m512 s1 = _mm512_mask_mul_ps(none, static_cast<__mmask16>(own >> 16), _mm512_load_ps(row + 16), scaled);
-      _mm512_store_ps(row, s0);
-      _mm512_store_ps(row + 16, s1);
-      new_top[r] = std::max(top[r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
+      float* row = scores + r * kStep;
+      __m512 high = none;
+      for (int v = 0; v < kVectors; v += 2) {
+        const __m512 s0 = _mm512_mask_mul_ps(none, static_cast<__mmask16>(own >> (16 * v)),
+                                             _mm512_load_ps(row + 16 * v), scaled);
+        const __m512 s1 = _mm512_mask_mul_ps(none, static_cast<__mmask16>(own >> (16 * v + 16)),
+                                             _mm512_load_ps(row + 16 * v + 16), scaled);
+        _mm512_store_ps(row + 16 * v, s0);
+        _mm512_store_ps(row + 16 * v + 16, s1);
+        high = v == 0 ? _mm512_max_ps(s0, s1) : _mm512_max_ps(high, _mm512_max_ps(s0, s1));
+      }
+      new_top[r] = std::max(top[r], _mm512_reduce_max_ps(high));
     }
     _mm512_store_ps(alpha, exp16(_mm512_sub_ps(_mm512_load_ps(old_top), _mm512_load_ps(new_top))));
     for (int r = 0; r < rt.count; ++r) {
       if (!active[r]) continue;
       top[r] = new_top[r];
-      const __m512 h = _mm512_set1_ps(top[r]);
-      const float* row = scores + r * kKeys;
-      // a key not the row's: e^-inf would be ~1e-38 here, so it is set to 0
-      const __m512 s0 = _mm512_load_ps(row), s1 = _mm512_load_ps(row + 16);
-      const __m512 e0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s0, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
-                                            exp16(_mm512_sub_ps(s0, h)));
-      const __m512 e1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s1, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
-                                            exp16(_mm512_sub_ps(s1, h)));
-      const __m512i p = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);  // keys 0-15 low, 16-31 high
-      _mm512_store_si512(weights + r * kKeys, p);
-      // The total of the weights as rounded, so they sum to the divisor exactly as used.
-      const __m512 w0 = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(p)), 16));
-      const __m512 w1 = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(p, 1)), 16));
-      total[r] = std::fma(total[r], alpha[r], _mm512_reduce_add_ps(_mm512_add_ps(w0, w1)));
+      const __m512 h = _mm512_set1_ps(top[r]), none = _mm512_set1_ps(-INFINITY);
+      const float* row = scores + r * kStep;
+      __m512 sum = _mm512_setzero_ps();
+      for (int v = 0; v < kVectors; v += 2) {
+        // a key not the row's: e^-inf would be ~1e-38 here, so it is set to 0
+        const __m512 s0 = _mm512_load_ps(row + 16 * v), s1 = _mm512_load_ps(row + 16 * v + 16);
+        const __m512 e0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s0, none, _CMP_NEQ_OQ),
+                                              exp16(_mm512_sub_ps(s0, h)));
+        const __m512 e1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s1, none, _CMP_NEQ_OQ),
+                                              exp16(_mm512_sub_ps(s1, h)));
+        const __m512i p = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);  // keys 0-15 low, 16-31 high
+        _mm512_store_si512(weights + r * kStep + 16 * v, p);
+        // The total of the weights as rounded, so they sum to the divisor exactly as used.
+        const __m512 w0 = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(p)), 16));
+        const __m512 w1 = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(p, 1)), 16));
+        sum = v == 0 ? _mm512_add_ps(w0, w1) : _mm512_add_ps(sum, _mm512_add_ps(w0, w1));
+      }
+      total[r] = std::fma(total[r], alpha[r], _mm512_reduce_add_ps(sum));
     }
     Products::values(weights, kv, b, o.data());
     for (int r = 0; r < rt.count; ++r) {
@@ -343,13 +365,18 @@ void attend(const PromptRows& rows, const T* k_cache, const T* v_cache) {
   }
   const int64_t packs = static_cast<int64_t>(seqs.size()) * rows.kv_heads;
   std::vector<Packed> packed(packs);
+  // The tiles' softmax steps one block of 32 keys at a time (TileProducts), vdpbf16ps's two.
+  const bool on_tiles = bf16_tiles::ready();
+  const int64_t step_blocks = on_tiles ? 1 : DotProducts::kStepBlocks;
   const auto pack_body = [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t s = p / rows.kv_heads, h = p % rows.kv_heads;
       Packed& one = packed[p];
       one.dim = dim;
-      one.first_block = keys_lo[s] / kKeys;
-      const int64_t blocks = (keys_hi[s] + kKeys - 1) / kKeys - one.first_block;
+      // whole softmax steps: the first and the last block of a step of step_blocks
+      one.first_block = keys_lo[s] / kKeys / step_blocks * step_blocks;
+      const int64_t step = step_blocks * kKeys;
+      const int64_t blocks = (keys_hi[s] + step - 1) / step * step_blocks - one.first_block;
       one.data.assign(blocks * one.block_elems(), 0);
       pack(k_cache, v_cache, rows.tables + seqs[s] * rows.table_width, rows.block_size,
            slot_values, h * row, keys_hi[s], one);
@@ -399,7 +426,7 @@ void attend(const PromptRows& rows, const T* k_cache, const T* v_cache) {
     inhouse::parallel_for(0, packs, 1, pack_body);
   }
 #ifdef INHOUSE_AMX_BF16
-  if (bf16_tiles::ready()) {
+  if (on_tiles) {
     items(TileProducts{});
     return;
   }
