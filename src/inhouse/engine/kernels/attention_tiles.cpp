@@ -8,9 +8,9 @@
 // aligned to absolute positions (0, 32 or 64, ...) in position order, flash-attention's way:
 // the step's top, the running top, e^(s - top) rounded to bf16 (0 where a key is not the
 // row's), then the step's weights by the values as a product (as deep as the step) and
-// acc = acc * alpha + that. A step that holds none of the row's keys leaves its state alone. Every step is the row's
-// own: which other rows share its tile, how the prompt is chunked and which thread runs it
-// change nothing, so batch and chunking invariance hold among prompt rows. A generated
+// acc = acc * alpha + that. A step that holds none of the row's keys leaves its state alone.
+// Every step is the row's own: which other rows share its tile, how the prompt is chunked
+// and which thread runs it change nothing, so batch and chunking invariance hold among prompt rows. A generated
 // token's row (a decode, a draft, a preempted sequence's recompute) keeps attention.cpp's
 // float32 loops, so its bits do not depend on the step it runs in either.
 //
@@ -193,8 +193,6 @@ struct TileProducts {
 #endif
 
 #ifdef INHOUSE_BF16_DOT
-constexpr int kMaxGroups = 8;  // 32-feature groups of a head: head dims up to 256
-
 // The same products on vdpbf16ps (bf16_dot.h), both blocks of 16 outputs at once, and a
 // softmax step of 64 keys: the per-step reductions and rescaling (half of the attention's
 // time at 32) come half as often, and the weights-by-values chains run 64 keys deep.
@@ -202,23 +200,18 @@ struct DotProducts {
   static constexpr int64_t kStepBlocks = 2;
   static void begin() {}
   static void end() {}
+  // the two halves of block b's keys, a group of 32 features two tiles on
   static void scores(const uint16_t* q, const Packed& kv, int64_t b, float* scores,
                      int64_t stride) {
-    const uint16_t* halves[2][kMaxGroups];
-    const int groups = static_cast<int>(kv.dim / kDepth);
-    for (int g = 0; g < groups; ++g) {
-      halves[0][g] = kv.keys(b, g, 0);
-      halves[1][g] = kv.keys(b, g, 1);
-    }
-    bf16_dot::products(scores, scores + kOutputs, stride, q, kv.dim, halves[0], halves[1], groups);
+    bf16_dot::products(scores, stride, kOutputs, q, kv.dim, kv.keys(b, 0, 0), kTileElems,
+                       2 * kTileElems, kv.dim / kDepth);
   }
-  // o [16 rows, dim] = weights ([16, 64 keys] bf16) by blocks b and b + 1's values
+  // o [16 rows, dim] = weights ([16, 64 keys] bf16) by blocks b and b + 1's values: tiles t
+  // and t + 1 of features, a group of 32 keys a block on
   static void values(const uint16_t* weights, const Packed& kv, int64_t b, float* o) {
     for (int64_t t = 0; t < kv.dim / kOutputs; t += 2) {
-      const uint16_t* first[kStepBlocks] = {kv.values(b, t), kv.values(b + 1, t)};
-      const uint16_t* second[kStepBlocks] = {kv.values(b, t + 1), kv.values(b + 1, t + 1)};
-      bf16_dot::products(o + t * kOutputs, o + (t + 1) * kOutputs, kv.dim, weights,
-                         kStepBlocks * kKeys, first, second, kStepBlocks);
+      bf16_dot::products(o + t * kOutputs, kv.dim, kOutputs, weights, kStepBlocks * kKeys,
+                         kv.values(b, t), kTileElems, kv.block_elems(), kStepBlocks);
     }
   }
 };
@@ -320,8 +313,7 @@ void attend_tile(const RowTile& rt, const Packed& kv, float scale, float* const*
 
 bool ready(int64_t dim) {
 #if defined(INHOUSE_BF16_DOT)
-  // the tiles where granted, else vdpbf16ps (a head's groups of 32 features held by address)
-  return dim % kDepth == 0 && dim <= kMaxGroups * kDepth;
+  return dim % kDepth == 0;  // the tiles where granted, else vdpbf16ps
 #else
   (void)dim;
   return false;

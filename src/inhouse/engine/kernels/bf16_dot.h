@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "simd.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define INHOUSE_BF16_DOT 1
@@ -28,34 +30,54 @@ inline __m512 dot_pair(__m512 sum, __m512bh w, const uint16_t* x) {
   return _mm512_dpbf16_ps(sum, w, (__m512bh)_mm512_set1_epi32(pair));
 }
 
-// Two blocks of outputs from zero: c0 and c1 [16 rows, stride c_stride floats] = a [16 rows
-// of 32 groups bf16, stride a_stride] by B tiles b0[g] and b1[g] (g < groups), each output
-// one chain over the groups' pairs in order. Eight rows by two blocks are 16 chains at
-// once, enough to cover vdpbf16ps's latency at two a cycle (one block of eight rows left
-// Zen 4 at ~60 % of its rate).
-inline void products(float* c0, float* c1, int64_t c_stride, const uint16_t* a,
-                     int64_t a_stride, const uint16_t* const* b0, const uint16_t* const* b1,
-                     int groups) {
-  for (int r0 = 0; r0 < kRows; r0 += kChains) {
-    __m512 acc0[kChains], acc1[kChains];
-    for (int r = 0; r < kChains; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
-    for (int g = 0; g < groups; ++g) {
+// R rows of a (stride a_stride; `groups` groups of 32 bf16) by kBlocks (1-2) blocks of 16
+// outputs, block j's group g the B tile at b + j * block_stride + g * group_stride. Each
+// output is one float32 chain from zero over the groups' pairs in order: store(r, j, its 16
+// sums). R rows by two blocks keep up to 16 chains in flight, enough to cover vdpbf16ps's
+// latency at two a cycle (eight left Zen 4 at ~60 % of its rate). ahead: elements of B to
+// ask for ahead of each group (weights streaming from memory), 0 for none.
+template <int R, int kBlocks, typename Store>
+inline void chains(const uint16_t* a, int64_t a_stride, const uint16_t* b, int64_t block_stride,
+                   int64_t group_stride, int64_t groups, int64_t ahead, Store&& store) {
+  __m512 acc[kBlocks][R];
+  for (int j = 0; j < kBlocks; ++j) {
+    for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint16_t* bg = b + g * group_stride;
+    if (ahead) {
+      for (int j = 0; j < kBlocks; ++j) prefetch(bg + j * block_stride + ahead, 1024);
+    }
 #pragma GCC unroll 16
-      for (int p = 0; p < kPairs; ++p) {
-        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(b0[g] + 32 * p);
-        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(b1[g] + 32 * p);
+    for (int p = 0; p < kPairs; ++p) {
+      __m512bh pairs[kBlocks];
+#pragma GCC unroll 2
+      for (int j = 0; j < kBlocks; ++j) {
+        pairs[j] = (__m512bh)_mm512_loadu_si512(bg + j * block_stride + 32 * p);
+      }
 #pragma GCC unroll 8
-        for (int r = 0; r < kChains; ++r) {
-          const uint16_t* x = a + (r0 + r) * a_stride + 32 * g + 2 * p;
-          acc0[r] = dot_pair(acc0[r], w0, x);
-          acc1[r] = dot_pair(acc1[r], w1, x);
-        }
+      for (int r = 0; r < R; ++r) {
+        const uint16_t* x = a + r * a_stride + 32 * g + 2 * p;
+#pragma GCC unroll 2
+        for (int j = 0; j < kBlocks; ++j) acc[j][r] = dot_pair(acc[j][r], pairs[j], x);
       }
     }
-    for (int r = 0; r < kChains; ++r) {
-      _mm512_storeu_ps(c0 + (r0 + r) * c_stride, acc0[r]);
-      _mm512_storeu_ps(c1 + (r0 + r) * c_stride, acc1[r]);
-    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < kBlocks; ++j) store(r, j, acc[j][r]);
+  }
+}
+
+// Two blocks of outputs from zero for 16 rows: block j of row r at c + r * c_stride +
+// j * c_block (see chains).
+inline void products(float* c, int64_t c_stride, int64_t c_block, const uint16_t* a,
+                     int64_t a_stride, const uint16_t* b, int64_t block_stride,
+                     int64_t group_stride, int64_t groups) {
+  for (int r0 = 0; r0 < kRows; r0 += kChains) {
+    chains<kChains, 2>(a + r0 * a_stride, a_stride, b, block_stride, group_stride, groups, 0,
+                       [&](int r, int j, __m512 sums) {
+                         _mm512_storeu_ps(c + (r0 + r) * c_stride + j * c_block, sums);
+                       });
   }
 }
 

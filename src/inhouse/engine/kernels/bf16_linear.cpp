@@ -60,40 +60,20 @@ void linear_on_bf16_tiles(const bf16_tiles::Pass& pass, int64_t rows, int64_t bl
 #endif
 
 #ifdef INHOUSE_BF16_DOT
-// R rows of x [rows, k] from row0 by kBlocks (1-2) blocks of 16 outputs from `block`, each
-// output one float32 chain over K's pairs in order: store(row, first output, its 16 sums).
+constexpr int kChainRows = bf16_dot::kChains;  // rows a pass carries: 16 sums for two blocks
+
+// Rows [row0, row0 + R) of x [rows, k] by kBlocks (1-2) blocks of outputs from `block`, the
+// weights streaming past: store(row, first output, its 16 sums).
 template <int R, int kBlocks, typename Store>
 void chain_pass(const uint16_t* x, int64_t k, const uint16_t* w, int64_t row0, int64_t block,
                 Store& store) {
-  const int64_t block_elems = k * kBlock;
-  const uint16_t* w0 = w + block * block_elems;
-  __m512 acc[kBlocks][R];
-  INHOUSE_UNROLL for (int b = 0; b < kBlocks; ++b) {
-    INHOUSE_UNROLL for (int r = 0; r < R; ++r) acc[b][r] = _mm512_setzero_ps();
-  }
-  for (int64_t g = 0; g < k / kDepth; ++g) {
-    const uint16_t* wg = w0 + g * kDepth * kBlock;
-    prefetch(wg + bf16_tiles::kAhead * kDepth * kBlock, 1024);
-    if constexpr (kBlocks == 2) prefetch(wg + block_elems + bf16_tiles::kAhead * kDepth * kBlock, 1024);
-    INHOUSE_UNROLL for (int j = 0; j < kDepth / 2; ++j) {
-      __m512bh pairs[kBlocks];
-      INHOUSE_UNROLL for (int b = 0; b < kBlocks; ++b) {
-        pairs[b] = (__m512bh)_mm512_loadu_si512(wg + b * block_elems + 2 * kBlock * j);
-      }
-      INHOUSE_UNROLL for (int r = 0; r < R; ++r) {
-        const uint16_t* at = x + (row0 + r) * k + g * kDepth + 2 * j;
-        INHOUSE_UNROLL for (int b = 0; b < kBlocks; ++b) {
-          acc[b][r] = bf16_dot::dot_pair(acc[b][r], pairs[b], at);
-        }
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int b = 0; b < kBlocks; ++b) store(row0 + r, (block + b) * kBlock, acc[b][r]);
-  }
+  const int64_t block_elems = k * kBlock, group_elems = kDepth * kBlock;
+  bf16_dot::chains<R, kBlocks>(x + row0 * k, k, w + block * block_elems, block_elems,
+                               group_elems, k / kDepth, bf16_tiles::kAhead * group_elems,
+                               [&](int r, int j, __m512 sums) {
+                                 store(row0 + r, (block + j) * kBlock, sums);
+                               });
 }
-
-constexpr int kChainRows = 8;  // rows a pass carries: 16 sums in registers for two blocks
 
 template <int kBlocks, typename Store>
 void chain_rows(const uint16_t* x, int64_t k, const uint16_t* w, int64_t rows, int64_t block,
